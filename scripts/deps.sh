@@ -1,0 +1,20 @@
+#!/bin/sh
+# Installs the Debian packages idemflow needs to build, run and test, but only
+# the missing ones.  Usage: scripts/deps.sh [build|test|bench]
+set -eu
+want="build-essential pkg-config libmicrohttpd-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev libjansson-dev"
+case "${1:-build}" in
+  test)  want="$want libcmocka-dev python3 python3-pytest clang libclang-rt-14-dev postgresql sqlite3 procps" ;;
+  bench) want="$want wrk python3"
+         command -v npm >/dev/null 2>&1 || want="$want nodejs npm" ;;
+esac
+missing=""
+for p in $want; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "deps: installing$missing" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null

@@ -1,0 +1,31 @@
+/*
+ * crypto — the few primitives idemflow needs, over OpenSSL libcrypto:
+ * SHA-256, HMAC-SHA256, CSPRNG bytes, hex and base64, constant-time compare.
+ * Nothing here logs; nothing here keeps key material after returning.
+ */
+#ifndef IFL_CRYPTO_CRYPTO_H
+#define IFL_CRYPTO_CRYPTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CRYPTO_SHA256_LEN 32
+
+/* out receives 32 bytes. Cannot fail. */
+void crypto_sha256(const void *data, size_t len, uint8_t out[CRYPTO_SHA256_LEN]);
+/* out receives 64 lowercase hex chars and a NUL. Cannot fail. */
+void crypto_sha256_hex(const void *data, size_t len, char out[65]);
+/* HMAC-SHA256; out receives 32 bytes. Cannot fail. */
+void crypto_hmac_sha256(const void *key, size_t klen, const void *data, size_t len,
+                        uint8_t out[CRYPTO_SHA256_LEN]);
+/* Fills buf from the OS CSPRNG. Returns 0 or IFL_EIO. */
+int crypto_random(void *buf, size_t n);
+/* Lowercase hex of n bytes into out (2n+1 bytes). Cannot fail. */
+void crypto_hex(const uint8_t *in, size_t n, char *out);
+/* 32 random bytes as 64 hex chars + NUL. Returns 0 or IFL_EIO. */
+int crypto_random_hex32(char out[65]);
+/* Constant-time equality of two equal-length buffers (0 when lengths
+ * differ). */
+int crypto_equal(const void *a, size_t alen, const void *b, size_t blen);
+
+#endif

@@ -1,0 +1,2 @@
+/* json — implementation pending (see json.h). */
+#include "json/json.h"

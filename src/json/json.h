@@ -1,0 +1,64 @@
+/*
+ * json — parsing with limits, writing with ECMAScript number formatting, and
+ * RFC 8785 (JCS) canonical serialization, over jansson's json_t.
+ *
+ * Invariants:
+ *  - Every number the project parses is an IEEE-754 double (jansson "real"),
+ *    as in JavaScript and JSONata; integers created by the program
+ *    (json_integer) are written the same way a double of that value would be.
+ *  - Writers never emit NaN or Infinity: those are errors (JCS forbids them).
+ *  - Strings may contain U+0000 (lengths are explicit).
+ *  - Object member order is preserved by json_write and sorted by UTF-16 code
+ *    units by json_jcs (RFC 8785 §3.2.3).
+ */
+#ifndef IFL_JSON_JSON_H
+#define IFL_JSON_JSON_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "base/err.h"
+#include "base/mem.h"
+
+struct json_limits {
+    size_t max_bytes; /* 0 = no cap                               */
+    int max_depth;    /* nesting of arrays/objects; 0 = default 64 */
+};
+
+#define JSON_DEFAULT_MAX_DEPTH 64
+
+/* Parses exactly one JSON value from text[0..len) (surrounding whitespace
+ * allowed).  Rejects duplicate object keys, invalid UTF-8, lone surrogates,
+ * numbers that overflow a double, nesting deeper than lim->max_depth (checked
+ * before jansson sees the text) and texts over lim->max_bytes (IFL_ETOOBIG).
+ * lim may be NULL for defaults.  On success *out is a new reference the
+ * caller releases with json_decref().  On failure returns IFL_EINVAL (or
+ * IFL_ETOOBIG) and e->msg names the line/column and reason. */
+int json_parse(const char *text, size_t len, const struct json_limits *lim, json_t **out,
+               struct ifl_err *e);
+
+/* Formats d as ECMAScript Number::toString (shortest round-trip digits,
+ * exponent rules of ECMA-262 §6.1.6.1.20).  out must hold 32 bytes.
+ * Returns the length, or IFL_EINVAL for NaN/Infinity.  "-0" formats as "0". */
+int json_format_number(double d, char out[32]);
+
+/* Appends the RFC 8785 canonical form of v to out.  Returns 0, IFL_EINVAL for
+ * non-finite numbers, or IFL_ETOOBIG when out's cap is exceeded. */
+int json_jcs(const json_t *v, struct buf *out);
+
+/* Appends compact JSON (insertion order, ECMAScript numbers, the same string
+ * escaping as JCS) to out.  Same errors as json_jcs. */
+int json_write(const json_t *v, struct buf *out);
+
+/* Convenience: compact JSON as a fresh heap string (caller frees), or NULL
+ * when v holds a non-finite number. */
+char *json_to_string(const json_t *v);
+
+/* Appends the escaped form of one object key / path segment to a JSON
+ * Pointer being built in out ("~" -> "~0", "/" -> "~1"), with a leading '/'.*/
+void json_pointer_push(struct buf *out, const char *segment);
+
+/* The number value of a jansson number (integer or real). */
+double json_num(const json_t *v);
+
+#endif

@@ -1,0 +1,863 @@
+/*
+ * store_sqlite — the embedded backend.
+ *
+ * Durability: WAL journal, synchronous=FULL: an operation that returned 0 has
+ * been fsynced.  To keep that affordable, every write goes through ONE writer
+ * thread that owns the only write connection and commits whatever jobs have
+ * queued up while the previous commit was syncing (group commit): a batch of
+ * N jobs costs one fsync.  Each job runs inside its own SAVEPOINT, so a job
+ * that fails rolls back alone and never poisons its batch.  A caller's call
+ * returns only after the batch's COMMIT succeeded.
+ *
+ * Reads use a small pool of read-only connections (WAL readers never block
+ * the writer and see every committed batch).
+ *
+ * One process per database: an exclusive flock on "<path>.lock" is taken at
+ * open and held until close.
+ *
+ * Must never: return success for a job whose batch did not commit; hold a
+ * reader connection across calls.
+ */
+#include "store/store_int.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#define STMT_CACHE 32
+#define MAX_READERS 16
+
+struct conn {
+    sqlite3 *db;
+    struct {
+        const char *sql; /* static SQL text; the pointer is the cache key */
+        sqlite3_stmt *st;
+    } cache[STMT_CACHE];
+    int ncache;
+    struct conn *next;
+};
+
+struct job {
+    int (*fn)(struct conn *c, void *arg, struct ifl_err *e);
+    void *arg;
+    int rc;
+    struct ifl_err err;
+    int done;
+    struct job *next;
+};
+
+struct sq {
+    struct store base;
+    char *path;
+    int lockfd;
+    struct conn writer;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    struct job *head, *tail;
+    int stopping;
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    struct conn *free_readers;
+    int nreaders;
+};
+
+/* ---- connections and statements ------------------------------------------ */
+
+static int db_err(struct conn *c, struct ifl_err *e, const char *what)
+{
+    int code = sqlite3_extended_errcode(c->db);
+    if (code == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return err_set(e, IFL_ENOTFOUND, "%s: referenced record does not exist", what);
+    return err_set(e, IFL_ESTORE, "%s: sqlite: %s", what, sqlite3_errmsg(c->db));
+}
+
+/* Returns a reset, cleared statement for static SQL text `sql`. */
+static sqlite3_stmt *stmt(struct conn *c, const char *sql, struct ifl_err *e)
+{
+    for (int i = 0; i < c->ncache; i++)
+        if (c->cache[i].sql == sql)
+            return c->cache[i].st;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK) {
+        db_err(c, e, "prepare");
+        return NULL;
+    }
+    if (c->ncache < STMT_CACHE) {
+        c->cache[c->ncache].sql = sql;
+        c->cache[c->ncache].st = st;
+        c->ncache++;
+    } else {
+        log_warn("store.stmt_cache_full", "statement cache full; raise STMT_CACHE");
+    }
+    return st;
+}
+
+static void done_stmt(sqlite3_stmt *st)
+{
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+}
+
+static int exec(struct conn *c, const char *sql, struct ifl_err *e)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        int rc = err_set(e, IFL_ESTORE, "sqlite: %s", msg ? msg : "error");
+        sqlite3_free(msg);
+        return rc;
+    }
+    return 0;
+}
+
+static void conn_close(struct conn *c)
+{
+    for (int i = 0; i < c->ncache; i++)
+        sqlite3_finalize(c->cache[i].st);
+    c->ncache = 0;
+    if (c->db)
+        sqlite3_close(c->db);
+    c->db = NULL;
+}
+
+static int conn_open(struct conn *c, const char *path, int readonly, struct ifl_err *e)
+{
+    memset(c, 0, sizeof *c);
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (readonly ? 0 : SQLITE_OPEN_CREATE);
+    if (sqlite3_open_v2(path, &c->db, flags, NULL) != SQLITE_OK) {
+        int rc = err_set(e, IFL_ESTORE, "cannot open %s: %s", path,
+                         c->db ? sqlite3_errmsg(c->db) : "out of memory");
+        conn_close(c);
+        return rc;
+    }
+    sqlite3_busy_timeout(c->db, 5000);
+    const char *pragmas = readonly ? "PRAGMA query_only=1; PRAGMA foreign_keys=ON;"
+                                   : "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+                                     " PRAGMA foreign_keys=ON;";
+    int rc = exec(c, pragmas, e);
+    if (rc)
+        conn_close(c);
+    return rc;
+}
+
+static struct conn *reader_get(struct sq *s, struct ifl_err *e)
+{
+    pthread_mutex_lock(&s->rmu);
+    while (!s->free_readers && s->nreaders >= MAX_READERS)
+        pthread_cond_wait(&s->rcv, &s->rmu);
+    struct conn *c = s->free_readers;
+    if (c) {
+        s->free_readers = c->next;
+        pthread_mutex_unlock(&s->rmu);
+        return c;
+    }
+    s->nreaders++;
+    pthread_mutex_unlock(&s->rmu);
+    c = xmalloc(sizeof *c);
+    if (conn_open(c, s->path, 1, e)) {
+        free(c);
+        pthread_mutex_lock(&s->rmu);
+        s->nreaders--;
+        pthread_cond_signal(&s->rcv);
+        pthread_mutex_unlock(&s->rmu);
+        return NULL;
+    }
+    return c;
+}
+
+static void reader_put(struct sq *s, struct conn *c)
+{
+    pthread_mutex_lock(&s->rmu);
+    c->next = s->free_readers;
+    s->free_readers = c;
+    pthread_cond_signal(&s->rcv);
+    pthread_mutex_unlock(&s->rmu);
+}
+
+/* ---- the writer thread (group commit) ------------------------------------- */
+
+static void run_batch(struct sq *s, struct job *batch)
+{
+    struct ifl_err e;
+    struct conn *c = &s->writer;
+    int txrc = exec(c, "BEGIN IMMEDIATE", &e);
+    for (struct job *j = batch; j; j = j->next) {
+        if (txrc) {
+            j->rc = txrc;
+            j->err = e;
+            continue;
+        }
+        err_clear(&j->err);
+        if ((txrc = exec(c, "SAVEPOINT job", &e)))
+            continue;
+        j->rc = j->fn(c, j->arg, &j->err);
+        if (j->rc)
+            txrc = exec(c, "ROLLBACK TO job", &e);
+        if (!txrc)
+            txrc = exec(c, "RELEASE job", &e);
+    }
+    if (!txrc)
+        txrc = exec(c, "COMMIT", &e);
+    if (txrc) {
+        log_error("store.commit_failed", "%s", e.msg);
+        exec(c, "ROLLBACK", NULL);
+        for (struct job *j = batch; j; j = j->next)
+            if (j->rc == 0) {
+                j->rc = txrc;
+                j->err = e;
+            }
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    struct sq *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stopping)
+            pthread_cond_wait(&s->cv_work, &s->mu);
+        if (!s->head)
+            break;
+        struct job *batch = s->head;
+        s->head = s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        run_batch(s, batch);
+        pthread_mutex_lock(&s->mu);
+        for (struct job *j = batch, *n; j; j = n) {
+            n = j->next; /* the waiter may free j once done is set */
+            j->done = 1;
+        }
+        pthread_cond_broadcast(&s->cv_done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Queues fn to run in the next batch and waits until that batch committed. */
+static int write_job(struct sq *s, int (*fn)(struct conn *, void *, struct ifl_err *), void *arg,
+                     struct ifl_err *e)
+{
+    struct job j = {.fn = fn, .arg = arg};
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return err_set(e, IFL_EBUSY, "store is closing");
+    }
+    if (s->tail)
+        s->tail->next = &j;
+    else
+        s->head = &j;
+    s->tail = &j;
+    pthread_cond_signal(&s->cv_work);
+    while (!j.done)
+        pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    if (j.rc && e)
+        *e = j.err;
+    return j.rc;
+}
+
+/* ---- column helpers --------------------------------------------------------- */
+
+static char *col_str(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? xstrndup((const char *)t, (size_t)sqlite3_column_bytes(st, i)) : NULL;
+}
+
+static void col_copy(sqlite3_stmt *st, int i, char *out, size_t cap)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    size_t n = t ? (size_t)sqlite3_column_bytes(st, i) : 0;
+    if (n >= cap)
+        n = cap - 1;
+    if (n)
+        memcpy(out, t, n);
+    out[n] = '\0';
+}
+
+static void bind_text(sqlite3_stmt *st, int i, const char *v)
+{
+    if (v)
+        sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, i);
+}
+
+/* ---- schema ------------------------------------------------------------------ */
+
+static int migrate(struct sq *s, struct ifl_err *e)
+{
+    struct conn *c = &s->writer;
+    int rc = exec(c,
+                  "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                  " version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+                  e);
+    if (rc)
+        return rc;
+    for (int i = 0; i < store_migrations_count; i++) {
+        const struct store_migration *m = &store_migrations[i];
+        if ((rc = exec(c, "BEGIN IMMEDIATE", e)))
+            return rc;
+        sqlite3_stmt *st = NULL;
+        int have = 0;
+        if (sqlite3_prepare_v2(c->db, "SELECT 1 FROM schema_migrations WHERE version = ?", -1, &st,
+                               NULL) != SQLITE_OK) {
+            rc = db_err(c, e, "migrate");
+            goto fail;
+        }
+        sqlite3_bind_int(st, 1, m->version);
+        have = sqlite3_step(st) == SQLITE_ROW;
+        sqlite3_finalize(st);
+        if (!have) {
+            if ((rc = exec(c, m->sql, e)))
+                goto fail;
+            if (sqlite3_prepare_v2(c->db,
+                                   "INSERT INTO schema_migrations (version, applied_at)"
+                                   " VALUES (?, ?)",
+                                   -1, &st, NULL) != SQLITE_OK) {
+                rc = db_err(c, e, "migrate");
+                goto fail;
+            }
+            sqlite3_bind_int(st, 1, m->version);
+            sqlite3_bind_int64(st, 2, clock_now_ms());
+            int sr = sqlite3_step(st);
+            sqlite3_finalize(st);
+            if (sr != SQLITE_DONE) {
+                rc = db_err(c, e, "migrate");
+                goto fail;
+            }
+            log_info("store.migrated", "applied schema migration %d", m->version);
+        }
+        if ((rc = exec(c, "COMMIT", e)))
+            goto fail;
+    }
+    return 0;
+fail:
+    exec(c, "ROLLBACK", NULL);
+    return rc;
+}
+
+static int op_schema_version(struct store *base, int *version, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    static const char sql[] = "SELECT COALESCE(MAX(version), 0) FROM schema_migrations";
+    int rc = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+    } else {
+        if (sqlite3_step(st) == SQLITE_ROW)
+            *version = sqlite3_column_int(st, 0);
+        else
+            rc = db_err(c, e, "schema_version");
+        done_stmt(st);
+    }
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_ping(struct store *base, struct ifl_err *e)
+{
+    int v;
+    return op_schema_version(base, &v, e);
+}
+
+/* ---- workspaces ---------------------------------------------------------------- */
+
+struct ws_put {
+    const char *ws, *settings;
+    int created;
+};
+
+static int job_ws_put(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct ws_put *a = arg;
+    static const char sql[] = "INSERT INTO workspaces (name, settings, created_at) VALUES (?, ?, ?)"
+                              " ON CONFLICT (name) DO NOTHING";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, a->ws);
+    bind_text(st, 2, a->settings);
+    sqlite3_bind_int64(st, 3, clock_now_ms());
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "workspace_put");
+    done_stmt(st);
+    a->created = sqlite3_changes(c->db) == 1;
+    return rc;
+}
+
+static int op_workspace_put(struct store *base, const char *ws, const char *settings,
+                            int *created, struct ifl_err *e)
+{
+    struct ws_put a = {ws, settings, 0};
+    int rc = write_job((struct sq *)base, job_ws_put, &a, e);
+    *created = a.created;
+    return rc;
+}
+
+/* Runs a single-row existence query with one text parameter... generalised
+ * over up to three text parameters. */
+static int read_exists(struct sq *s, const char *sql, const char *p1, const char *p2,
+                       struct ifl_err *e)
+{
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+    } else {
+        bind_text(st, 1, p1);
+        if (p2)
+            bind_text(st, 2, p2);
+        int r = sqlite3_step(st);
+        rc = r == SQLITE_ROW ? 0 : r == SQLITE_DONE ? IFL_ENOTFOUND : db_err(c, e, "read");
+        done_stmt(st);
+    }
+    reader_put(s, c);
+    return rc;
+}
+
+static const char sql_ws_exists[] = "SELECT 1 FROM workspaces WHERE name = ?";
+
+static int op_workspace_exists(struct store *base, const char *ws, struct ifl_err *e)
+{
+    int rc = read_exists((struct sq *)base, sql_ws_exists, ws, NULL, e);
+    if (rc == IFL_ENOTFOUND)
+        err_set(e, rc, "workspace '%s' does not exist", ws);
+    return rc;
+}
+
+/* ---- workflows ------------------------------------------------------------------ */
+
+struct wf_put {
+    const char *ws, *wf, *def;
+    int version;
+};
+
+static int job_wf_put(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct wf_put *a = arg;
+    sqlite3_stmt *st = stmt(c, sql_ws_exists, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, a->ws);
+    int r = sqlite3_step(st);
+    done_stmt(st);
+    if (r == SQLITE_DONE)
+        return err_set(e, IFL_ENOTFOUND, "workspace '%s' does not exist", a->ws);
+    if (r != SQLITE_ROW)
+        return db_err(c, e, "workflow_put");
+    static const char sql[] =
+        "INSERT INTO workflows (workspace, name, version, definition, created_at)"
+        " SELECT ?1, ?2, COALESCE(MAX(version), 0) + 1, ?3, ?4 FROM workflows"
+        " WHERE workspace = ?1 AND name = ?2 RETURNING version";
+    if (!(st = stmt(c, sql, e)))
+        return IFL_ESTORE;
+    bind_text(st, 1, a->ws);
+    bind_text(st, 2, a->wf);
+    bind_text(st, 3, a->def);
+    sqlite3_bind_int64(st, 4, clock_now_ms());
+    int rc = 0;
+    if (sqlite3_step(st) == SQLITE_ROW)
+        a->version = sqlite3_column_int(st, 0);
+    else
+        rc = db_err(c, e, "workflow_put");
+    while (rc == 0 && sqlite3_step(st) == SQLITE_ROW)
+        ;
+    done_stmt(st);
+    return rc;
+}
+
+static int op_workflow_put(struct store *base, const char *ws, const char *wf, const char *def,
+                           int *version, struct ifl_err *e)
+{
+    struct wf_put a = {ws, wf, def, 0};
+    int rc = write_job((struct sq *)base, job_wf_put, &a, e);
+    *version = a.version;
+    return rc;
+}
+
+static int op_workflow_get(struct store *base, const char *ws, const char *wf, int version,
+                           struct store_workflow *out, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql_latest[] =
+        "SELECT version, definition, created_at FROM workflows WHERE workspace = ? AND name = ?"
+        " ORDER BY version DESC LIMIT 1";
+    static const char sql_version[] =
+        "SELECT version, definition, created_at FROM workflows WHERE workspace = ? AND name = ?"
+        " AND version = ?";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    sqlite3_stmt *st = stmt(c, version ? sql_version : sql_latest, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+        goto out;
+    }
+    bind_text(st, 1, ws);
+    bind_text(st, 2, wf);
+    if (version)
+        sqlite3_bind_int(st, 3, version);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_ROW) {
+        out->workspace = xstrdup(ws);
+        out->name = xstrdup(wf);
+        out->version = sqlite3_column_int(st, 0);
+        out->definition = col_str(st, 1);
+        out->created_at = sqlite3_column_int64(st, 2);
+    } else if (r == SQLITE_DONE) {
+        rc = version ? err_set(e, IFL_ENOTFOUND, "workflow '%s' has no version %d", wf, version)
+                     : err_set(e, IFL_ENOTFOUND, "workflow '%s' does not exist", wf);
+    } else {
+        rc = db_err(c, e, "workflow_get");
+    }
+    done_stmt(st);
+out:
+    reader_put(s, c);
+    return rc;
+}
+
+/* ---- secrets ---------------------------------------------------------------------- */
+
+struct secret_put {
+    const char *ws, *name, *sealed;
+};
+
+static int job_secret_put(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct secret_put *a = arg;
+    static const char sql[] =
+        "INSERT INTO secrets (workspace, name, sealed, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (workspace, name) DO UPDATE SET sealed = excluded.sealed,"
+        " updated_at = excluded.updated_at";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, a->ws);
+    bind_text(st, 2, a->name);
+    bind_text(st, 3, a->sealed);
+    sqlite3_bind_int64(st, 4, clock_now_ms());
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "secret_put");
+    done_stmt(st);
+    return rc;
+}
+
+static int op_secret_put(struct store *base, const char *ws, const char *name, const char *sealed,
+                         struct ifl_err *e)
+{
+    struct secret_put a = {ws, name, sealed};
+    return write_job((struct sq *)base, job_secret_put, &a, e);
+}
+
+static int op_secret_get(struct store *base, const char *ws, const char *name, char **sealed,
+                         struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] = "SELECT sealed FROM secrets WHERE workspace = ? AND name = ?";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+    } else {
+        bind_text(st, 1, ws);
+        bind_text(st, 2, name);
+        int r = sqlite3_step(st);
+        if (r == SQLITE_ROW)
+            *sealed = col_str(st, 0);
+        else if (r == SQLITE_DONE)
+            rc = err_set(e, IFL_ENOTFOUND, "secret '%s' does not exist", name);
+        else
+            rc = db_err(c, e, "secret_get");
+        done_stmt(st);
+    }
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_secret_list(struct store *base, const char *ws, char ***names, size_t *n,
+                          struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] = "SELECT name FROM secrets WHERE workspace = ? ORDER BY name";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    size_t cap = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+        goto out;
+    }
+    bind_text(st, 1, ws);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 8;
+            *names = xrealloc(*names, cap * sizeof **names);
+        }
+        (*names)[(*n)++] = col_str(st, 0);
+    }
+    if (r != SQLITE_DONE)
+        rc = db_err(c, e, "secret_list");
+    done_stmt(st);
+out:
+    reader_put(s, c);
+    return rc;
+}
+
+/* ---- executions -------------------------------------------------------------------- */
+
+#define EXEC_COLS                                                                          \
+    "id, workspace, workflow, workflow_version, entry_point, identity, payload,"          \
+    " payload_hash, test, status, version, created_at, updated_at, started_over_from"
+
+static void read_execution(sqlite3_stmt *st, struct store_execution *x)
+{
+    col_copy(st, 0, x->id, sizeof x->id);
+    x->workspace = col_str(st, 1);
+    x->workflow = col_str(st, 2);
+    x->workflow_version = sqlite3_column_int(st, 3);
+    x->entry_point = col_str(st, 4);
+    x->identity = col_str(st, 5);
+    x->payload = col_str(st, 6);
+    col_copy(st, 7, x->payload_hash, sizeof x->payload_hash);
+    x->test = sqlite3_column_int(st, 8);
+    x->status = col_str(st, 9);
+    x->version = sqlite3_column_int64(st, 10);
+    x->created_at = sqlite3_column_int64(st, 11);
+    x->updated_at = sqlite3_column_int64(st, 12);
+    x->started_over_from = col_str(st, 13);
+}
+
+static const char sql_exec_get[] = "SELECT " EXEC_COLS " FROM executions WHERE id = ? AND workspace = ?";
+
+/* Reads one execution on connection c. */
+static int exec_get(struct conn *c, const char *ws, const char *id, struct store_execution *out,
+                    struct ifl_err *e)
+{
+    sqlite3_stmt *st = stmt(c, sql_exec_get, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, id);
+    bind_text(st, 2, ws);
+    int rc = 0, r = sqlite3_step(st);
+    if (r == SQLITE_ROW)
+        read_execution(st, out);
+    else if (r == SQLITE_DONE)
+        rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
+    else
+        rc = db_err(c, e, "execution_get");
+    done_stmt(st);
+    return rc;
+}
+
+struct exec_create {
+    const struct store_execution *x;
+    int created;
+    struct store_execution *existing;
+};
+
+static int job_exec_create(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct exec_create *a = arg;
+    const struct store_execution *x = a->x;
+    static const char sql[] = "INSERT INTO executions (" EXEC_COLS ")"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?)"
+                              " ON CONFLICT (id) DO NOTHING";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    int64_t now = clock_now_ms();
+    bind_text(st, 1, x->id);
+    bind_text(st, 2, x->workspace);
+    bind_text(st, 3, x->workflow);
+    sqlite3_bind_int(st, 4, x->workflow_version);
+    bind_text(st, 5, x->entry_point);
+    bind_text(st, 6, x->identity);
+    bind_text(st, 7, x->payload);
+    bind_text(st, 8, x->payload_hash);
+    sqlite3_bind_int(st, 9, x->test);
+    sqlite3_bind_int64(st, 10, now);
+    sqlite3_bind_int64(st, 11, now);
+    bind_text(st, 12, x->started_over_from);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_create");
+    done_stmt(st);
+    if (rc)
+        return rc;
+    a->created = sqlite3_changes(c->db) == 1;
+    if (!a->created && a->existing)
+        rc = exec_get(c, x->workspace, x->id, a->existing, e);
+    return rc;
+}
+
+static int op_execution_create(struct store *base, const struct store_execution *x, int *created,
+                               struct store_execution *existing, struct ifl_err *e)
+{
+    struct exec_create a = {x, 0, existing};
+    int rc = write_job((struct sq *)base, job_exec_create, &a, e);
+    *created = a.created;
+    return rc;
+}
+
+static int op_execution_get(struct store *base, const char *ws, const char *id,
+                            struct store_execution *out, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = exec_get(c, ws, id, out, e);
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_execution_list(struct store *base, const char *ws, int64_t after_ts,
+                             const char *after_id, int limit, struct store_execution **items,
+                             size_t *n, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?"
+                              " AND (created_at, id) < (?, ?)"
+                              " ORDER BY created_at DESC, id DESC LIMIT ?";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+        goto out;
+    }
+    bind_text(st, 1, ws);
+    sqlite3_bind_int64(st, 2, after_ts);
+    bind_text(st, 3, after_id);
+    sqlite3_bind_int(st, 4, limit);
+    *items = xcalloc((size_t)limit, sizeof **items);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW && *n < (size_t)limit)
+        read_execution(st, &(*items)[(*n)++]);
+    if (r != SQLITE_ROW && r != SQLITE_DONE)
+        rc = db_err(c, e, "execution_list");
+    done_stmt(st);
+out:
+    reader_put(s, c);
+    return rc;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------- */
+
+static void op_close(struct store *base)
+{
+    struct sq *s = (struct sq *)base;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    while (s->free_readers) {
+        struct conn *c = s->free_readers;
+        s->free_readers = c->next;
+        conn_close(c);
+        free(c);
+    }
+    conn_close(&s->writer);
+    if (s->lockfd >= 0)
+        close(s->lockfd); /* releases the flock */
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_cond_destroy(&s->cv_done);
+    pthread_mutex_destroy(&s->rmu);
+    pthread_cond_destroy(&s->rcv);
+    free(s->path);
+    free(s);
+}
+
+static const struct store_ops sqlite_ops = {
+    .name = "sqlite",
+    .close = op_close,
+    .schema_version = op_schema_version,
+    .ping = op_ping,
+    .workspace_put = op_workspace_put,
+    .workspace_exists = op_workspace_exists,
+    .workflow_put = op_workflow_put,
+    .workflow_get = op_workflow_get,
+    .secret_put = op_secret_put,
+    .secret_get = op_secret_get,
+    .secret_list = op_secret_list,
+    .execution_create = op_execution_create,
+    .execution_get = op_execution_get,
+    .execution_list = op_execution_list,
+};
+
+int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
+{
+    if (!sqlite3_threadsafe())
+        return err_set(e, IFL_ESTORE, "sqlite was built without thread support");
+    struct sq *s = xcalloc(1, sizeof *s);
+    s->base.ops = &sqlite_ops;
+    s->path = xstrdup(path);
+    s->lockfd = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_work, NULL);
+    pthread_cond_init(&s->cv_done, NULL);
+    pthread_mutex_init(&s->rmu, NULL);
+    pthread_cond_init(&s->rcv, NULL);
+    int rc;
+    char *lockpath = xasprintf("%s.lock", path);
+    s->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->lockfd < 0) {
+        rc = err_set(e, IFL_EIO, "cannot open lock file %s (errno %d)", lockpath, errno);
+        free(lockpath);
+        goto fail_early;
+    }
+    if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
+        rc = err_set(e, IFL_EBUSY,
+                     "database %s is in use by another idemflow process (lock %s held)", path,
+                     lockpath);
+        free(lockpath);
+        goto fail_early;
+    }
+    free(lockpath);
+    if ((rc = conn_open(&s->writer, path, 0, e)))
+        goto fail_early;
+    if ((rc = migrate(s, e)))
+        goto fail_early;
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        rc = err_set(e, IFL_EIO, "cannot start the store writer thread");
+        goto fail_early;
+    }
+    *out = &s->base;
+    return 0;
+fail_early:
+    conn_close(&s->writer);
+    if (s->lockfd >= 0)
+        close(s->lockfd);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_cond_destroy(&s->cv_done);
+    pthread_mutex_destroy(&s->rmu);
+    pthread_cond_destroy(&s->rcv);
+    free(s->path);
+    free(s);
+    return rc;
+}

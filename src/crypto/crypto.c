@@ -3,6 +3,10 @@
  */
 #include "crypto/crypto.h"
 #include "base/err.h"
+#include "base/mem.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -60,4 +64,113 @@ int crypto_equal(const void *a, size_t alen, const void *b, size_t blen)
     if (alen != blen)
         return 0;
     return CRYPTO_memcmp(a, b, alen) == 0;
+}
+
+char *crypto_base64(const void *in, size_t n)
+{
+    size_t cap = 4 * ((n + 2) / 3) + 1;
+    char *out = xmalloc(cap);
+    EVP_EncodeBlock((unsigned char *)out, in, (int)n);
+    return out;
+}
+
+int crypto_unbase64(const char *in, size_t len, uint8_t **out, size_t *outlen)
+{
+    *out = NULL;
+    *outlen = 0;
+    if (len % 4 != 0)
+        return IFL_EINVAL;
+    uint8_t *p = xmalloc(len / 4 * 3 + 1);
+    int n = EVP_DecodeBlock(p, (const unsigned char *)in, (int)len);
+    if (n < 0) {
+        free(p);
+        return IFL_EINVAL;
+    }
+    /* EVP_DecodeBlock counts padding bytes as data; remove them. */
+    if (len >= 1 && in[len - 1] == '=')
+        n--;
+    if (len >= 2 && in[len - 2] == '=')
+        n--;
+    *out = p;
+    *outlen = (size_t)n;
+    return 0;
+}
+
+void crypto_wipe(void *p, size_t n)
+{
+    if (p)
+        OPENSSL_cleanse(p, n);
+}
+
+int crypto_seal(const uint8_t key[CRYPTO_KEY_LEN], const char *aad, const void *plain, size_t n,
+                char **out)
+{
+    *out = NULL;
+    size_t total = 12 + n + 16;
+    uint8_t *blob = xmalloc(total);
+    int rc = IFL_EIO, len = 0;
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    if (!ctx || crypto_random(blob, 12))
+        goto done;
+    if (EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, blob) != 1)
+        goto done;
+    if (aad && EVP_EncryptUpdate(ctx, NULL, &len, (const uint8_t *)aad, (int)strlen(aad)) != 1)
+        goto done;
+    if (EVP_EncryptUpdate(ctx, blob + 12, &len, plain, (int)n) != 1)
+        goto done;
+    if (EVP_EncryptFinal_ex(ctx, blob + 12 + len, &len) != 1)
+        goto done;
+    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, 16, blob + 12 + n) != 1)
+        goto done;
+    char *b64 = crypto_base64(blob, total);
+    *out = xasprintf("v1:%s", b64);
+    free(b64);
+    rc = 0;
+done:
+    EVP_CIPHER_CTX_free(ctx);
+    crypto_wipe(blob, total);
+    free(blob);
+    return rc;
+}
+
+int crypto_open(const uint8_t key[CRYPTO_KEY_LEN], const char *aad, const char *sealed,
+                char **plain, size_t *n)
+{
+    *plain = NULL;
+    *n = 0;
+    if (strncmp(sealed, "v1:", 3) != 0)
+        return IFL_EINVAL;
+    uint8_t *blob = NULL;
+    size_t blen = 0;
+    if (crypto_unbase64(sealed + 3, strlen(sealed + 3), &blob, &blen) || blen < 28) {
+        free(blob);
+        return IFL_EINVAL;
+    }
+    size_t clen = blen - 28;
+    char *p = xmalloc(clen + 1);
+    int rc = IFL_EINVAL, len = 0;
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    if (!ctx || EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, blob) != 1)
+        goto done;
+    if (aad && EVP_DecryptUpdate(ctx, NULL, &len, (const uint8_t *)aad, (int)strlen(aad)) != 1)
+        goto done;
+    if (EVP_DecryptUpdate(ctx, (uint8_t *)p, &len, blob + 12, (int)clen) != 1)
+        goto done;
+    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, 16, blob + 12 + clen) != 1)
+        goto done;
+    if (EVP_DecryptFinal_ex(ctx, (uint8_t *)p + len, &len) != 1)
+        goto done;
+    p[clen] = '\0';
+    *plain = p;
+    *n = clen;
+    p = NULL;
+    rc = 0;
+done:
+    EVP_CIPHER_CTX_free(ctx);
+    if (p) {
+        crypto_wipe(p, clen);
+        free(p);
+    }
+    free(blob);
+    return rc;
 }

@@ -28,4 +28,25 @@ int crypto_random_hex32(char out[65]);
  * differ). */
 int crypto_equal(const void *a, size_t alen, const void *b, size_t blen);
 
+/* Standard base64 (with padding) of n bytes; caller frees. Cannot fail. */
+char *crypto_base64(const void *in, size_t n);
+/* Decodes standard base64 (padding required); *out is heap memory the
+ * caller frees.  Returns 0 or IFL_EINVAL. */
+int crypto_unbase64(const char *in, size_t len, uint8_t **out, size_t *outlen);
+
+#define CRYPTO_KEY_LEN 32
+/* AES-256-GCM seal: returns "v1:" + base64(nonce[12] | ciphertext | tag[16])
+ * in *out (caller frees).  `aad` binds the ciphertext to its context (e.g.
+ * "workspace/name") so a sealed value cannot be moved to another record.
+ * Returns 0 or IFL_EIO. */
+int crypto_seal(const uint8_t key[CRYPTO_KEY_LEN], const char *aad, const void *plain, size_t n,
+                char **out);
+/* Opens what crypto_seal produced; *plain is NUL-terminated heap memory the
+ * caller must cleanse (crypto_wipe) and free.  IFL_EINVAL on tampering or a
+ * wrong key/aad. */
+int crypto_open(const uint8_t key[CRYPTO_KEY_LEN], const char *aad, const char *sealed,
+                char **plain, size_t *n);
+/* Zeroes memory in a way the compiler cannot elide. */
+void crypto_wipe(void *p, size_t n);
+
 #endif

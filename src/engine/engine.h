@@ -1,0 +1,71 @@
+/*
+ * engine — the idempotency engine's front door: triggers (layer 1), workflow
+ * and secret management, and (with later issues) the worker pool.
+ *
+ * Owns a cache of compiled workflow versions (immutable, so the cache never
+ * goes stale) and the secrets key.  Borrows the store, which must outlive
+ * it.  Every function is thread safe.
+ */
+#ifndef IFL_ENGINE_ENGINE_H
+#define IFL_ENGINE_ENGINE_H
+
+#include <jansson.h>
+
+#include "base/err.h"
+#include "crypto/crypto.h"
+#include "store/store.h"
+
+struct engine;
+struct wf;
+
+struct engine_opts {
+    /* 32-byte secrets key; required. */
+    uint8_t secrets_key[CRYPTO_KEY_LEN];
+};
+
+/* *out owned by the caller (engine_free).  Borrows s. */
+int engine_new(struct store *s, const struct engine_opts *o, struct engine **out,
+               struct ifl_err *e);
+void engine_free(struct engine *g);
+struct store *engine_store(struct engine *g);
+
+/* Validates, compiles and stores a new version.  def is borrowed. */
+int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def,
+                        int *version, struct ifl_err *e);
+/* Compiled workflow (version 0 = latest).  *out is borrowed from the cache
+ * and stays valid until engine_free. */
+int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int version,
+                        const struct wf **out, int *version_out, struct ifl_err *e);
+
+/* Seals and stores a secret value; the plaintext is never stored. */
+int engine_secret_put(struct engine *g, const char *ws, const char *name, const char *value,
+                      struct ifl_err *e);
+/* Decrypts a secret; *value must be wiped and freed by the caller with
+ * engine_secret_release. */
+int engine_secret_get(struct engine *g, const char *ws, const char *name, char **value,
+                      struct ifl_err *e);
+void engine_secret_release(char *value);
+
+struct trigger_req {
+    const char *ws, *wf, *vertex;
+    json_t *payload;        /* borrowed; never NULL (null for an empty body) */
+    const char *client_key; /* ?clientIdempotencyId or Idempotency-Key; NULL if none */
+    int test;               /* a test run */
+    int force_new;          /* random identity (test runs only) */
+};
+
+struct trigger_res {
+    char id[65];
+    int created;      /* 1 → 201, 0 → 200 deduplicated */
+    int same_payload; /* meaningful when !created */
+    char status[32];
+};
+
+/* Resolves the identity and creates the execution with one atomic insert.
+ * Errors: IFL_ENOTFOUND (workspace/workflow/entry point), IFL_EVALIDATION
+ * (missing idempotency field), IFL_EKEYREUSED (client key, other payload),
+ * IFL_EINVAL (bad client key). */
+int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
+                   struct ifl_err *e);
+
+#endif

@@ -1,0 +1,367 @@
+/*
+ * workflow — see workflow.h.
+ *
+ * Validation order is fixed so that the pointer a user gets is stable: shape
+ * of the root, then each vertex in the definition's member order, then each
+ * edge in array order, then graph properties (entry point, acyclicity).
+ */
+#include "engine/workflow.h"
+#include "base/mem.h"
+#include "expr/expr.h"
+#include "expr/template.h"
+#include "json/json.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int wf_name_valid(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 128)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+const char *wf_type_name(enum wf_vertex_type t)
+{
+    switch (t) {
+    case WF_ENTRY_POINT:
+        return "ENTRY_POINT";
+    case WF_GATEWAY:
+        return "GATEWAY";
+    case WF_TRANSFORM:
+        return "TRANSFORM";
+    }
+    return "?";
+}
+
+void wf_free(struct wf *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->nv; i++) {
+        struct wf_vertex *v = &w->v[i];
+        free(v->id);
+        identity_fields_clear(&v->fields);
+        tmpl_free(v->output);
+        tmpl_free(v->request);
+        free(v->in);
+        free(v->out);
+    }
+    for (size_t i = 0; i < w->ne; i++)
+        expr_free(w->e[i].cond);
+    free(w->v);
+    free(w->e);
+    free(w->topo);
+    json_decref(w->def);
+    free(w);
+}
+
+long wf_vertex_index(const struct wf *w, const char *id)
+{
+    for (size_t i = 0; i < w->nv; i++)
+        if (strcmp(w->v[i].id, id) == 0)
+            return (long)i;
+    return -1;
+}
+
+/* Builds "/vertices/<id>/<rest>" with the id escaped. */
+static void vptr(char *out, size_t cap, const char *id, const char *rest)
+{
+    struct buf b;
+    buf_init(&b, 0);
+    buf_puts(&b, "/vertices");
+    json_pointer_push(&b, id);
+    if (rest)
+        buf_puts(&b, rest);
+    snprintf(out, cap, "%s", b.p);
+    buf_free(&b);
+}
+
+static int check_positive_int(json_t *cfg, const char *key, const char *id, struct ifl_err *e)
+{
+    json_t *v = json_object_get(cfg, key);
+    if (!v)
+        return 0;
+    double d = json_is_number(v) ? json_num(v) : -1;
+    if (d < 0 || d != (double)(long long)d || d > 86400000.0 * 30) {
+        char rest[96], p[IFL_ERR_PTR_MAX];
+        snprintf(rest, sizeof rest, "/config/%s", key);
+        vptr(p, sizeof p, id, rest);
+        return err_setp(e, IFL_EVALIDATION, p, "%s must be a non-negative integer", key);
+    }
+    return 0;
+}
+
+static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
+{
+    char p[IFL_ERR_PTR_MAX];
+    json_t *f = json_object_get(cfg, "idempotencyFields");
+    if (f) {
+        int rc = identity_fields_parse(f, &v->fields, e);
+        if (rc) {
+            char rest[IFL_ERR_PTR_MAX];
+            snprintf(rest, sizeof rest, "/config/idempotencyFields%s", e->pointer);
+            vptr(p, sizeof p, v->id, rest);
+            snprintf(e->pointer, sizeof e->pointer, "%s", p);
+            return rc;
+        }
+        v->has_fields = 1;
+    }
+    return 0;
+}
+
+static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
+{
+    char p[IFL_ERR_PTR_MAX];
+    static const char *methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", NULL};
+    json_t *m = json_object_get(cfg, "method");
+    if (m) {
+        int ok = 0;
+        for (int i = 0; json_is_string(m) && methods[i]; i++)
+            ok |= strcmp(json_string_value(m), methods[i]) == 0;
+        if (!ok) {
+            vptr(p, sizeof p, v->id, "/config/method");
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "method must be one of GET, POST, PUT, PATCH, DELETE, HEAD");
+        }
+    }
+    json_t *url = json_object_get(cfg, "url");
+    if (!json_is_string(url) || !*json_string_value(url)) {
+        vptr(p, sizeof p, v->id, "/config/url");
+        return err_setp(e, IFL_EVALIDATION, p, "a GATEWAY needs a url (string)");
+    }
+    static const char *objs[] = {"headers", "query", NULL};
+    for (int i = 0; objs[i]; i++) {
+        json_t *o = json_object_get(cfg, objs[i]);
+        if (o && !json_is_object(o)) {
+            char rest[64];
+            snprintf(rest, sizeof rest, "/config/%s", objs[i]);
+            vptr(p, sizeof p, v->id, rest);
+            return err_setp(e, IFL_EVALIDATION, p, "%s must be an object", objs[i]);
+        }
+    }
+    static const char *ints[] = {"timeoutMs", "deadlineMs", NULL};
+    for (int i = 0; ints[i]; i++) {
+        int rc = check_positive_int(cfg, ints[i], v->id, e);
+        if (rc)
+            return rc;
+    }
+    json_t *req = json_object();
+    static const char *parts[] = {"url", "headers", "query", "body", NULL};
+    for (int i = 0; parts[i]; i++) {
+        json_t *x = json_object_get(cfg, parts[i]);
+        if (x)
+            json_object_set(req, parts[i], x);
+    }
+    vptr(p, sizeof p, v->id, "/config");
+    int rc = tmpl_compile(req, p, &v->request, e);
+    json_decref(req);
+    return rc;
+}
+
+static int compile_transform(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
+{
+    char p[IFL_ERR_PTR_MAX];
+    json_t *out = json_object_get(cfg, "output");
+    if (!out) {
+        vptr(p, sizeof p, v->id, "/config/output");
+        return err_setp(e, IFL_EVALIDATION, p, "a TRANSFORM needs an output template");
+    }
+    vptr(p, sizeof p, v->id, "/config/output");
+    return tmpl_compile(out, p, &v->output, e);
+}
+
+static int compile_vertices(struct wf *w, json_t *vertices, struct ifl_err *e)
+{
+    w->v = xcalloc(json_object_size(vertices), sizeof *w->v);
+    const char *id;
+    json_t *vx;
+    char p[IFL_ERR_PTR_MAX];
+    json_object_foreach(vertices, id, vx) {
+        struct wf_vertex *v = &w->v[w->nv++];
+        v->id = xstrdup(id);
+        if (!wf_name_valid(id)) {
+            vptr(p, sizeof p, id, NULL);
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "vertex ids are 1-128 characters of A-Z a-z 0-9 _ - .");
+        }
+        if (!json_is_object(vx)) {
+            vptr(p, sizeof p, id, NULL);
+            return err_setp(e, IFL_EVALIDATION, p, "a vertex must be an object");
+        }
+        json_t *type = json_object_get(vx, "type");
+        const char *t = json_string_value(type);
+        if (!t) {
+            vptr(p, sizeof p, id, "/type");
+            return err_setp(e, IFL_EVALIDATION, p, "a vertex needs a type");
+        }
+        if (strcmp(t, "ENTRY_POINT") == 0)
+            v->type = WF_ENTRY_POINT;
+        else if (strcmp(t, "GATEWAY") == 0)
+            v->type = WF_GATEWAY;
+        else if (strcmp(t, "TRANSFORM") == 0)
+            v->type = WF_TRANSFORM;
+        else {
+            vptr(p, sizeof p, id, "/type");
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "unknown vertex type '%s' (ENTRY_POINT, GATEWAY or TRANSFORM)", t);
+        }
+        json_t *cfg = json_object_get(vx, "config");
+        if (cfg && !json_is_object(cfg)) {
+            vptr(p, sizeof p, id, "/config");
+            return err_setp(e, IFL_EVALIDATION, p, "config must be an object");
+        }
+        if (!cfg) {
+            cfg = json_object();
+            json_object_set_new(vx, "config", cfg);
+        }
+        v->config = cfg;
+        int rc = v->type == WF_ENTRY_POINT ? compile_entry(v, cfg, e)
+                 : v->type == WF_GATEWAY   ? compile_gateway(v, cfg, e)
+                                           : compile_transform(v, cfg, e);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void push_idx(size_t **arr, size_t *n, size_t v)
+{
+    *arr = xrealloc(*arr, (*n + 1) * sizeof **arr);
+    (*arr)[(*n)++] = v;
+}
+
+static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
+{
+    w->e = xcalloc(json_array_size(edges) + 1, sizeof *w->e);
+    size_t i;
+    json_t *ed;
+    char p[IFL_ERR_PTR_MAX];
+    json_array_foreach(edges, i, ed) {
+        if (!json_is_object(ed)) {
+            snprintf(p, sizeof p, "/edges/%zu", i);
+            return err_setp(e, IFL_EVALIDATION, p, "an edge must be an object");
+        }
+        const char *ends[2] = {"from", "to"};
+        long idx[2];
+        for (int k = 0; k < 2; k++) {
+            const char *name = json_string_value(json_object_get(ed, ends[k]));
+            snprintf(p, sizeof p, "/edges/%zu/%s", i, ends[k]);
+            if (!name)
+                return err_setp(e, IFL_EVALIDATION, p, "an edge needs '%s' (a vertex id)",
+                                ends[k]);
+            idx[k] = wf_vertex_index(w, name);
+            if (idx[k] < 0)
+                return err_setp(e, IFL_EVALIDATION, p, "no vertex named '%s'", name);
+        }
+        snprintf(p, sizeof p, "/edges/%zu/to", i);
+        if (w->v[idx[1]].type == WF_ENTRY_POINT)
+            return err_setp(e, IFL_EVALIDATION, p, "an edge cannot lead into an ENTRY_POINT");
+        if (idx[0] == idx[1])
+            return err_setp(e, IFL_EVALIDATION, p, "an edge cannot loop to its own vertex");
+        for (size_t k = 0; k < w->ne; k++)
+            if (w->e[k].from == (size_t)idx[0] && w->e[k].to == (size_t)idx[1])
+                return err_setp(e, IFL_EVALIDATION, p, "duplicate edge %s -> %s",
+                                w->v[idx[0]].id, w->v[idx[1]].id);
+        struct wf_edge *edge = &w->e[w->ne++];
+        edge->from = (size_t)idx[0];
+        edge->to = (size_t)idx[1];
+        json_t *cond = json_object_get(ed, "condition");
+        if (cond && !json_is_null(cond)) {
+            snprintf(p, sizeof p, "/edges/%zu/condition", i);
+            const char *src = json_string_value(cond);
+            if (!src)
+                return err_setp(e, IFL_EVALIDATION, p,
+                                "a condition must be an expression string (\"= …\")");
+            if (*src == '=')
+                src++;
+            while (*src == ' ' || *src == '\t')
+                src++;
+            struct expr_error xe;
+            if (expr_compile(src, strlen(src), &edge->cond, &xe))
+                return err_setp(e, IFL_EVALIDATION, p, "%s: %s (at position %d)", xe.code,
+                                xe.msg, xe.position);
+        }
+        push_idx(&w->v[edge->from].out, &w->v[edge->from].n_out, w->ne - 1);
+        push_idx(&w->v[edge->to].in, &w->v[edge->to].n_in, w->ne - 1);
+    }
+    return 0;
+}
+
+/* Kahn's algorithm; on a cycle, points at an edge whose ends both remain. */
+static int toposort(struct wf *w, struct ifl_err *e)
+{
+    size_t *indeg = xcalloc(w->nv, sizeof *indeg);
+    w->topo = xcalloc(w->nv, sizeof *w->topo);
+    for (size_t i = 0; i < w->ne; i++)
+        indeg[w->e[i].to]++;
+    size_t head = 0, tail = 0;
+    for (size_t i = 0; i < w->nv; i++)
+        if (!indeg[i])
+            w->topo[tail++] = i;
+    while (head < tail) {
+        struct wf_vertex *v = &w->v[w->topo[head++]];
+        for (size_t k = 0; k < v->n_out; k++)
+            if (--indeg[w->e[v->out[k]].to] == 0)
+                w->topo[tail++] = w->e[v->out[k]].to;
+    }
+    int rc = 0;
+    if (tail < w->nv) {
+        for (size_t i = 0; i < w->ne; i++)
+            if (indeg[w->e[i].from] && indeg[w->e[i].to]) {
+                char p[64];
+                snprintf(p, sizeof p, "/edges/%zu", i);
+                rc = err_setp(e, IFL_EVALIDATION, p,
+                              "the graph has a cycle through %s -> %s; workflows must be DAGs",
+                              w->v[w->e[i].from].id, w->v[w->e[i].to].id);
+                break;
+            }
+    }
+    free(indeg);
+    return rc;
+}
+
+int wf_compile(json_t *def, struct wf **out, struct ifl_err *e)
+{
+    *out = NULL;
+    if (!json_is_object(def))
+        return err_setp(e, IFL_EVALIDATION, "", "a workflow definition must be a JSON object");
+    json_t *vertices = json_object_get(def, "vertices");
+    if (!json_is_object(vertices) || json_object_size(vertices) == 0)
+        return err_setp(e, IFL_EVALIDATION, "/vertices",
+                        "vertices must be a non-empty object keyed by vertex id");
+    json_t *edges = json_object_get(def, "edges");
+    if (edges && !json_is_array(edges))
+        return err_setp(e, IFL_EVALIDATION, "/edges", "edges must be an array");
+    struct wf *w = xcalloc(1, sizeof *w);
+    w->def = json_deep_copy(def);
+    vertices = json_object_get(w->def, "vertices");
+    edges = json_object_get(w->def, "edges");
+    int rc = compile_vertices(w, vertices, e);
+    if (!rc && edges)
+        rc = compile_edges(w, edges, e);
+    if (!rc) {
+        int entries = 0;
+        for (size_t i = 0; i < w->nv; i++)
+            entries += w->v[i].type == WF_ENTRY_POINT;
+        if (!entries)
+            rc = err_setp(e, IFL_EVALIDATION, "/vertices",
+                          "a workflow needs at least one ENTRY_POINT vertex");
+    }
+    if (!rc)
+        rc = toposort(w, e);
+    if (rc) {
+        wf_free(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}

@@ -1,0 +1,64 @@
+/*
+ * workflow — parsing and validating workflow definitions (spec §3) into an
+ * immutable, compiled graph the engine runs.
+ *
+ * A definition is accepted only when it is a DAG with at least one
+ * ENTRY_POINT, every edge end exists, every vertex type is known, and every
+ * expression compiles; otherwise IFL_EVALIDATION with a JSON Pointer to the
+ * offending member.  A compiled `struct wf` is immutable and may be shared
+ * between threads.
+ */
+#ifndef IFL_ENGINE_WORKFLOW_H
+#define IFL_ENGINE_WORKFLOW_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "base/err.h"
+#include "engine/identity.h"
+
+struct expr;
+struct tmpl;
+
+enum wf_vertex_type { WF_ENTRY_POINT, WF_GATEWAY, WF_TRANSFORM };
+
+struct wf_vertex {
+    char *id;
+    enum wf_vertex_type type;
+    json_t *config;           /* borrowed from the definition */
+    int has_fields;           /* ENTRY_POINT: idempotencyFields present */
+    struct id_fields fields;  /* ENTRY_POINT */
+    struct tmpl *output;      /* TRANSFORM: compiled "output" template */
+    struct tmpl *request;     /* GATEWAY: compiled {url, headers, query, body} */
+    size_t *in, n_in;         /* indexes of incoming edges */
+    size_t *out, n_out;       /* indexes of outgoing edges */
+};
+
+struct wf_edge {
+    size_t from, to;     /* vertex indexes */
+    struct expr *cond;   /* NULL when unconditional */
+};
+
+struct wf {
+    json_t *def;            /* owned: the definition as accepted */
+    struct wf_vertex *v;
+    size_t nv;
+    struct wf_edge *e;
+    size_t ne;
+    size_t *topo;           /* vertex indexes in topological order */
+};
+
+/* Validates and compiles `def` (borrowed; the wf keeps its own reference).
+ * *out is owned by the caller (wf_free). */
+int wf_compile(json_t *def, struct wf **out, struct ifl_err *e);
+void wf_free(struct wf *w);
+
+/* Index of the vertex named id, or -1. */
+long wf_vertex_index(const struct wf *w, const char *id);
+
+const char *wf_type_name(enum wf_vertex_type t);
+
+/* A vertex / workflow / workspace name: 1–128 of [A-Za-z0-9_.-]. */
+int wf_name_valid(const char *s);
+
+#endif

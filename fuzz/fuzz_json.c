@@ -1,0 +1,48 @@
+/*
+ * fuzz_json — libFuzzer target for the json module.
+ *
+ * Parses arbitrary bytes with the default limits; when the parse succeeds,
+ * writes the RFC 8785 form, parses that back and requires its canonical form
+ * to be byte-identical (JCS is idempotent), and exercises json_write too.
+ * Any mismatch aborts, which libFuzzer reports as a crash.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json/json.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct json_limits lim = {1 << 20, 0};
+    json_t *v = NULL, *w = NULL;
+    struct ifl_err e;
+    struct buf a, b;
+
+    if (json_parse((const char *)data, size, &lim, &v, &e) != 0)
+        return 0;
+    buf_init(&a, 0);
+    buf_init(&b, 0);
+    if (json_jcs(v, &a) != 0)
+        abort(); /* a parsed value always has finite numbers */
+    if (json_parse(a.p, a.len, NULL, &w, &e) != 0) {
+        fprintf(stderr, "JCS output does not parse: %s\n%s\n", e.msg, a.p);
+        abort();
+    }
+    if (json_jcs(w, &b) != 0 || a.len != b.len || memcmp(a.p, b.p, a.len) != 0) {
+        fprintf(stderr, "JCS not idempotent:\n%s\n%s\n", a.p, b.p ? b.p : "");
+        abort();
+    }
+    char *s = json_to_string(v);
+    if (!s)
+        abort();
+    free(s);
+    buf_free(&a);
+    buf_free(&b);
+    json_decref(v);
+    json_decref(w);
+    return 0;
+}

@@ -1,6 +1,419 @@
-/* idemflow — placeholder until the CLI lands in this session. */
+/*
+ * idemflow — the engine server and its CLI, a thin layer over libidemflow.
+ *
+ *   idemflow serve [--listen HOST:PORT] [--db URL] [--load DIR] [--max-body BYTES]
+ *   idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json
+ *   idemflow eval EXPR [--data FILE] [--bindings JSON]
+ *   idemflow version
+ */
+#include "api/api.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "crypto/crypto.h"
+#include "engine/engine.h"
+#include "engine/identity.h"
+#include "expr/expr.h"
+#include "http/http.h"
+#include "json/json.h"
+#include "store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
-int main(void)
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define IDEMFLOW_VERSION "0.1.0"
+
+static void usage(FILE *f)
 {
+    fputs("usage:\n"
+          "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
+          "                 [--max-body BYTES]\n"
+          "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
+          "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
+          "  idemflow version\n",
+          f);
+}
+
+/* Reads all of fd into a heap buffer (cap bytes at most). */
+static int read_all(int fd, size_t cap, struct buf *out)
+{
+    buf_init(out, cap);
+    char tmp[65536];
+    for (;;) {
+        ssize_t n = read(fd, tmp, sizeof tmp);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return IFL_EIO;
+        if (n == 0)
+            return 0;
+        if (buf_append(out, tmp, (size_t)n))
+            return IFL_ETOOBIG;
+    }
+}
+
+/* ---- idemflow id ------------------------------------------------------------ */
+
+static int cmd_id(int argc, char **argv)
+{
+    if (argc < 4) {
+        usage(stderr);
+        return 2;
+    }
+    const char *ws = argv[1], *wf = argv[2], *vx = argv[3], *fields = NULL, *client = NULL;
+    for (int i = 4; i < argc; i++) {
+        if (strcmp(argv[i], "--fields") == 0 && i + 1 < argc)
+            fields = argv[++i];
+        else if (strcmp(argv[i], "--client-id") == 0 && i + 1 < argc)
+            client = argv[++i];
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (fields && client) {
+        fputs("idemflow id: --fields and --client-id are exclusive\n", stderr);
+        return 2;
+    }
+    struct ifl_err e = {0};
+    json_t *material = NULL, *payload = NULL;
+    const char *mode;
+    int rc = 0;
+    if (client) {
+        if (!identity_client_key_valid(client)) {
+            fputs("idemflow id: the client id must be 1-255 printable ASCII characters\n", stderr);
+            return 1;
+        }
+        mode = "client";
+        material = json_string(client);
+    } else {
+        struct buf in;
+        if (read_all(STDIN_FILENO, 64u << 20, &in)) {
+            fputs("idemflow id: cannot read the payload from stdin\n", stderr);
+            buf_free(&in);
+            return 1;
+        }
+        size_t k = 0;
+        while (k < in.len && (in.p[k] == ' ' || in.p[k] == '\n' || in.p[k] == '\t' ||
+                              in.p[k] == '\r'))
+            k++;
+        if (k == in.len)
+            payload = json_null();
+        else
+            rc = json_parse(in.p, in.len, &(struct json_limits){.max_depth = 1000}, &payload,
+                            &e);
+        buf_free(&in);
+        if (rc) {
+            fprintf(stderr, "idemflow id: %s\n", e.msg);
+            return 1;
+        }
+        if (fields) {
+            struct id_fields f;
+            json_t *spec = json_string(fields);
+            rc = identity_fields_parse(spec, &f, &e);
+            json_decref(spec);
+            if (!rc) {
+                rc = identity_fields_material(&f, payload, &material, &e);
+                identity_fields_clear(&f);
+            }
+            if (rc) {
+                fprintf(stderr, "idemflow id: %s\n", e.msg);
+                json_decref(payload);
+                return 1;
+            }
+            mode = "fields";
+        } else {
+            mode = "payload";
+            material = json_incref(payload);
+        }
+    }
+    char id[65];
+    rc = identity_compute(ws, wf, vx, mode, material, id, &e);
+    json_decref(material);
+    json_decref(payload);
+    if (rc) {
+        fprintf(stderr, "idemflow id: %s\n", e.msg);
+        return 1;
+    }
+    printf("%s\n", id);
     return 0;
+}
+
+/* ---- idemflow serve ------------------------------------------------------------ */
+
+struct serve_opts {
+    const char *listen, *db, *load;
+    size_t max_body;
+};
+
+/* The secrets key: IDEMFLOW_SECRETS_KEY (64 hex chars or base64 of 32 bytes),
+ * else a 0600 key file beside the database, created on first start. */
+static int secrets_key(const char *db, uint8_t key[CRYPTO_KEY_LEN], struct ifl_err *e)
+{
+    const char *env = getenv("IDEMFLOW_SECRETS_KEY");
+    if (env && *env) {
+        size_t n = strlen(env);
+        if (n == 64) {
+            for (size_t i = 0; i < 32; i++) {
+                unsigned v;
+                char hx[3] = {env[2 * i], env[2 * i + 1], 0};
+                char *end = NULL;
+                v = (unsigned)strtoul(hx, &end, 16);
+                if (*end)
+                    return err_set(e, IFL_EINVAL, "IDEMFLOW_SECRETS_KEY is not valid hex");
+                key[i] = (uint8_t)v;
+            }
+            return 0;
+        }
+        uint8_t *raw = NULL;
+        size_t rn = 0;
+        if (crypto_unbase64(env, n, &raw, &rn) || rn != CRYPTO_KEY_LEN) {
+            free(raw);
+            return err_set(e, IFL_EINVAL,
+                           "IDEMFLOW_SECRETS_KEY must be 32 bytes as 64 hex chars or base64");
+        }
+        memcpy(key, raw, CRYPTO_KEY_LEN);
+        crypto_wipe(raw, rn);
+        free(raw);
+        return 0;
+    }
+    const char *path = db;
+    if (strncmp(path, "sqlite:", 7) == 0)
+        path += 7;
+    char *kp = xasprintf("%s.key", path);
+    int rc = 0;
+    int fd = open(kp, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && (st.st_mode & 077))
+            log_warn("secrets.key_mode", "key file %s is readable by others; chmod 600 it", kp);
+        ssize_t n = read(fd, key, CRYPTO_KEY_LEN);
+        close(fd);
+        if (n != CRYPTO_KEY_LEN)
+            rc = err_set(e, IFL_EIO, "key file %s is damaged (expected 32 bytes)", kp);
+    } else if (errno == ENOENT) {
+        fd = open(kp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 || crypto_random(key, CRYPTO_KEY_LEN) ||
+            write(fd, key, CRYPTO_KEY_LEN) != CRYPTO_KEY_LEN || fsync(fd) != 0)
+            rc = err_set(e, IFL_EIO, "cannot create key file %s", kp);
+        else
+            log_info("secrets.key_created", "created secrets key file %s (mode 0600)", kp);
+        if (fd >= 0)
+            close(fd);
+    } else {
+        rc = err_set(e, IFL_EIO, "cannot open key file %s", kp);
+    }
+    free(kp);
+    return rc;
+}
+
+/* Loads DIR/<workspace>/<workflow>.json: creates the workspace and stores a
+ * new workflow version only when the definition differs from the latest. */
+static int load_examples(struct engine *g, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        log_error("load.failed", "cannot open %s", dir);
+        return IFL_EIO;
+    }
+    struct dirent *de;
+    int rc = 0;
+    while (!rc && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *wsdir = xasprintf("%s/%s", dir, de->d_name);
+        DIR *w = opendir(wsdir);
+        if (!w) {
+            free(wsdir);
+            continue;
+        }
+        int created;
+        struct ifl_err e = {0};
+        rc = store_workspace_put(engine_store(g), de->d_name, "{}", &created, &e);
+        struct dirent *fe;
+        while (!rc && (fe = readdir(w))) {
+            size_t n = strlen(fe->d_name);
+            if (n < 6 || strcmp(fe->d_name + n - 5, ".json") != 0)
+                continue;
+            char *wf = xstrndup(fe->d_name, n - 5);
+            char *file = xasprintf("%s/%s", wsdir, fe->d_name);
+            int fd = open(file, O_RDONLY | O_CLOEXEC);
+            struct buf b;
+            json_t *def = NULL;
+            if (fd < 0 || read_all(fd, 1u << 20, &b) ||
+                json_parse(b.p ? b.p : "", b.len, NULL, &def, &e)) {
+                log_error("load.failed", "%s: %s", file, e.msg);
+                rc = IFL_EINVAL;
+            }
+            if (fd >= 0) {
+                close(fd);
+                buf_free(&b);
+            }
+            if (!rc) {
+                struct store_workflow cur;
+                char *text = json_to_string(def);
+                json_t *cur_def = NULL;
+                int same = 0;
+                if (store_workflow_get(engine_store(g), de->d_name, wf, 0, &cur, NULL) == 0) {
+                    if (json_parse(cur.definition, strlen(cur.definition), NULL, &cur_def, NULL) ==
+                        0)
+                        same = json_equal(cur_def, def);
+                    json_decref(cur_def);
+                    store_workflow_clear(&cur);
+                }
+                free(text);
+                int version;
+                if (!same && (rc = engine_workflow_put(g, de->d_name, wf, def, &version, &e)))
+                    log_error("load.failed", "%s: %s (at %s)", file, e.msg, e.pointer);
+                if (!rc)
+                    log_info("load.workflow", "loaded %s/%s from %s", de->d_name, wf, file);
+            }
+            json_decref(def);
+            free(file);
+            free(wf);
+        }
+        closedir(w);
+        free(wsdir);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int is_loopback(const char *listen)
+{
+    char host[128];
+    unsigned port;
+    if (http_parse_listen(listen, host, sizeof host, &port))
+        return 0;
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcmp(host, "localhost") == 0;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    struct serve_opts o = {.listen = "127.0.0.1:8080", .db = "sqlite:./idemflow.db"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--listen") == 0 && v)
+            o.listen = v, i++;
+        else if (strcmp(a, "--db") == 0 && v)
+            o.db = v, i++;
+        else if (strcmp(a, "--load") == 0 && v)
+            o.load = v, i++;
+        else if (strcmp(a, "--max-body") == 0 && v) {
+            char *end = NULL;
+            unsigned long long n = strtoull(v, &end, 10);
+            if (end == v || *end || n < 1024 || n > (1ull << 30)) {
+                fputs("idemflow serve: --max-body must be 1024..1073741824\n", stderr);
+                return 2;
+            }
+            o.max_body = (size_t)n;
+            i++;
+        } else if (strcmp(a, "--workers") == 0 && v) {
+            i++; /* accepted now; the worker pool arrives with the engine issue */
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    const char *admin = getenv("IDEMFLOW_ADMIN_TOKEN");
+    if (admin && !*admin)
+        admin = NULL;
+    if (!admin && !is_loopback(o.listen)) {
+        log_error("serve.refused",
+                  "refusing to listen on %s without IDEMFLOW_ADMIN_TOKEN; use a loopback "
+                  "address or set a token",
+                  o.listen);
+        return 1;
+    }
+
+    /* Block the shutdown signals in every thread; main waits for them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct ifl_err e = {0};
+    struct store *st = NULL;
+    struct engine *g = NULL;
+    struct api *api = NULL;
+    struct http_server *srv = NULL;
+    struct engine_opts eo = {0};
+    int rc = 1;
+    if (store_open(o.db, &st, &e)) {
+        log_error("serve.store", "%s", e.msg);
+        goto out;
+    }
+    if (secrets_key(o.db, eo.secrets_key, &e)) {
+        log_error("serve.secrets_key", "%s", e.msg);
+        goto out;
+    }
+    if (engine_new(st, &eo, &g, &e)) {
+        log_error("serve.engine", "%s", e.msg);
+        goto out;
+    }
+    crypto_wipe(eo.secrets_key, sizeof eo.secrets_key);
+    if (o.load && load_examples(g, o.load))
+        goto out;
+    api = api_new(g, &(struct api_opts){.max_body = o.max_body, .admin_token = admin});
+    struct http_opts ho = {
+        .listen = o.listen,
+        .max_body = o.max_body,
+        .handler = api_handle,
+        .toobig = api_toobig,
+        .ctx = api,
+    };
+    if (http_server_start(&ho, &srv, &e)) {
+        log_error("serve.listen", "%s", e.msg);
+        goto out;
+    }
+    log_info("serve.ready", "idemflow %s listening on %s port %u, store %s (%s)",
+             IDEMFLOW_VERSION, o.listen, http_server_port(srv), store_backend(st), o.db);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    log_info("serve.draining", "signal %d: draining in-flight requests", sig);
+    http_server_quiesce(srv);
+    rc = 0;
+out:
+    http_server_stop(srv);
+    api_free(api);
+    engine_free(g);
+    store_close(st);
+    if (rc == 0)
+        log_info("serve.stopped", "stopped cleanly");
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "serve") == 0)
+        return cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "id") == 0)
+        return cmd_id(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0)
+        return expr_cli_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("idemflow %s\n", IDEMFLOW_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    usage(stderr);
+    return 2;
 }

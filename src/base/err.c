@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static void vset(struct ifl_err *e, int code, const char *fmt, va_list ap)
+static void __attribute__((format(printf, 3, 0)))
+vset(struct ifl_err *e, int code, const char *fmt, va_list ap)
 {
     e->code = code;
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);

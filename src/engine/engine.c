@@ -126,7 +126,7 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
     int rc = wf_compile(def, &w, e);
     if (rc)
         return rc;
-    char *text = json_to_string(w->def);
+    char *text = json_to_string(def); /* as accepted, not as normalised */
     if (!text) {
         wf_free(w);
         return err_set(e, IFL_EVALIDATION, "the definition holds a non-finite number");
@@ -252,10 +252,10 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     memset(out, 0, sizeof *out);
     const struct wf *w = NULL;
     int version = 0;
-    int rc = store_workspace_exists(g->store, r->ws, e);
+    int rc = engine_workflow_get(g, r->ws, r->wf, 0, &w, &version, e);
+    if (rc == IFL_ENOTFOUND && store_workspace_exists(g->store, r->ws, e) == IFL_ENOTFOUND)
+        return err_slug(e, "workspace-not-found");
     if (rc)
-        return rc;
-    if ((rc = engine_workflow_get(g, r->ws, r->wf, 0, &w, &version, e)))
         return rc;
     long vi = wf_vertex_index(w, r->vertex);
     if (vi < 0 || w->v[vi].type != WF_ENTRY_POINT)

@@ -107,10 +107,11 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     if (f) {
         int rc = identity_fields_parse(f, &v->fields, e);
         if (rc) {
-            char rest[IFL_ERR_PTR_MAX];
-            snprintf(rest, sizeof rest, "/config/idempotencyFields%s", e->pointer);
+            char *rest = xasprintf("/config/idempotencyFields%s", e ? e->pointer : "");
             vptr(p, sizeof p, v->id, rest);
-            snprintf(e->pointer, sizeof e->pointer, "%s", p);
+            free(rest);
+            if (e)
+                memcpy(e->pointer, p, sizeof e->pointer);
             return rc;
         }
         v->has_fields = 1;

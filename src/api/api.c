@@ -1,0 +1,677 @@
+/*
+ * api — see api.h.
+ *
+ * Routing is a split of the decoded path into at most 8 segments matched
+ * against a small table; each handler validates its inputs fully before it
+ * touches the engine, so a rejected request changes nothing.
+ */
+#include "api/api.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "crypto/crypto.h"
+#include "engine/workflow.h"
+#include "json/json.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define MAX_SEGS 8
+
+struct api {
+    struct engine *g;
+    struct api_opts o;
+    atomic_ullong requests, responses_4xx, responses_5xx;
+    atomic_ullong triggers_created, triggers_deduplicated, triggers_rejected;
+    int64_t started_ms;
+};
+
+struct call {
+    struct api *a;
+    const struct http_req *req;
+    struct http_res *res;
+    char *seg[MAX_SEGS];
+    int nseg;
+};
+
+/* ---- responses ---------------------------------------------------------------- */
+
+static void title_of(const char *slug, char *out, size_t cap)
+{
+    size_t i = 0;
+    for (; slug[i] && i + 1 < cap; i++)
+        out[i] = slug[i] == '-' ? ' ' : slug[i];
+    out[i] = '\0';
+    if (out[0] >= 'a' && out[0] <= 'z')
+        out[0] = (char)(out[0] - 'a' + 'A');
+}
+
+void api_problem(struct http_res *res, int status, const char *slug, const char *detail,
+                 const char *pointer)
+{
+    char title[64], type[96];
+    title_of(slug, title, sizeof title);
+    snprintf(type, sizeof type, "/problems/%s", slug);
+    json_t *p = json_object();
+    json_object_set_new(p, "type", json_string(type));
+    json_object_set_new(p, "title", json_string(title));
+    json_object_set_new(p, "status", json_integer(status));
+    json_object_set_new(p, "detail", json_string(detail ? detail : title));
+    if (pointer)
+        json_object_set_new(p, "pointer", json_string(pointer));
+    http_res_body(res, status, "application/problem+json", json_to_string(p));
+    json_decref(p);
+}
+
+void api_problem_err(struct http_res *res, const struct ifl_err *e)
+{
+    int status = err_http_status(e->code);
+    const char *slug = e->slug[0] ? e->slug : err_problem_slug(e->code);
+    int has_ptr = e->code == IFL_EVALIDATION || e->pointer[0];
+    api_problem(res, status, slug, e->msg[0] ? e->msg : NULL, has_ptr ? e->pointer : NULL);
+}
+
+void api_toobig(void *ctx, size_t limit, struct http_res *res)
+{
+    struct api *a = ctx;
+    atomic_fetch_add(&a->responses_4xx, 1);
+    char detail[128];
+    snprintf(detail, sizeof detail, "the request body exceeds the limit of %zu bytes", limit);
+    api_problem(res, 413, "payload-too-large", detail, NULL);
+}
+
+static void reply_json(struct http_res *res, int status, json_t *body /* stolen */)
+{
+    char *text = json_to_string(body);
+    json_decref(body);
+    if (!text) {
+        api_problem(res, 500, "internal-error", "response holds a non-finite number", NULL);
+        return;
+    }
+    http_res_body(res, status, "application/json", text);
+}
+
+static json_t *ts_json(int64_t ms)
+{
+    char ts[32];
+    clock_rfc3339(ms, ts);
+    return json_string(ts);
+}
+
+/* ---- request helpers ----------------------------------------------------------- */
+
+static int content_type_ok(const struct http_req *r)
+{
+    const char *ct = r->header(r, "Content-Type");
+    if (!ct || !*ct || r->body_len == 0)
+        return 1;
+    return strncasecmp(ct, "application/json", 16) == 0 || strstr(ct, "+json") != NULL;
+}
+
+/* Parses the body as JSON.  An empty body yields `empty_as` (a new ref of it,
+ * or NULL → 400 "a JSON body is required").  On failure fills the response
+ * and returns NULL. */
+static json_t *body_json(struct call *c, json_t *empty_as)
+{
+    const struct http_req *r = c->req;
+    if (!content_type_ok(r)) {
+        api_problem(c->res, 415, "unsupported-media-type",
+                    "send the body as JSON with Content-Type: application/json", NULL);
+        return NULL;
+    }
+    const char *p = r->body;
+    size_t n = r->body_len;
+    while (n && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++, n--;
+    if (n == 0) {
+        if (empty_as)
+            return json_incref(empty_as);
+        api_problem(c->res, 400, "invalid-json", "a JSON body is required", "");
+        return NULL;
+    }
+    struct json_limits lim = {.max_bytes = c->a->o.max_body, .max_depth = c->a->o.max_depth};
+    struct ifl_err e = {0};
+    json_t *v = NULL;
+    if (json_parse(r->body, r->body_len, &lim, &v, &e)) {
+        if (e.code == IFL_ETOOBIG)
+            api_problem(c->res, 413, "payload-too-large", e.msg, NULL);
+        else
+            api_problem(c->res, 400, "invalid-json", e.msg, "");
+        return NULL;
+    }
+    return v;
+}
+
+static int check_name(struct call *c, const char *what, const char *name)
+{
+    if (wf_name_valid(name))
+        return 0;
+    char d[200];
+    snprintf(d, sizeof d, "%s names are 1-128 characters of A-Z a-z 0-9 _ - .", what);
+    api_problem(c->res, 400, "invalid-name", d, NULL);
+    return -1;
+}
+
+static int workspace_exists(struct call *c, const char *ws)
+{
+    if (check_name(c, "workspace", ws))
+        return -1;
+    struct ifl_err e = {0};
+    if (store_workspace_exists(engine_store(c->a->g), ws, &e)) {
+        if (e.code == IFL_ENOTFOUND)
+            err_slug(&e, "workspace-not-found");
+        api_problem_err(c->res, &e);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses a query boolean: 1 true, 0 false, -1 absent, -2 malformed (answered). */
+static int query_bool(struct call *c, const char *name)
+{
+    const char *v = c->req->query(c->req, name);
+    if (!v)
+        return -1;
+    if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0)
+        return 1;
+    if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
+        return 0;
+    char ptr[80];
+    snprintf(ptr, sizeof ptr, "/%s", name);
+    api_problem(c->res, 400, "invalid-parameter", "expected true or false", ptr);
+    return -2;
+}
+
+/* ---- handlers --------------------------------------------------------------------- */
+
+static void h_workspace_put(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (check_name(c, "workspace", ws))
+        return;
+    json_t *empty = json_object();
+    json_t *body = body_json(c, empty);
+    json_decref(empty);
+    if (!body)
+        return;
+    if (!json_is_object(body)) {
+        json_decref(body);
+        api_problem(c->res, 422, "validation-error", "workspace settings must be an object", "");
+        return;
+    }
+    char *settings = json_to_string(body);
+    json_decref(body);
+    int created = 0;
+    struct ifl_err e = {0};
+    int rc = store_workspace_put(engine_store(c->a->g), ws, settings, &created, &e);
+    free(settings);
+    if (rc) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *out = json_object();
+    json_object_set_new(out, "workspace", json_string(ws));
+    json_object_set_new(out, "created", json_boolean(created));
+    reply_json(c->res, created ? 201 : 200, out);
+}
+
+static void h_workspace_get(struct call *c)
+{
+    if (workspace_exists(c, c->seg[2]))
+        return;
+    json_t *out = json_object();
+    json_object_set_new(out, "workspace", json_string(c->seg[2]));
+    reply_json(c->res, 200, out);
+}
+
+static void h_workflow_put(struct call *c)
+{
+    const char *ws = c->seg[2], *wf = c->seg[4];
+    if (workspace_exists(c, ws) || check_name(c, "workflow", wf))
+        return;
+    json_t *def = body_json(c, NULL);
+    if (!def)
+        return;
+    int version = 0;
+    struct ifl_err e = {0};
+    int rc = engine_workflow_put(c->a->g, ws, wf, def, &version, &e);
+    json_decref(def);
+    if (rc) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *out = json_object();
+    json_object_set_new(out, "workflow", json_string(wf));
+    json_object_set_new(out, "version", json_integer(version));
+    char loc[512];
+    snprintf(loc, sizeof loc, "/v1/workspaces/%s/workflows/%s?version=%d", ws, wf, version);
+    http_res_header(c->res, "Location", loc);
+    reply_json(c->res, 201, out);
+}
+
+static void h_workflow_get(struct call *c)
+{
+    const char *ws = c->seg[2], *wf = c->seg[4];
+    if (workspace_exists(c, ws) || check_name(c, "workflow", wf))
+        return;
+    int version = 0;
+    const char *vq = c->req->query(c->req, "version");
+    if (vq) {
+        char *end = NULL;
+        long v = strtol(vq, &end, 10);
+        if (end == vq || *end || v < 1 || v > 1000000000) {
+            api_problem(c->res, 400, "invalid-parameter", "version must be a positive integer",
+                        "/version");
+            return;
+        }
+        version = (int)v;
+    }
+    struct store_workflow w;
+    struct ifl_err e = {0};
+    if (store_workflow_get(engine_store(c->a->g), ws, wf, version, &w, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *def = NULL;
+    json_parse(w.definition, strlen(w.definition), NULL, &def, NULL);
+    json_t *out = json_object();
+    json_object_set_new(out, "workflow", json_string(wf));
+    json_object_set_new(out, "version", json_integer(w.version));
+    json_object_set_new(out, "createdAt", ts_json(w.created_at));
+    json_object_set_new(out, "definition", def ? def : json_null());
+    store_workflow_clear(&w);
+    reply_json(c->res, 200, out);
+}
+
+static int secret_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 128)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_'))
+            return 0;
+    }
+    return 1;
+}
+
+static void h_secret_put(struct call *c)
+{
+    const char *ws = c->seg[2], *name = c->seg[4];
+    if (workspace_exists(c, ws))
+        return;
+    if (!secret_name_ok(name)) {
+        api_problem(c->res, 400, "invalid-name",
+                    "secret names are 1-128 characters of A-Z a-z 0-9 _", NULL);
+        return;
+    }
+    json_t *body = body_json(c, NULL);
+    if (!body)
+        return;
+    json_t *v = json_object_get(body, "value");
+    if (!json_is_object(body) || !json_is_string(v) || json_string_length(v) == 0 ||
+        strlen(json_string_value(v)) != json_string_length(v)) {
+        json_decref(body);
+        api_problem(c->res, 422, "validation-error",
+                    "expected {\"value\": \"…\"} with a non-empty string without NUL", "/value");
+        return;
+    }
+    struct ifl_err e = {0};
+    int rc = engine_secret_put(c->a->g, ws, name, json_string_value(v), &e);
+    json_decref(body); /* jansson frees the plaintext copy */
+    if (rc) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    http_res_body(c->res, 204, NULL, NULL);
+}
+
+static void h_secret_list(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    char **names = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (store_secret_list(engine_store(c->a->g), ws, &names, &n, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *items = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *it = json_object();
+        json_object_set_new(it, "name", json_string(names[i]));
+        json_array_append_new(items, it);
+    }
+    store_strv_free(names, n);
+    json_t *out = json_object();
+    json_object_set_new(out, "items", items);
+    json_object_set_new(out, "next", json_null());
+    reply_json(c->res, 200, out);
+}
+
+static void trigger(struct call *c, int test)
+{
+    struct api *a = c->a;
+    const char *ws = c->seg[2], *wf = c->seg[4], *vx = c->seg[6];
+    if (check_name(c, "workspace", ws) || check_name(c, "workflow", wf) ||
+        check_name(c, "vertex", vx))
+        goto rejected;
+    int force = query_bool(c, "forceNewExecution");
+    if (force == -2)
+        goto rejected;
+    if (!test && force == 1) {
+        api_problem(c->res, 400, "force-new-not-allowed",
+                    "forceNewExecution is not allowed on the production trigger: give the entry "
+                    "point idempotencyFields or send a unique clientIdempotencyId",
+                    "/forceNewExecution");
+        goto rejected;
+    }
+    if (test && force == -1)
+        force = 1;
+    const char *qk = c->req->query(c->req, "clientIdempotencyId");
+    const char *hk = c->req->header(c->req, "Idempotency-Key");
+    if (qk && hk && strcmp(qk, hk) != 0) {
+        api_problem(c->res, 400, "conflicting-idempotency-keys",
+                    "clientIdempotencyId and the Idempotency-Key header differ", NULL);
+        goto rejected;
+    }
+    json_t *payload = body_json(c, json_null());
+    if (!payload)
+        goto rejected;
+    struct trigger_req tr = {
+        .ws = ws,
+        .wf = wf,
+        .vertex = vx,
+        .payload = payload,
+        .client_key = qk ? qk : hk,
+        .test = test,
+        .force_new = force == 1,
+    };
+    struct trigger_res out;
+    struct ifl_err e = {0};
+    int rc = engine_trigger(a->g, &tr, &out, &e);
+    json_decref(payload);
+    if (rc) {
+        if (e.code == IFL_ENOTFOUND && !e.slug[0])
+            err_slug(&e, "not-found");
+        api_problem_err(c->res, &e);
+        goto rejected;
+    }
+    char loc[256];
+    snprintf(loc, sizeof loc, "/v1/workspaces/%s/executions/%s", ws, out.id);
+    http_res_header(c->res, "Location", loc);
+    json_t *body = json_object();
+    json_object_set_new(body, "executionId", json_string(out.id));
+    json_object_set_new(body, "deduplicated", json_boolean(!out.created));
+    if (!out.created)
+        json_object_set_new(body, "samePayload", json_boolean(out.same_payload));
+    json_object_set_new(body, "status", json_string(out.status));
+    atomic_fetch_add(out.created ? &a->triggers_created : &a->triggers_deduplicated, 1);
+    reply_json(c->res, out.created ? 201 : 200, body);
+    return;
+rejected:
+    atomic_fetch_add(&a->triggers_rejected, 1);
+}
+
+static void h_trigger(struct call *c)
+{
+    trigger(c, 0);
+}
+
+static void h_test_run(struct call *c)
+{
+    trigger(c, 1);
+}
+
+static json_t *execution_json(const struct store_execution *x, int full)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(x->id));
+    json_object_set_new(o, "workspace", json_string(x->workspace));
+    json_object_set_new(o, "workflow", json_string(x->workflow));
+    json_object_set_new(o, "workflowVersion", json_integer(x->workflow_version));
+    json_object_set_new(o, "entryPoint", json_string(x->entry_point));
+    json_t *identity = NULL;
+    json_parse(x->identity, strlen(x->identity), NULL, &identity, NULL);
+    json_object_set_new(o, "identity", identity ? identity : json_null());
+    json_object_set_new(o, "test", json_boolean(x->test));
+    json_object_set_new(o, "status", json_string(x->status));
+    json_object_set_new(o, "version", json_integer(x->version));
+    json_object_set_new(o, "createdAt", ts_json(x->created_at));
+    json_object_set_new(o, "updatedAt", ts_json(x->updated_at));
+    if (full) {
+        json_t *payload = NULL;
+        json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL);
+        json_object_set_new(o, "payload", payload ? payload : json_null());
+    }
+    json_object_set_new(o, "startedOverFrom",
+                        x->started_over_from ? json_string(x->started_over_from) : json_null());
+    if (full)
+        json_object_set_new(o, "steps", json_array());
+    return o;
+}
+
+static void h_execution_get(struct call *c)
+{
+    const char *ws = c->seg[2], *id = c->seg[4];
+    if (workspace_exists(c, ws))
+        return;
+    struct store_execution x;
+    struct ifl_err e = {0};
+    if (store_execution_get(engine_store(c->a->g), ws, id, &x, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    reply_json(c->res, 200, execution_json(&x, 1));
+    store_execution_clear(&x);
+}
+
+static void h_execution_list(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    int limit = 50;
+    const char *lq = c->req->query(c->req, "limit");
+    if (lq) {
+        char *end = NULL;
+        long v = strtol(lq, &end, 10);
+        if (end == lq || *end || v < 1 || v > 1000) {
+            api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000",
+                        "/limit");
+            return;
+        }
+        limit = (int)v;
+    }
+    struct store_execution *items = NULL;
+    size_t n = 0;
+    char *next = NULL;
+    struct ifl_err e = {0};
+    if (store_execution_list(engine_store(c->a->g), ws, c->req->query(c->req, "after"), limit,
+                             &items, &n, &next, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, execution_json(&items[i], 0));
+    store_execution_list_free(items, n);
+    json_t *out = json_object();
+    json_object_set_new(out, "items", arr);
+    json_object_set_new(out, "next", next ? json_string(next) : json_null());
+    free(next);
+    reply_json(c->res, 200, out);
+}
+
+static void h_healthz(struct call *c)
+{
+    http_res_body(c->res, 200, "application/json", xstrdup("{\"status\":\"ok\"}"));
+}
+
+static void h_readyz(struct call *c)
+{
+    struct ifl_err e = {0};
+    if (store_ping(engine_store(c->a->g), &e)) {
+        api_problem(c->res, 503, "not-ready", e.msg, NULL);
+        return;
+    }
+    http_res_body(c->res, 200, "application/json", xstrdup("{\"status\":\"ready\"}"));
+}
+
+static void h_metrics(struct call *c)
+{
+    struct api *a = c->a;
+    struct buf b;
+    buf_init(&b, 0);
+    buf_printf(&b,
+               "# HELP idemflow_http_requests_total HTTP requests received.\n"
+               "# TYPE idemflow_http_requests_total counter\n"
+               "idemflow_http_requests_total %llu\n"
+               "# HELP idemflow_http_responses_total HTTP error responses by class.\n"
+               "# TYPE idemflow_http_responses_total counter\n"
+               "idemflow_http_responses_total{class=\"4xx\"} %llu\n"
+               "idemflow_http_responses_total{class=\"5xx\"} %llu\n"
+               "# HELP idemflow_triggers_total Triggers by outcome.\n"
+               "# TYPE idemflow_triggers_total counter\n"
+               "idemflow_triggers_total{outcome=\"created\"} %llu\n"
+               "idemflow_triggers_total{outcome=\"deduplicated\"} %llu\n"
+               "idemflow_triggers_total{outcome=\"rejected\"} %llu\n"
+               "# HELP idemflow_uptime_seconds Seconds since start.\n"
+               "# TYPE idemflow_uptime_seconds gauge\n"
+               "idemflow_uptime_seconds %lld\n",
+               (unsigned long long)atomic_load(&a->requests),
+               (unsigned long long)atomic_load(&a->responses_4xx),
+               (unsigned long long)atomic_load(&a->responses_5xx),
+               (unsigned long long)atomic_load(&a->triggers_created),
+               (unsigned long long)atomic_load(&a->triggers_deduplicated),
+               (unsigned long long)atomic_load(&a->triggers_rejected),
+               (long long)((clock_mono_ms() - a->started_ms) / 1000));
+    http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
+}
+
+/* ---- routing ------------------------------------------------------------------------ */
+
+struct route {
+    const char *method;
+    const char *pattern[MAX_SEGS]; /* "*" matches one segment */
+    int nseg;
+    void (*fn)(struct call *c);
+};
+
+static const struct route routes[] = {
+    {"GET", {"healthz"}, 1, h_healthz},
+    {"GET", {"readyz"}, 1, h_readyz},
+    {"GET", {"metrics"}, 1, h_metrics},
+    {"PUT", {"v1", "workspaces", "*"}, 3, h_workspace_put},
+    {"GET", {"v1", "workspaces", "*"}, 3, h_workspace_get},
+    {"PUT", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_put},
+    {"GET", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_get},
+    {"PUT", {"v1", "workspaces", "*", "secrets", "*"}, 5, h_secret_put},
+    {"GET", {"v1", "workspaces", "*", "secrets"}, 4, h_secret_list},
+    {"POST", {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "trigger"}, 8,
+     h_trigger},
+    {"POST", {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "test-runs"}, 8,
+     h_test_run},
+    {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get},
+    {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list},
+};
+
+static int split(struct call *c, const char *path)
+{
+    const char *p = path;
+    while (*p == '/')
+        p++;
+    while (*p) {
+        if (c->nseg == MAX_SEGS)
+            return -1;
+        const char *slash = strchr(p, '/');
+        size_t len = slash ? (size_t)(slash - p) : strlen(p);
+        if (len == 0)
+            return -1; /* "//" */
+        c->seg[c->nseg++] = xstrndup(p, len);
+        p += len;
+        if (*p == '/')
+            p++;
+    }
+    return 0;
+}
+
+static int auth_ok(struct call *c)
+{
+    const char *tok = c->a->o.admin_token;
+    if (!tok || c->nseg == 0 || strcmp(c->seg[0], "v1") != 0)
+        return 1;
+    const char *h = c->req->header(c->req, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return 0;
+    return crypto_equal(h + 7, strlen(h + 7), tok, strlen(tok));
+}
+
+void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
+{
+    struct api *a = ctx;
+    struct call c = {.a = a, .req = req, .res = res};
+    atomic_fetch_add(&a->requests, 1);
+    if (split(&c, req->path)) {
+        api_problem(res, 404, "not-found", "no such resource", NULL);
+        goto done;
+    }
+    if (!auth_ok(&c)) {
+        http_res_header(res, "WWW-Authenticate", "Bearer");
+        api_problem(res, 401, "unauthorized", "a valid bearer token is required", NULL);
+        goto done;
+    }
+    int path_matched = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *r = &routes[i];
+        if (r->nseg != c.nseg)
+            continue;
+        int ok = 1;
+        for (int k = 0; k < c.nseg && ok; k++)
+            ok = strcmp(r->pattern[k], "*") == 0 || strcmp(r->pattern[k], c.seg[k]) == 0;
+        if (!ok)
+            continue;
+        path_matched = 1;
+        if (strcmp(r->method, req->method) == 0) {
+            r->fn(&c);
+            goto done;
+        }
+    }
+    if (path_matched)
+        api_problem(res, 405, "method-not-allowed", "this resource does not accept that method",
+                    NULL);
+    else
+        api_problem(res, 404, "not-found", "no such resource", NULL);
+done:
+    if (res->status >= 500)
+        atomic_fetch_add(&a->responses_5xx, 1);
+    else if (res->status >= 400)
+        atomic_fetch_add(&a->responses_4xx, 1);
+    for (int i = 0; i < c.nseg; i++)
+        free(c.seg[i]);
+}
+
+struct api *api_new(struct engine *g, const struct api_opts *o)
+{
+    struct api *a = xcalloc(1, sizeof *a);
+    a->g = g;
+    a->o = *o;
+    if (!a->o.max_body)
+        a->o.max_body = 1u << 20;
+    if (!a->o.max_depth)
+        a->o.max_depth = JSON_DEFAULT_MAX_DEPTH;
+    a->started_ms = clock_mono_ms();
+    return a;
+}
+
+void api_free(struct api *a)
+{
+    free(a);
+}

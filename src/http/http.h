@@ -1,0 +1,81 @@
+/*
+ * http — the HTTP/1.1 server adapter over libmicrohttpd.
+ *
+ * It collects a request (method, decoded path, headers, query, body under a
+ * cap), hands it to ONE handler function, and sends what the handler filled
+ * in.  It knows nothing of routes or JSON beyond the 413 it must answer
+ * itself when a body exceeds the cap (the body is never buffered past it).
+ *
+ * Threads: one thread per connection (libmicrohttpd's model), so a handler
+ * may block (e.g. waiting for a group commit) without stalling others.  The
+ * handler must be thread safe.
+ */
+#ifndef IFL_HTTP_HTTP_H
+#define IFL_HTTP_HTTP_H
+
+#include <stddef.h>
+
+#include "base/err.h"
+
+struct http_req {
+    const char *method;   /* "GET", "POST", … */
+    const char *path;     /* percent-decoded path, without the query */
+    const char *body;     /* NUL-terminated; "" when empty */
+    size_t body_len;
+    /* Lookups (case-insensitive for headers); NULL when absent.  Borrowed,
+     * valid for the duration of the handler call. */
+    const char *(*header)(const struct http_req *r, const char *name);
+    const char *(*query)(const struct http_req *r, const char *name);
+    void *impl;
+};
+
+#define HTTP_MAX_RES_HEADERS 8
+
+struct http_res {
+    int status;
+    const char *content_type; /* static string; default application/json */
+    char *body;               /* owned by the response (freed after send) */
+    size_t body_len;
+    struct {
+        char *name, *value;   /* owned */
+    } headers[HTTP_MAX_RES_HEADERS];
+    int nheaders;
+};
+
+/* Adds a header to a response (copies both strings). Extra headers past
+ * HTTP_MAX_RES_HEADERS are dropped. */
+void http_res_header(struct http_res *res, const char *name, const char *value);
+/* Sets the body (takes ownership of body). */
+void http_res_body(struct http_res *res, int status, const char *content_type, char *body);
+void http_res_clear(struct http_res *res);
+
+typedef void (*http_handler_fn)(void *ctx, const struct http_req *req, struct http_res *res);
+/* Called for the 413 the adapter answers itself (so the body is a problem
+ * document consistent with the handler's). */
+typedef void (*http_toobig_fn)(void *ctx, size_t limit, struct http_res *res);
+
+struct http_opts {
+    const char *listen;     /* "HOST:PORT" (IPv4) or "[ADDR]:PORT"; port 0 = any free */
+    size_t max_body;        /* bytes; default 1 MiB */
+    unsigned conn_limit;    /* default 1024 */
+    unsigned timeout_s;     /* idle connection timeout; default 60 */
+    http_handler_fn handler;
+    http_toobig_fn toobig;
+    void *ctx;
+};
+
+struct http_server;
+
+/* Binds and starts serving.  *out owned by the caller (http_server_stop). */
+int http_server_start(const struct http_opts *o, struct http_server **out, struct ifl_err *e);
+/* The bound port (useful with port 0). */
+unsigned http_server_port(const struct http_server *s);
+/* Stops accepting, waits for in-flight requests, frees. NULL ok. */
+void http_server_stop(struct http_server *s);
+/* Stops accepting new connections only (graceful drain begins). */
+void http_server_quiesce(struct http_server *s);
+
+/* Parses "HOST:PORT" into host (cap bytes) and port.  0 or IFL_EINVAL. */
+int http_parse_listen(const char *listen, char *host, size_t cap, unsigned *port);
+
+#endif

@@ -1,0 +1,254 @@
+/*
+ * http/server — see http.h.
+ */
+#include "http/http.h"
+#include "base/log.h"
+#include "base/mem.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct http_server {
+    struct MHD_Daemon *d;
+    struct http_opts o;
+    unsigned port;
+};
+
+struct reqctx {
+    struct buf body;
+    int too_big;
+    struct MHD_Connection *conn;
+};
+
+void http_res_header(struct http_res *res, const char *name, const char *value)
+{
+    if (res->nheaders >= HTTP_MAX_RES_HEADERS)
+        return;
+    res->headers[res->nheaders].name = xstrdup(name);
+    res->headers[res->nheaders].value = xstrdup(value);
+    res->nheaders++;
+}
+
+void http_res_body(struct http_res *res, int status, const char *content_type, char *body)
+{
+    free(res->body);
+    res->status = status;
+    res->content_type = content_type;
+    res->body = body;
+    res->body_len = body ? strlen(body) : 0;
+}
+
+void http_res_clear(struct http_res *res)
+{
+    free(res->body);
+    for (int i = 0; i < res->nheaders; i++) {
+        free(res->headers[i].name);
+        free(res->headers[i].value);
+    }
+    memset(res, 0, sizeof *res);
+}
+
+static const char *get_header(const struct http_req *r, const char *name)
+{
+    struct reqctx *c = r->impl;
+    return MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, name);
+}
+
+static const char *get_query(const struct http_req *r, const char *name)
+{
+    struct reqctx *c = r->impl;
+    return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+static enum MHD_Result send_res(struct MHD_Connection *conn, struct http_res *res)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        res->body_len, res->body ? res->body : (void *)"", MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    if (res->body_len || res->content_type)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                res->content_type ? res->content_type : "application/json");
+    for (int i = 0; i < res->nheaders; i++)
+        MHD_add_response_header(r, res->headers[i].name, res->headers[i].value);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)res->status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result toobig(struct http_server *s, struct MHD_Connection *conn)
+{
+    struct http_res res = {0};
+    if (s->o.toobig)
+        s->o.toobig(s->o.ctx, s->o.max_body, &res);
+    else
+        http_res_body(&res, 413, "text/plain", xstrdup("request body too large\n"));
+    http_res_header(&res, "Connection", "close");
+    enum MHD_Result ret = send_res(conn, &res);
+    http_res_clear(&res);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct http_server *s = cls;
+    struct reqctx *c = *con_cls;
+    if (!c) {
+        c = xcalloc(1, sizeof *c);
+        buf_init(&c->body, s->o.max_body);
+        c->conn = conn;
+        *con_cls = c;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end = NULL;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (end != cl && n > s->o.max_body) {
+                c->too_big = 1;
+                return toobig(s, conn);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!c->too_big && buf_append(&c->body, upload_data, *upload_data_size))
+            c->too_big = 1; /* keep reading (and discarding) to answer cleanly */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (c->too_big)
+        return toobig(s, conn);
+    struct http_req req = {
+        .method = method,
+        .path = url,
+        .body = c->body.p ? c->body.p : "",
+        .body_len = c->body.len,
+        .header = get_header,
+        .query = get_query,
+        .impl = c,
+    };
+    struct http_res res = {0};
+    res.status = 500;
+    s->o.handler(s->o.ctx, &req, &res);
+    enum MHD_Result ret = send_res(conn, &res);
+    http_res_clear(&res);
+    return ret;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct reqctx *c = *con_cls;
+    if (!c)
+        return;
+    buf_free(&c->body);
+    free(c);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    log_warn("http.mhd", "%s", msg);
+}
+
+int http_parse_listen(const char *listen, char *host, size_t cap, unsigned *port)
+{
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen)
+        return IFL_EINVAL;
+    const char *h = listen;
+    size_t hl = (size_t)(colon - listen);
+    if (h[0] == '[') {
+        if (hl < 2 || h[hl - 1] != ']')
+            return IFL_EINVAL;
+        h++;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= cap)
+        return IFL_EINVAL;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    char *end = NULL;
+    unsigned long p = strtoul(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || p > 65535)
+        return IFL_EINVAL;
+    *port = (unsigned)p;
+    return 0;
+}
+
+int http_server_start(const struct http_opts *o, struct http_server **out, struct ifl_err *e)
+{
+    char host[128];
+    unsigned port;
+    if (http_parse_listen(o->listen, host, sizeof host, &port))
+        return err_set(e, IFL_EINVAL, "--listen must be HOST:PORT, got '%s'", o->listen);
+    if (strcmp(host, "localhost") == 0)
+        snprintf(host, sizeof host, "127.0.0.1");
+    struct sockaddr_in sin4 = {0};
+    struct sockaddr_in6 sin6 = {0};
+    struct sockaddr *sa;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO_INTERNAL_THREAD |
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (inet_pton(AF_INET, host, &sin4.sin_addr) == 1) {
+        sin4.sin_family = AF_INET;
+        sin4.sin_port = htons((uint16_t)port);
+        sa = (struct sockaddr *)&sin4;
+    } else if (inet_pton(AF_INET6, host, &sin6.sin6_addr) == 1) {
+        sin6.sin6_family = AF_INET6;
+        sin6.sin6_port = htons((uint16_t)port);
+        sa = (struct sockaddr *)&sin6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        return err_set(e, IFL_EINVAL, "--listen host must be an IP address, got '%s'", host);
+    }
+    struct http_server *s = xcalloc(1, sizeof *s);
+    s->o = *o;
+    if (!s->o.max_body)
+        s->o.max_body = 1u << 20;
+    s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                            s, MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
+                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        free(s);
+        return err_set(e, IFL_EIO, "cannot listen on %s (in use or not permitted)", o->listen);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : port;
+    *out = s;
+    return 0;
+}
+
+unsigned http_server_port(const struct http_server *s)
+{
+    return s->port;
+}
+
+void http_server_quiesce(struct http_server *s)
+{
+    if (s)
+        MHD_quiesce_daemon(s->d);
+}
+
+void http_server_stop(struct http_server *s)
+{
+    if (!s)
+        return;
+    MHD_stop_daemon(s->d);
+    free(s);
+}

@@ -1,0 +1,111 @@
+"""Workspaces, workflows and secrets over real HTTP."""
+import copy
+
+from conftest import ORDERS
+
+
+def test_workspace_put_is_idempotent(server):
+    r = server.put("/v1/workspaces/w1", {})
+    assert r.status == 201 and r.json == {"workspace": "w1", "created": True}
+    r = server.put("/v1/workspaces/w1", {})
+    assert r.status == 200 and r.json["created"] is False
+    assert server.put("/v1/workspaces/w1", raw=b"").status == 200
+    assert server.put("/v1/workspaces/bad%20name", {}).status == 400
+    assert server.put("/v1/workspaces/w2", [1]).status == 422
+    assert server.get("/v1/workspaces/w2").status == 404
+
+
+def test_workflow_versions_are_immutable(server):
+    server.put("/v1/workspaces/w", {})
+    r1 = server.put("/v1/workspaces/w/workflows/f", ORDERS)
+    assert r1.status == 201 and r1.json == {"workflow": "f", "version": 1}
+    changed = copy.deepcopy(ORDERS)
+    changed["vertices"]["summary"]["config"]["output"] = "= payload"
+    r2 = server.put("/v1/workspaces/w/workflows/f", changed)
+    assert r2.status == 201 and r2.json["version"] == 2
+    latest = server.get("/v1/workspaces/w/workflows/f")
+    assert latest.json["version"] == 2 and latest.json["definition"] == changed
+    v1 = server.get("/v1/workspaces/w/workflows/f?version=1")
+    assert v1.json["version"] == 1 and v1.json["definition"] == ORDERS
+    assert server.get("/v1/workspaces/w/workflows/f?version=3").status == 404
+    assert server.get("/v1/workspaces/w/workflows/nope").status == 404
+
+
+def test_workflow_in_unknown_workspace_is_404(server):
+    r = server.put("/v1/workspaces/ghost/workflows/f", ORDERS)
+    assert r.status == 404 and r.json["type"] == "/problems/workspace-not-found"
+
+
+def bad(defn, pointer, server):
+    r = server.put("/v1/workspaces/w/workflows/bad", defn)
+    assert r.status == 422, (defn, r)
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json["pointer"] == pointer, (r.json, pointer)
+    assert r.json["type"] == "/problems/validation-error"
+    assert r.json["status"] == 422 and r.json["detail"]
+    return r
+
+
+def test_bad_definitions_rejected_with_pointer_and_nothing_stored(server):
+    server.put("/v1/workspaces/w", {})
+    ep = {"type": "ENTRY_POINT"}
+    tf = {"type": "TRANSFORM", "config": {"output": 1}}
+    bad([], "", server)
+    bad({"vertices": {}}, "/vertices", server)
+    bad({"vertices": {"a": tf}}, "/vertices", server)  # no entry point
+    bad({"vertices": {"a": ep, "b": {"type": "MAGIC"}}}, "/vertices/b/type", server)
+    bad({"vertices": {"a": ep, "b": tf}, "edges": [{"from": "a", "to": "zz"}]}, "/edges/0/to", server)
+    bad({"vertices": {"a": ep, "b": tf}, "edges": [{"from": "q", "to": "b"}]}, "/edges/0/from", server)
+    bad({"vertices": {"a": ep, "b": tf, "c": tf},
+         "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "b"}]},
+        "/edges/1", server)
+    bad({"vertices": {"a": ep, "b": {"type": "TRANSFORM"}}}, "/vertices/b/config/output", server)
+    bad({"vertices": {"a": ep, "g": {"type": "GATEWAY", "config": {}}}}, "/vertices/g/config/url", server)
+    bad({"vertices": {"a": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "order..id"}}}},
+        "/vertices/a/config/idempotencyFields", server)
+    bad({"vertices": {"a": ep, "b": tf}, "edges": [{"from": "a", "to": "b", "condition": "= payload.("}]},
+        "/edges/0/condition", server)
+    bad({"vertices": {"a": ep, "b": {"type": "TRANSFORM", "config": {"output": {"x": ["= 1 +"]}}}}},
+        "/vertices/b/config/output/x/0", server)
+    bad({"vertices": {"a~/b": ep}}, "/vertices/a~0~1b", server)
+    assert server.get("/v1/workspaces/w/workflows/bad").status == 404
+    r = server.put("/v1/workspaces/w/workflows/bad", raw=b"{not json")
+    assert r.status == 400 and r.json["type"] == "/problems/invalid-json"
+
+
+def test_secrets_are_write_only(server):
+    server.put("/v1/workspaces/w", {})
+    r = server.put("/v1/workspaces/w/secrets/PAYMENTS_KEY", {"value": "sk_live_very_secret"})
+    assert r.status == 204 and r.raw == b""
+    assert server.put("/v1/workspaces/w/secrets/OTHER", {"value": "x"}).status == 204
+    assert server.put("/v1/workspaces/w/secrets/PAYMENTS_KEY", {"value": "sk_rotated"}).status == 204
+    r = server.get("/v1/workspaces/w/secrets")
+    assert r.status == 200 and r.json["items"] == [{"name": "OTHER"}, {"name": "PAYMENTS_KEY"}]
+    assert b"sk_" not in r.raw
+    assert server.put("/v1/workspaces/w/secrets/bad-name", {"value": "x"}).status == 400
+    assert server.put("/v1/workspaces/w/secrets/E", {"value": 3}).status == 422
+    assert server.put("/v1/workspaces/ghost/secrets/E", {"value": "x"}).status == 404
+    assert "sk_live_very_secret" not in server.logs()
+
+
+def test_secret_plaintext_never_reaches_the_database(make_server):
+    s = make_server()
+    s.start()
+    s.put("/v1/workspaces/w", {})
+    s.put("/v1/workspaces/w/secrets/K", {"value": "plaintext-canary-4711"})
+    s.stop()
+    if s.db.startswith("sqlite:"):
+        path = s.db[len("sqlite:"):]
+        for suffix in ("", "-wal"):
+            try:
+                with open(path + suffix, "rb") as f:
+                    assert b"plaintext-canary-4711" not in f.read()
+            except FileNotFoundError:
+                pass
+
+
+def test_health_and_metrics(server):
+    assert server.get("/healthz").status == 200
+    assert server.get("/readyz").status == 200
+    m = server.get("/metrics")
+    assert m.status == 200 and b"idemflow_triggers_total" in m.raw

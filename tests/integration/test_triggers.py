@@ -1,0 +1,291 @@
+"""Layer 1 over real HTTP: triggers, execution identity, deduplication."""
+import json
+import os
+import subprocess
+import threading
+
+from conftest import BIN, ORDERS
+from jcs_ref import execution_id
+
+WF = "/v1/workspaces/acme/workflows/orders"
+
+
+def trigger(s, vertex, body=None, raw=None, query="", headers=None):
+    return s.request("POST", f"{WF}/entry-points/{vertex}/trigger{query}", body, raw=raw,
+                     headers=headers)
+
+
+def count_executions(s, ws="acme"):
+    n, after = 0, None
+    while True:
+        q = f"?limit=1000" + (f"&after={after}" if after else "")
+        r = s.get(f"/v1/workspaces/{ws}/executions{q}")
+        assert r.status == 200, r
+        n += len(r.json["items"])
+        after = r.json["next"]
+        if not after:
+            return n
+
+
+def test_new_then_duplicate(orders):
+    s, _ = orders
+    payload = {"order": {"id": "o-1", "amount": 10}}
+    r1 = trigger(s, "order_received", payload)
+    assert r1.status == 201, r1
+    assert r1.json["deduplicated"] is False and r1.json["status"] == "running"
+    xid = r1.json["executionId"]
+    assert r1.headers["location"] == f"/v1/workspaces/acme/executions/{xid}"
+    r2 = trigger(s, "order_received", payload)
+    assert r2.status == 200, r2
+    assert r2.json == {"executionId": xid, "deduplicated": True, "samePayload": True,
+                       "status": "running"}
+    x = s.get(f"/v1/workspaces/acme/executions/{xid}")
+    assert x.status == 200
+    assert x.json["payload"] == payload
+    assert x.json["identity"] == {"mode": "fields", "fields": {"order.id": "o-1"}}
+    assert x.json["workflowVersion"] == 1 and x.json["entryPoint"] == "order_received"
+    assert count_executions(s) == 1
+
+
+def test_64_concurrent_identical_triggers_make_one_execution(orders):
+    s, _ = orders
+    payload = {"order": {"id": "race", "amount": 5}}
+    results = [None] * 64
+    barrier = threading.Barrier(64)
+
+    def go(i):
+        barrier.wait()
+        results[i] = trigger(s, "order_received", payload)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.status for r in results)
+    assert statuses.count(201) == 1, statuses
+    assert statuses.count(200) == 63, statuses
+    assert len({r.json["executionId"] for r in results}) == 1
+    assert count_executions(s) == 1
+
+
+def test_64_concurrent_distinct_triggers_all_created(orders):
+    s, _ = orders
+    results = [None] * 64
+
+    def go(i):
+        results[i] = trigger(s, "order_received", {"order": {"id": f"d-{i}"}})
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status for r in results] == [201] * 64
+    assert count_executions(s) == 64
+
+
+def test_fields_mode_dedups_on_business_id(orders):
+    s, _ = orders
+    r1 = trigger(s, "order_received", {"order": {"id": "o-7", "amount": 1}})
+    r2 = trigger(s, "order_received", {"order": {"id": "o-7", "amount": 999}, "extra": True})
+    assert r1.status == 201 and r2.status == 200
+    assert r2.json["executionId"] == r1.json["executionId"]
+    assert r2.json["deduplicated"] is True and r2.json["samePayload"] is False
+    x = s.get(f"/v1/workspaces/acme/executions/{r1.json['executionId']}")
+    assert x.json["payload"]["order"]["amount"] == 1  # the first payload stands
+
+
+def test_missing_idempotency_field_is_422_with_pointer(orders):
+    s, _ = orders
+    r = trigger(s, "order_received", {"order": {"amount": 1}})
+    assert r.status == 422, r
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json["pointer"] == "/order/id"
+    assert count_executions(s) == 0
+
+
+def test_client_key_with_other_payload_is_422_and_first_untouched(orders):
+    s, _ = orders
+    q = "?clientIdempotencyId=key-123"
+    r1 = trigger(s, "by_payload", {"a": 1}, query=q)
+    assert r1.status == 201
+    r2 = trigger(s, "by_payload", {"a": 2}, query=q)
+    assert r2.status == 422, r2
+    assert r2.json["type"] == "/problems/idempotency-key-reused"
+    r3 = trigger(s, "by_payload", {"a": 1}, query=q)
+    assert r3.status == 200 and r3.json["samePayload"] is True
+    x = s.get(f"/v1/workspaces/acme/executions/{r1.json['executionId']}")
+    assert x.json["payload"] == {"a": 1}
+    assert x.json["version"] == 1
+    assert count_executions(s) == 1
+
+
+def test_idempotency_key_header_means_client_id(orders):
+    s, _ = orders
+    r1 = trigger(s, "by_payload", {"a": 1}, headers={"Idempotency-Key": "hdr-1"})
+    r2 = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=hdr-1")
+    assert r1.status == 201 and r2.status == 200
+    assert r1.json["executionId"] == r2.json["executionId"]
+    assert r1.json["executionId"] == execution_id("acme", "orders", "by_payload", "client", "hdr-1")
+    r3 = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=a",
+                 headers={"Idempotency-Key": "b"})
+    assert r3.status == 400
+    bad = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=" + "x" * 256)
+    assert bad.status == 400 and bad.json["pointer"] == "/clientIdempotencyId"
+
+
+def test_force_new_refused_on_production_trigger(orders):
+    s, _ = orders
+    r = trigger(s, "by_payload", {"a": 1}, query="?forceNewExecution=true")
+    assert r.status == 400, r
+    assert "idempotencyFields" in r.json["detail"]
+    assert count_executions(s) == 0
+
+
+def test_test_runs_default_to_new_executions(orders):
+    s, _ = orders
+    path = f"{WF}/entry-points/by_payload/test-runs"
+    a = s.post(path, {"x": 1})
+    b = s.post(path, {"x": 1})
+    assert a.status == 201 and b.status == 201
+    assert a.json["executionId"] != b.json["executionId"]
+    x = s.get(f"/v1/workspaces/acme/executions/{a.json['executionId']}")
+    assert x.json["test"] is True and x.json["identity"]["mode"] == "random"
+    c = s.post(path + "?forceNewExecution=false", {"x": 1})
+    d = s.post(path + "?forceNewExecution=false", {"x": 1})
+    assert c.status == 201 and d.status == 200
+    assert c.json["executionId"] == execution_id("acme", "orders", "by_payload", "payload", {"x": 1})
+
+
+def test_restart_still_deduplicates(make_server):
+    s = make_server()
+    s.start()
+    assert s.put("/v1/workspaces/acme", {}).status == 201
+    assert s.put(f"{WF}", ORDERS).status == 201
+    r1 = trigger(s, "order_received", {"order": {"id": "persist"}})
+    assert r1.status == 201
+    s.stop()
+    s.start()
+    r2 = trigger(s, "order_received", {"order": {"id": "persist"}})
+    assert r2.status == 200, r2
+    assert r2.json["executionId"] == r1.json["executionId"]
+    assert s.put("/v1/workspaces/acme", {}).status == 200
+
+
+def test_sigkill_after_201_keeps_the_execution(make_server):
+    """A 201 is durable: kill -9 right after it, restart, and it is there."""
+    s = make_server()
+    s.start()
+    s.put("/v1/workspaces/acme", {})
+    s.put(WF, ORDERS)
+    ids = [trigger(s, "order_received", {"order": {"id": f"k{i}"}}).json["executionId"]
+           for i in range(20)]
+    s.stop(sig=9)
+    s.start()
+    for xid in ids:
+        assert s.get(f"/v1/workspaces/acme/executions/{xid}").status == 200
+
+
+PAYLOADS = [
+    {"order": {"id": "ü-日本-😀", "note": "tab\tnew\nline \"quoted\" \\ / \u0001 \u007f \u2028"}},
+    {"big": 12345678901234567890, "tiny": 5e-324, "frac": 0.1, "neg": -0.5, "exp": 1e21,
+     "small": 1e-7, "int": 100, "pi": 3.141592653589793, "zero": -0.0},
+    {"z": 1, "a": [3, 2, {"y": None, "b": True, "\u20ac": 1, "\U0001f600": 2, "\ufb33": 3}], "": ""},
+    [1, "two", None, False, {"nested": {"deeper": {"deepest": [[]]}}}],
+    "just a string",
+    42.5,
+    None,
+]
+
+
+def test_execution_ids_match_an_independent_jcs(orders):
+    s, _ = orders
+    for p in PAYLOADS:
+        r = trigger(s, "by_payload", p)
+        assert r.status == 201, (p, r)
+        assert r.json["executionId"] == execution_id("acme", "orders", "by_payload", "payload", p), p
+    r = trigger(s, "order_received", PAYLOADS[0])
+    assert r.json["executionId"] == execution_id(
+        "acme", "orders", "order_received", "fields", {"order.id": PAYLOADS[0]["order"]["id"]})
+
+
+def test_cli_id_matches_server(orders):
+    s, _ = orders
+    for p in PAYLOADS:
+        out = subprocess.run([BIN, "id", "acme", "orders", "by_payload"], input=json.dumps(p).encode(),
+                             capture_output=True, check=True).stdout.decode().strip()
+        assert out == execution_id("acme", "orders", "by_payload", "payload", p)
+    p = {"order": {"id": "o-9", "amount": 3}, "customer": {"id": 7}}
+    out = subprocess.run([BIN, "id", "acme", "orders", "order_received", "--fields", "order.id, customer.id"],
+                         input=json.dumps(p).encode(), capture_output=True, check=True).stdout.decode().strip()
+    assert out == execution_id("acme", "orders", "order_received", "fields",
+                               {"order.id": "o-9", "customer.id": 7})
+    out = subprocess.run([BIN, "id", "acme", "orders", "order_received", "--fields", "order.id"],
+                         input=json.dumps(p).encode(), capture_output=True, check=True).stdout.decode().strip()
+    assert out == trigger(s, "order_received", p).json["executionId"]
+    out = subprocess.run([BIN, "id", "acme", "orders", "by_payload", "--client-id", "k-1"],
+                         capture_output=True, check=True).stdout.decode().strip()
+    assert out == trigger(s, "by_payload", {}, query="?clientIdempotencyId=k-1").json["executionId"]
+    empty = subprocess.run([BIN, "id", "acme", "orders", "by_payload"], input=b"",
+                           capture_output=True, check=True).stdout.decode().strip()
+    assert empty == trigger(s, "by_payload", raw=b"").json["executionId"]
+    assert empty == execution_id("acme", "orders", "by_payload", "payload", None)
+
+
+def test_bad_bodies_change_nothing(orders):
+    s, _ = orders
+    bad = trigger(s, "by_payload", raw=b'{"a": 1,')
+    assert bad.status == 400 and bad.json["type"] == "/problems/invalid-json"
+    assert bad.headers["content-type"] == "application/problem+json"
+    assert "line" in bad.json["detail"]
+    dup = trigger(s, "by_payload", raw=b'{"a": 1, "a": 2}')
+    assert dup.status == 400
+    deep = trigger(s, "by_payload", raw=b"[" * 100 + b"]" * 100)
+    assert deep.status == 400 and "nesting" in deep.json["detail"]
+    big = trigger(s, "by_payload", raw=b'{"x": "' + b"a" * (1 << 20) + b'"}')
+    assert big.status == 413 and big.json["type"] == "/problems/payload-too-large"
+    form = trigger(s, "by_payload", raw=b"a=1", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status == 415
+    assert count_executions(s) == 0
+
+
+def test_unknown_things_are_404(orders):
+    s, _ = orders
+    r = s.post("/v1/workspaces/nope/workflows/orders/entry-points/by_payload/trigger", {})
+    assert r.status == 404 and r.json["type"] == "/problems/workspace-not-found"
+    r = s.post("/v1/workspaces/acme/workflows/nope/entry-points/by_payload/trigger", {})
+    assert r.status == 404
+    r = trigger(s, "summary", {})  # a TRANSFORM is not an entry point
+    assert r.status == 404
+    assert s.get("/v1/workspaces/acme/executions/" + "0" * 64).status == 404
+    assert s.get("/v1/nothing").status == 404
+    assert s.request("DELETE", "/v1/workspaces/acme").status == 405
+    assert count_executions(s) == 0
+
+
+def test_execution_list_pages(orders):
+    s, _ = orders
+    made = {trigger(s, "order_received", {"order": {"id": f"p{i}"}}).json["executionId"] for i in range(7)}
+    seen, after, pages = [], None, 0
+    while True:
+        r = s.get("/v1/workspaces/acme/executions?limit=3" + (f"&after={after}" if after else ""))
+        assert r.status == 200
+        seen += [x["id"] for x in r.json["items"]]
+        pages += 1
+        after = r.json["next"]
+        if not after:
+            break
+    assert pages == 3 and len(seen) == 7 and set(seen) == made
+    assert s.get("/v1/workspaces/acme/executions?after=garbage").status == 400
+    assert s.get("/v1/workspaces/acme/executions?limit=0").status == 400
+
+
+def test_second_process_on_same_sqlite_db_is_refused(make_server):
+    if os.environ.get("IDEMFLOW_TEST_BACKEND", "sqlite") != "sqlite":
+        return
+    a = make_server()
+    a.start()
+    b = make_server(db=a.db)
+    assert b.start(expect_fail=True) != 0
+    assert "in use by another idemflow process" in b.logs()

@@ -107,4 +107,6 @@ format-check:
 clean:
 	rm -rf build build-*
 
+.SECONDARY:
+
 -include $(OBJ:.o=.d)

@@ -1,0 +1,256 @@
+/*
+ * test_store — the SQLite backend through the public store interface:
+ * migrations, versions, atomic execution creation under concurrency, paging,
+ * the one-process lock.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/store.h"
+
+static char dir[64];
+static char url[128];
+
+static int setup(void **state)
+{
+    snprintf(dir, sizeof dir, "/tmp/idemflow-store-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(url, sizeof url, "sqlite:%s/t.db", dir);
+    struct store *s = NULL;
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(url, &s, &e), 0);
+    *state = s;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    store_close(*state);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_migrations_and_lock(void **state)
+{
+    struct store *s = *state;
+    int v = 0;
+    assert_int_equal(store_schema_version(s, &v, NULL), 0);
+    assert_true(v >= 1);
+    assert_string_equal(store_backend(s), "sqlite");
+    struct store *second = NULL;
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(url, &second, &e), IFL_EBUSY);
+    assert_null(second);
+    assert_non_null(strstr(e.msg, "in use"));
+}
+
+static void test_workspace_and_workflows(void **state)
+{
+    struct store *s = *state;
+    int created = -1, version = 0;
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    assert_int_equal(created, 1);
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    assert_int_equal(created, 0);
+    assert_int_equal(store_workspace_exists(s, "ws", NULL), 0);
+    assert_int_equal(store_workspace_exists(s, "nope", NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_workflow_put(s, "nope", "wf", "{}", &version, NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_workflow_put(s, "ws", "wf", "{\"v\":1}", &version, NULL), 0);
+    assert_int_equal(version, 1);
+    assert_int_equal(store_workflow_put(s, "ws", "wf", "{\"v\":2}", &version, NULL), 0);
+    assert_int_equal(version, 2);
+    struct store_workflow w;
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 0, &w, NULL), 0);
+    assert_int_equal(w.version, 2);
+    assert_string_equal(w.definition, "{\"v\":2}");
+    store_workflow_clear(&w);
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 1, &w, NULL), 0);
+    assert_string_equal(w.definition, "{\"v\":1}");
+    store_workflow_clear(&w);
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 3, &w, NULL), IFL_ENOTFOUND);
+}
+
+static void test_secrets(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    assert_int_equal(store_secret_put(s, "ws", "B", "v1:bbb", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aaa", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aa2", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ghost", "A", "x", NULL), IFL_ENOTFOUND);
+    char **names;
+    size_t n;
+    assert_int_equal(store_secret_list(s, "ws", &names, &n, NULL), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(names[0], "A");
+    assert_string_equal(names[1], "B");
+    store_strv_free(names, n);
+    char *sealed;
+    assert_int_equal(store_secret_get(s, "ws", "A", &sealed, NULL), 0);
+    assert_string_equal(sealed, "v1:aa2");
+    free(sealed);
+}
+
+static void fill(struct store_execution *x, const char *id, const char *payload)
+{
+    memset(x, 0, sizeof *x);
+    snprintf(x->id, sizeof x->id, "%s", id);
+    x->workspace = "ws";
+    x->workflow = "wf";
+    x->workflow_version = 1;
+    x->entry_point = "start";
+    x->identity = "{\"mode\":\"payload\"}";
+    x->payload = (char *)payload;
+    snprintf(x->payload_hash, sizeof x->payload_hash, "%064d", (int)strlen(payload));
+}
+
+struct racer {
+    struct store *s;
+    int created;
+    int rc;
+};
+
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+    struct store_execution x, existing;
+    fill(&x, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "{\"n\":1}");
+    r->rc = store_execution_create(r->s, &x, &r->created, &existing, NULL);
+    if (!r->created)
+        store_execution_clear(&existing);
+    return NULL;
+}
+
+static void test_concurrent_create_has_one_winner(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    enum { N = 32 };
+    pthread_t t[N];
+    struct racer r[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (struct racer){.s = s};
+        pthread_create(&t[i], NULL, race, &r[i]);
+    }
+    int winners = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(r[i].rc, 0);
+        winners += r[i].created;
+    }
+    assert_int_equal(winners, 1);
+    struct store_execution *items;
+    size_t n;
+    char *next;
+    assert_int_equal(store_execution_list(s, "ws", NULL, 100, &items, &n, &next, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_null(next);
+    assert_string_equal(items[0].status, "running");
+    assert_int_equal(items[0].version, 1);
+    store_execution_list_free(items, n);
+}
+
+static void test_existing_row_returned_and_unknown_workspace(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    struct store_execution x, existing;
+    const char *id = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    fill(&x, id, "{\"first\":true}");
+    assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), 0);
+    assert_int_equal(created, 1);
+    fill(&x, id, "{\"second\":true}");
+    assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), 0);
+    assert_int_equal(created, 0);
+    assert_string_equal(existing.payload, "{\"first\":true}");
+    store_execution_clear(&existing);
+    fill(&x, "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc", "{}");
+    x.workspace = "ghost";
+    assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), IFL_ENOTFOUND);
+    struct store_execution got;
+    assert_int_equal(store_execution_get(s, "ws", id, &got, NULL), 0);
+    assert_string_equal(got.payload, "{\"first\":true}");
+    store_execution_clear(&got);
+    assert_int_equal(store_execution_get(s, "other", id, &got, NULL), IFL_ENOTFOUND);
+}
+
+static void test_paging(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    for (int i = 0; i < 10; i++) {
+        struct store_execution x;
+        char id[65];
+        snprintf(id, sizeof id, "%064x", i + 1);
+        fill(&x, id, "{}");
+        assert_int_equal(store_execution_create(s, &x, &created, NULL, NULL), 0);
+        assert_int_equal(created, 1);
+    }
+    char *after = NULL;
+    int total = 0, pages = 0;
+    do {
+        struct store_execution *items;
+        size_t n;
+        char *next;
+        assert_int_equal(store_execution_list(s, "ws", after, 4, &items, &n, &next, NULL), 0);
+        total += (int)n;
+        pages++;
+        store_execution_list_free(items, n);
+        free(after);
+        after = next;
+    } while (after);
+    assert_int_equal(total, 10);
+    assert_int_equal(pages, 3);
+    struct store_execution *items;
+    size_t n;
+    char *next;
+    assert_int_equal(store_execution_list(s, "ws", "bogus", 4, &items, &n, &next, NULL),
+                     IFL_EINVAL);
+    assert_int_equal(store_execution_list(s, "ws", NULL, 0, &items, &n, &next, NULL), IFL_EINVAL);
+}
+
+static void test_reopen_keeps_data(void **state)
+{
+    struct store *s = *state;
+    int created, version;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    store_workflow_put(s, "ws", "wf", "{}", &version, NULL);
+    store_close(s);
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(url, &s, &e), 0);
+    *state = s;
+    assert_int_equal(store_workspace_exists(s, "ws", NULL), 0);
+    struct store_workflow w;
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 0, &w, NULL), 0);
+    assert_int_equal(w.version, 1);
+    store_workflow_clear(&w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_migrations_and_lock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_workspace_and_workflows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secrets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_create_has_one_winner, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_existing_row_returned_and_unknown_workspace, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("store_sqlite", tests, NULL, NULL);
+}

@@ -44,7 +44,59 @@ const struct store_migration store_migrations[] = {
         " created_at BIGINT NOT NULL,"
         " updated_at BIGINT NOT NULL,"
         " started_over_from TEXT);"
-        "CREATE INDEX executions_by_ws ON executions (workspace, created_at, id);"},
+        "CREATE INDEX executions_by_ws ON executions (workspace, created_at, id);",
+     NULL},
+    {2,
+     "CREATE TABLE steps ("
+     " execution_id TEXT NOT NULL REFERENCES executions(id),"
+     " vertex TEXT NOT NULL,"
+     " workspace TEXT NOT NULL,"
+     " kind TEXT NOT NULL,"
+     " state TEXT NOT NULL,"
+     " attempts INTEGER NOT NULL,"
+     " epoch BIGINT NOT NULL,"
+     " lease_owner TEXT,"
+     " lease_expires_at BIGINT,"
+     " next_run_at BIGINT NOT NULL,"
+     " in_decided INTEGER NOT NULL,"
+     " in_taken INTEGER NOT NULL,"
+     " output TEXT,"
+     " error TEXT,"
+     " updated_at BIGINT NOT NULL,"
+     " PRIMARY KEY (execution_id, vertex));"
+     "CREATE INDEX steps_due ON steps (state, next_run_at);"
+     "CREATE INDEX steps_lease ON steps (state, lease_expires_at);"
+     "CREATE INDEX steps_by_ws ON steps (workspace, state, updated_at);"
+     "CREATE TABLE step_attempts ("
+     " execution_id TEXT NOT NULL,"
+     " vertex TEXT NOT NULL,"
+     " epoch BIGINT NOT NULL,"
+     " worker TEXT NOT NULL,"
+     " started_at BIGINT NOT NULL,"
+     " finished_at BIGINT,"
+     " outcome TEXT,"
+     " error TEXT,"
+     " PRIMARY KEY (execution_id, vertex, epoch));"
+     "CREATE TABLE events ("
+     " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+     " id TEXT NOT NULL UNIQUE,"
+     " workspace TEXT NOT NULL,"
+     " execution_id TEXT,"
+     " aggregate_version BIGINT,"
+     " type TEXT NOT NULL,"
+     " data TEXT NOT NULL,"
+     " created_at BIGINT NOT NULL);"
+     "CREATE INDEX events_by_ws ON events (workspace, seq);"
+     "CREATE TABLE idempotency_keys ("
+     " workspace TEXT NOT NULL,"
+     " scope TEXT NOT NULL,"
+     " key TEXT NOT NULL,"
+     " fingerprint TEXT NOT NULL,"
+     " status INTEGER NOT NULL,"
+     " response TEXT NOT NULL,"
+     " created_at BIGINT NOT NULL,"
+     " PRIMARY KEY (workspace, scope, key));",
+     NULL},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
@@ -159,13 +211,33 @@ void store_execution_clear(struct store_execution *x)
     memset(x, 0, sizeof *x);
 }
 
+struct create_args {
+    const struct store_execution *x;
+    int created;
+    struct store_execution *existing;
+};
+
+static int tx_create(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct create_args *a = arg;
+    a->created = 0;
+    if (a->existing)
+        store_execution_clear(a->existing);
+    int rc = store_tx_execution_insert(tx, a->x, &a->created, e);
+    if (!rc && !a->created && a->existing)
+        rc = store_tx_execution_get(tx, a->x->workspace, a->x->id, a->existing, e);
+    return rc;
+}
+
 int store_execution_create(struct store *s, const struct store_execution *x, int *created,
                            struct store_execution *existing, struct ifl_err *e)
 {
     if (existing)
         memset(existing, 0, sizeof *existing);
-    *created = 0;
-    return s->ops->execution_create(s, x, created, existing, e);
+    struct create_args a = {x, 0, existing};
+    int rc = store_tx_run(s, tx_create, &a, e);
+    *created = a.created;
+    return rc;
 }
 
 int store_execution_get(struct store *s, const char *ws, const char *id,
@@ -229,4 +301,227 @@ void store_execution_list_free(struct store_execution *items, size_t n)
     for (size_t i = 0; i < n; i++)
         store_execution_clear(&items[i]);
     free(items);
+}
+
+/* ---- steps, events, transactions ------------------------------------------ */
+
+static const char *const state_names[] = {
+    [STEP_PENDING] = "PENDING",
+    [STEP_DISPATCHED] = "DISPATCHED",
+    [STEP_EXECUTING] = "EXECUTING",
+    [STEP_COMPLETED] = "COMPLETED",
+    [STEP_SKIPPED] = "SKIPPED",
+    [STEP_FAILED] = "FAILED",
+    [STEP_REQUIRES_RECONCILIATION] = "REQUIRES_RECONCILIATION",
+};
+
+const char *store_step_state_name(enum step_state st)
+{
+    if ((unsigned)st < sizeof state_names / sizeof state_names[0])
+        return state_names[st];
+    return "UNKNOWN";
+}
+
+int store_step_state_parse(const char *name)
+{
+    for (size_t i = 0; i < sizeof state_names / sizeof state_names[0]; i++)
+        if (name && strcmp(state_names[i], name) == 0)
+            return (int)i;
+    return -1;
+}
+
+void store_step_clear(struct store_step *st)
+{
+    if (!st)
+        return;
+    free(st->vertex);
+    free(st->workspace);
+    free(st->kind);
+    free(st->lease_owner);
+    free(st->output);
+    free(st->error);
+    memset(st, 0, sizeof *st);
+}
+
+void store_steps_free(struct store_step *v, size_t n)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < n; i++)
+        store_step_clear(&v[i]);
+    free(v);
+}
+
+void store_attempts_free(struct store_attempt *v, size_t n)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].vertex);
+        free(v[i].worker);
+        free(v[i].outcome);
+        free(v[i].error);
+    }
+    free(v);
+}
+
+void store_events_free(struct store_event *v, size_t n)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].workspace);
+        free(v[i].type);
+        free(v[i].data);
+    }
+    free(v);
+}
+
+void store_claims_free(struct store_claim *v, size_t n)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].vertex);
+        free(v[i].workspace);
+        free(v[i].kind);
+    }
+    free(v);
+}
+
+void store_idem_clear(struct store_idem *r)
+{
+    if (!r)
+        return;
+    free(r->fingerprint);
+    free(r->response);
+    memset(r, 0, sizeof *r);
+}
+
+#define ZERO_OUT(items, n)                                                                      \
+    do {                                                                                        \
+        *(items) = NULL;                                                                        \
+        *(n) = 0;                                                                               \
+    } while (0)
+
+int store_steps_get(struct store *s, const char *execution_id, struct store_step **items,
+                    size_t *n, struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->steps_get(s, execution_id, items, n, e);
+}
+
+int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
+                       size_t *n, struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->attempts_get(s, execution_id, items, n, e);
+}
+
+int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
+                struct store_claim **items, size_t *n, struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->claim(s, worker, limit, now, lease_ms, items, n, e);
+}
+
+int store_lease_renew(struct store *s, const char *execution_id, const char *vertex,
+                      int64_t epoch, int64_t until, int *ok, struct ifl_err *e)
+{
+    *ok = 0;
+    return s->ops->lease_renew(s, execution_id, vertex, epoch, until, ok, e);
+}
+
+int store_expired(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,
+                  struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->expired(s, now, limit, items, n, e);
+}
+
+int store_next_due(struct store *s, int64_t *when, struct ifl_err *e)
+{
+    *when = INT64_MAX;
+    return s->ops->next_due(s, when, e);
+}
+
+int store_dead_letters(struct store *s, const char *ws, int limit, struct store_step **items,
+                       size_t *n, struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->dead_letters(s, ws, limit, items, n, e);
+}
+
+int store_events_list(struct store *s, const char *ws, int64_t after_seq, int limit,
+                      struct store_event **items, size_t *n, struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->events_list(s, ws, after_seq, limit, items, n, e);
+}
+
+int store_tx_run(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e)
+{
+    return s->ops->tx_run(s, fn, arg, e);
+}
+
+int store_tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
+                           struct store_execution *out, struct ifl_err *e)
+{
+    memset(out, 0, sizeof *out);
+    return tx->s->ops->tx_execution_get(tx, ws, id, out, e);
+}
+
+int store_tx_execution_insert(struct store_tx *tx, const struct store_execution *x, int *created,
+                              struct ifl_err *e)
+{
+    *created = 0;
+    return tx->s->ops->tx_execution_insert(tx, x, created, e);
+}
+
+int store_tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
+                                  struct ifl_err *e)
+{
+    return tx->s->ops->tx_execution_set_status(tx, id, status, e);
+}
+
+int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
+                       size_t *n, struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return tx->s->ops->tx_steps_get(tx, execution_id, items, n, e);
+}
+
+int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struct ifl_err *e)
+{
+    return tx->s->ops->tx_step_insert(tx, st, e);
+}
+
+int store_tx_step_update(struct store_tx *tx, const struct store_step *st,
+                         enum step_state expect_state, int64_t expect_epoch, int *changed,
+                         struct ifl_err *e)
+{
+    *changed = 0;
+    return tx->s->ops->tx_step_update(tx, st, expect_state, expect_epoch, changed, e);
+}
+
+int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
+                            int64_t epoch, const char *outcome, const char *error,
+                            struct ifl_err *e)
+{
+    return tx->s->ops->tx_attempt_finish(tx, execution_id, vertex, epoch, outcome, error, e);
+}
+
+int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
+{
+    return tx->s->ops->tx_event_append(tx, ev, e);
+}
+
+int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                      const struct store_idem *r, int *created, struct store_idem *existing,
+                      struct ifl_err *e)
+{
+    *created = 0;
+    if (existing)
+        memset(existing, 0, sizeof *existing);
+    return tx->s->ops->tx_idem_put(tx, ws, scope, key, r, created, existing, e);
 }

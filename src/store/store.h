@@ -114,4 +114,156 @@ int store_execution_list(struct store *s, const char *ws, const char *after, int
                          struct ifl_err *e);
 void store_execution_list_free(struct store_execution *items, size_t n);
 
+/* ---- steps (layer 2) -------------------------------------------------------
+ * One row per (execution, vertex).  States and their meaning: spec §5.
+ * Every transition out of EXECUTING is guarded by state AND epoch, so a
+ * worker that lost its lease changes nothing. */
+enum step_state {
+    STEP_PENDING,
+    STEP_DISPATCHED,
+    STEP_EXECUTING,
+    STEP_COMPLETED,
+    STEP_SKIPPED,
+    STEP_FAILED,
+    STEP_REQUIRES_RECONCILIATION,
+};
+const char *store_step_state_name(enum step_state st);
+/* -1 for an unknown name. */
+int store_step_state_parse(const char *name);
+
+struct store_step {
+    char execution_id[65];
+    char *vertex;
+    char *workspace;
+    char *kind;          /* vertex type: ENTRY_POINT | TRANSFORM | GATEWAY */
+    enum step_state state;
+    int attempts;
+    int64_t epoch;
+    char *lease_owner;   /* NULL unless EXECUTING */
+    int64_t lease_expires_at;
+    int64_t next_run_at;
+    int in_decided;      /* incoming edges decided so far */
+    int in_taken;        /* … of which taken */
+    char *output;        /* JSON text or NULL */
+    char *error;         /* JSON text {"code","message"} or NULL */
+    int64_t updated_at;
+};
+void store_step_clear(struct store_step *st);
+void store_steps_free(struct store_step *v, size_t n);
+
+/* One attempt of a step: written at claim, finished at the outcome. */
+struct store_attempt {
+    char execution_id[65];
+    char *vertex;
+    int64_t epoch;
+    char *worker;
+    int64_t started_at, finished_at; /* finished_at 0 while running */
+    char *outcome;                   /* NULL while running */
+    char *error;                     /* JSON text or NULL */
+};
+void store_attempts_free(struct store_attempt *v, size_t n);
+
+/* An event of the transactional outbox. */
+struct store_event {
+    int64_t seq;
+    char id[65];
+    char *workspace;
+    char execution_id[65];
+    int64_t aggregate_version;
+    char *type;
+    char *data; /* JSON text */
+    int64_t created_at;
+};
+void store_events_free(struct store_event *v, size_t n);
+
+/* Steps of one execution, in vertex-name order (reads a committed snapshot). */
+int store_steps_get(struct store *s, const char *execution_id, struct store_step **items,
+                    size_t *n, struct ifl_err *e);
+/* Attempt history of one execution, oldest first. */
+int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
+                       size_t *n, struct ifl_err *e);
+
+/* A claimed step, handed to a worker. */
+struct store_claim {
+    char execution_id[65];
+    char *vertex, *workspace, *kind;
+    int64_t epoch;
+    int attempts;
+};
+void store_claims_free(struct store_claim *v, size_t n);
+
+/* Atomically moves up to `limit` DISPATCHED steps whose next_run_at <= now
+ * to EXECUTING (one winner per step), increments each epoch and attempts,
+ * sets the lease (owner `worker`, expiry now+lease_ms) and records an
+ * attempt row — all in one transaction.  Never hands one step to two
+ * claimants.  *items is a heap array (store_claims_free). */
+int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
+                struct store_claim **items, size_t *n, struct ifl_err *e);
+/* Extends a lease; *ok = 0 when the step is no longer ours (fenced). */
+int store_lease_renew(struct store *s, const char *execution_id, const char *vertex,
+                      int64_t epoch, int64_t until, int *ok, struct ifl_err *e);
+/* Steps left EXECUTING whose lease expired before `now` (all EXECUTING
+ * steps when now < 0), up to limit. */
+int store_expired(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,
+                  struct ifl_err *e);
+/* Earliest next_run_at among DISPATCHED steps, or INT64_MAX when none. */
+int store_next_due(struct store *s, int64_t *when, struct ifl_err *e);
+/* FAILED and REQUIRES_RECONCILIATION steps of a workspace, newest first. */
+int store_dead_letters(struct store *s, const char *ws, int limit, struct store_step **items,
+                       size_t *n, struct ifl_err *e);
+/* The event feed of a workspace after `after_seq`, in commit order. */
+int store_events_list(struct store *s, const char *ws, int64_t after_seq, int limit,
+                      struct store_event **items, size_t *n, struct ifl_err *e);
+
+/* ---- transactions ----------------------------------------------------------
+ * Engine logic that must commit atomically (a step outcome with its
+ * successors, the execution status and events) runs as a function over a
+ * transaction handle.  The function may run more than once (a backend may
+ * retry it after a serialization failure), so it must derive everything from
+ * what it reads through the handle and reset its outputs at entry.
+ * Returning non-zero rolls the transaction back. */
+struct store_tx;
+typedef int (*store_tx_fn)(struct store_tx *tx, void *arg, struct ifl_err *e);
+int store_tx_run(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e);
+
+int store_tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
+                           struct store_execution *out, struct ifl_err *e);
+/* Creates the execution (ON CONFLICT DO NOTHING); *created as for
+ * store_execution_create. */
+int store_tx_execution_insert(struct store_tx *tx, const struct store_execution *x, int *created,
+                              struct ifl_err *e);
+/* Sets status and bumps updated_at. */
+int store_tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
+                                  struct ifl_err *e);
+int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
+                       size_t *n, struct ifl_err *e);
+int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);
+/* Writes every mutable column of *st for its (execution, vertex) only when
+ * the row's state is `expect_state` and (expect_epoch < 0 or) its epoch is
+ * `expect_epoch`.  *changed = 0 when the guard failed (nothing written). */
+int store_tx_step_update(struct store_tx *tx, const struct store_step *st,
+                         enum step_state expect_state, int64_t expect_epoch, int *changed,
+                         struct ifl_err *e);
+/* Finishes the attempt row of (execution, vertex, epoch). */
+int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
+                            int64_t epoch, const char *outcome, const char *error,
+                            struct ifl_err *e);
+/* Appends an event: increments the execution's version and stamps it as the
+ * event's aggregate_version (written back into ev). ev->id is generated when
+ * empty. */
+int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e);
+
+/* Idempotency records of the engine's own API (spec §7). */
+struct store_idem {
+    char *fingerprint;
+    int status;
+    char *response; /* JSON text */
+};
+void store_idem_clear(struct store_idem *r);
+/* Inserts the record unless (ws, scope, key) exists; *created tells which,
+ * and when it existed *existing holds the stored one. */
+int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                      const struct store_idem *r, int *created, struct store_idem *existing,
+                      struct ifl_err *e);
+
 #endif

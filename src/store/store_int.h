@@ -25,13 +25,54 @@ struct store_ops {
                       struct ifl_err *e);
     int (*secret_list)(struct store *s, const char *ws, char ***names, size_t *n,
                        struct ifl_err *e);
-    int (*execution_create)(struct store *s, const struct store_execution *x, int *created,
-                            struct store_execution *existing, struct ifl_err *e);
     int (*execution_get)(struct store *s, const char *ws, const char *id,
                          struct store_execution *out, struct ifl_err *e);
     int (*execution_list)(struct store *s, const char *ws, int64_t after_ts,
                           const char *after_id, int limit, struct store_execution **items,
                           size_t *n, struct ifl_err *e);
+    int (*steps_get)(struct store *s, const char *execution_id, struct store_step **items,
+                     size_t *n, struct ifl_err *e);
+    int (*attempts_get)(struct store *s, const char *execution_id, struct store_attempt **items,
+                        size_t *n, struct ifl_err *e);
+    int (*claim)(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
+                 struct store_claim **items, size_t *n, struct ifl_err *e);
+    int (*lease_renew)(struct store *s, const char *execution_id, const char *vertex,
+                       int64_t epoch, int64_t until, int *ok, struct ifl_err *e);
+    int (*expired)(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,
+                   struct ifl_err *e);
+    int (*next_due)(struct store *s, int64_t *when, struct ifl_err *e);
+    int (*dead_letters)(struct store *s, const char *ws, int limit, struct store_step **items,
+                        size_t *n, struct ifl_err *e);
+    int (*events_list)(struct store *s, const char *ws, int64_t after_seq, int limit,
+                       struct store_event **items, size_t *n, struct ifl_err *e);
+
+    /* Transactions: tx_run runs fn inside one transaction on a backend
+     * connection; the tx_* operations below use that connection. */
+    int (*tx_run)(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e);
+    int (*tx_execution_get)(struct store_tx *tx, const char *ws, const char *id,
+                            struct store_execution *out, struct ifl_err *e);
+    int (*tx_execution_insert)(struct store_tx *tx, const struct store_execution *x,
+                               int *created, struct ifl_err *e);
+    int (*tx_execution_set_status)(struct store_tx *tx, const char *id, const char *status,
+                                   struct ifl_err *e);
+    int (*tx_steps_get)(struct store_tx *tx, const char *execution_id, struct store_step **items,
+                        size_t *n, struct ifl_err *e);
+    int (*tx_step_insert)(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);
+    int (*tx_step_update)(struct store_tx *tx, const struct store_step *st,
+                          enum step_state expect_state, int64_t expect_epoch, int *changed,
+                          struct ifl_err *e);
+    int (*tx_attempt_finish)(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, const char *outcome, const char *error,
+                             struct ifl_err *e);
+    int (*tx_event_append)(struct store_tx *tx, struct store_event *ev, struct ifl_err *e);
+    int (*tx_idem_put)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                       const struct store_idem *r, int *created, struct store_idem *existing,
+                       struct ifl_err *e);
+};
+
+/* Every transaction handle starts with this. */
+struct store_tx {
+    struct store *s;
 };
 
 /* Every backend's handle starts with this. */
@@ -47,7 +88,8 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e);
  * `pg_only` hold the rare dialect-specific statements. */
 struct store_migration {
     int version;
-    const char *sql;
+    const char *sql;    /* portable SQL, or SQLite's when pg_sql is set */
+    const char *pg_sql; /* PostgreSQL's variant, NULL when `sql` is portable */
 };
 extern const struct store_migration store_migrations[];
 extern const int store_migrations_count;

@@ -22,6 +22,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "crypto/crypto.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +33,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#define STMT_CACHE 32
+#define STMT_CACHE 64
 #define MAX_READERS 16
 
 struct conn {
@@ -671,54 +672,6 @@ static int exec_get(struct conn *c, const char *ws, const char *id, struct store
     return rc;
 }
 
-struct exec_create {
-    const struct store_execution *x;
-    int created;
-    struct store_execution *existing;
-};
-
-static int job_exec_create(struct conn *c, void *arg, struct ifl_err *e)
-{
-    struct exec_create *a = arg;
-    const struct store_execution *x = a->x;
-    static const char sql[] = "INSERT INTO executions (" EXEC_COLS ")"
-                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?)"
-                              " ON CONFLICT (id) DO NOTHING";
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st)
-        return IFL_ESTORE;
-    int64_t now = clock_now_ms();
-    bind_text(st, 1, x->id);
-    bind_text(st, 2, x->workspace);
-    bind_text(st, 3, x->workflow);
-    sqlite3_bind_int(st, 4, x->workflow_version);
-    bind_text(st, 5, x->entry_point);
-    bind_text(st, 6, x->identity);
-    bind_text(st, 7, x->payload);
-    bind_text(st, 8, x->payload_hash);
-    sqlite3_bind_int(st, 9, x->test);
-    sqlite3_bind_int64(st, 10, now);
-    sqlite3_bind_int64(st, 11, now);
-    bind_text(st, 12, x->started_over_from);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_create");
-    done_stmt(st);
-    if (rc)
-        return rc;
-    a->created = sqlite3_changes(c->db) == 1;
-    if (!a->created && a->existing)
-        rc = exec_get(c, x->workspace, x->id, a->existing, e);
-    return rc;
-}
-
-static int op_execution_create(struct store *base, const struct store_execution *x, int *created,
-                               struct store_execution *existing, struct ifl_err *e)
-{
-    struct exec_create a = {x, 0, existing};
-    int rc = write_job((struct sq *)base, job_exec_create, &a, e);
-    *created = a.created;
-    return rc;
-}
-
 static int op_execution_get(struct store *base, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e)
 {
@@ -758,6 +711,603 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
         read_execution(st, &(*items)[(*n)++]);
     if (r != SQLITE_ROW && r != SQLITE_DONE)
         rc = db_err(c, e, "execution_list");
+    done_stmt(st);
+out:
+    reader_put(s, c);
+    return rc;
+}
+
+/* ---- transactions ------------------------------------------------------------------ */
+
+struct sq_tx {
+    struct store_tx base;
+    struct conn *c;
+};
+
+static struct conn *txc(struct store_tx *tx)
+{
+    return ((struct sq_tx *)tx)->c;
+}
+
+struct tx_job {
+    struct store *s;
+    store_tx_fn fn;
+    void *arg;
+};
+
+static int job_tx(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct tx_job *j = arg;
+    struct sq_tx tx = {{j->s}, c};
+    return j->fn(&tx.base, j->arg, e);
+}
+
+static int op_tx_run(struct store *base, store_tx_fn fn, void *arg, struct ifl_err *e)
+{
+    struct tx_job j = {base, fn, arg};
+    return write_job((struct sq *)base, job_tx, &j, e);
+}
+
+static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
+                            struct store_execution *out, struct ifl_err *e)
+{
+    return exec_get(txc(tx), ws, id, out, e);
+}
+
+static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x,
+                               int *created, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] = "INSERT INTO executions (" EXEC_COLS ")"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)"
+                              " ON CONFLICT (id) DO NOTHING";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    int64_t now = clock_now_ms();
+    bind_text(st, 1, x->id);
+    bind_text(st, 2, x->workspace);
+    bind_text(st, 3, x->workflow);
+    sqlite3_bind_int(st, 4, x->workflow_version);
+    bind_text(st, 5, x->entry_point);
+    bind_text(st, 6, x->identity);
+    bind_text(st, 7, x->payload);
+    bind_text(st, 8, x->payload_hash);
+    sqlite3_bind_int(st, 9, x->test);
+    bind_text(st, 10, x->status ? x->status : "running");
+    sqlite3_bind_int64(st, 11, now);
+    sqlite3_bind_int64(st, 12, now);
+    bind_text(st, 13, x->started_over_from);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_insert");
+    done_stmt(st);
+    if (!rc)
+        *created = sqlite3_changes(c->db) == 1;
+    return rc;
+}
+
+static int tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
+                                   struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] = "UPDATE executions SET status = ?, updated_at = ? WHERE id = ?";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, status);
+    sqlite3_bind_int64(st, 2, clock_now_ms());
+    bind_text(st, 3, id);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_set_status");
+    done_stmt(st);
+    return rc;
+}
+
+#define STEP_COLS                                                                          \
+    "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"         \
+    " lease_expires_at, next_run_at, in_decided, in_taken, output, error, updated_at"
+
+static void read_step(sqlite3_stmt *st, struct store_step *x)
+{
+    col_copy(st, 0, x->execution_id, sizeof x->execution_id);
+    x->vertex = col_str(st, 1);
+    x->workspace = col_str(st, 2);
+    x->kind = col_str(st, 3);
+    const unsigned char *state = sqlite3_column_text(st, 4);
+    int parsed = store_step_state_parse((const char *)state);
+    x->state = parsed < 0 ? STEP_FAILED : (enum step_state)parsed;
+    x->attempts = sqlite3_column_int(st, 5);
+    x->epoch = sqlite3_column_int64(st, 6);
+    x->lease_owner = col_str(st, 7);
+    x->lease_expires_at = sqlite3_column_int64(st, 8);
+    x->next_run_at = sqlite3_column_int64(st, 9);
+    x->in_decided = sqlite3_column_int(st, 10);
+    x->in_taken = sqlite3_column_int(st, 11);
+    x->output = col_str(st, 12);
+    x->error = col_str(st, 13);
+    x->updated_at = sqlite3_column_int64(st, 14);
+}
+
+/* Runs a step query (parameters bound by the caller) and collects rows. */
+static int collect_steps(struct conn *c, sqlite3_stmt *st, struct store_step **items, size_t *n,
+                         struct ifl_err *e)
+{
+    size_t cap = 0;
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 8;
+            *items = xrealloc(*items, cap * sizeof **items);
+        }
+        memset(&(*items)[*n], 0, sizeof **items);
+        read_step(st, &(*items)[(*n)++]);
+    }
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "steps");
+    done_stmt(st);
+    return rc;
+}
+
+static const char sql_steps_of[] =
+    "SELECT " STEP_COLS " FROM steps WHERE execution_id = ? ORDER BY vertex";
+
+static int steps_of(struct conn *c, const char *id, struct store_step **items, size_t *n,
+                    struct ifl_err *e)
+{
+    sqlite3_stmt *st = stmt(c, sql_steps_of, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, id);
+    return collect_steps(c, st, items, n, e);
+}
+
+static int tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
+                        size_t *n, struct ifl_err *e)
+{
+    return steps_of(txc(tx), execution_id, items, n, e);
+}
+
+static void bind_step_mutables(sqlite3_stmt *st, const struct store_step *x, int64_t now)
+{
+    bind_text(st, 1, store_step_state_name(x->state));
+    sqlite3_bind_int(st, 2, x->attempts);
+    sqlite3_bind_int64(st, 3, x->epoch);
+    bind_text(st, 4, x->lease_owner);
+    sqlite3_bind_int64(st, 5, x->lease_expires_at);
+    sqlite3_bind_int64(st, 6, x->next_run_at);
+    sqlite3_bind_int(st, 7, x->in_decided);
+    sqlite3_bind_int(st, 8, x->in_taken);
+    bind_text(st, 9, x->output);
+    bind_text(st, 10, x->error);
+    sqlite3_bind_int64(st, 11, now);
+}
+
+static int tx_step_insert(struct store_tx *tx, const struct store_step *x, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] =
+        "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at, next_run_at,"
+        " in_decided, in_taken, output, error, updated_at, execution_id, vertex, workspace, kind)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_step_mutables(st, x, clock_now_ms());
+    bind_text(st, 12, x->execution_id);
+    bind_text(st, 13, x->vertex);
+    bind_text(st, 14, x->workspace);
+    bind_text(st, 15, x->kind);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_insert");
+    done_stmt(st);
+    return rc;
+}
+
+static int tx_step_update(struct store_tx *tx, const struct store_step *x,
+                          enum step_state expect_state, int64_t expect_epoch, int *changed,
+                          struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] =
+        "UPDATE steps SET state = ?, attempts = ?, epoch = ?, lease_owner = ?,"
+        " lease_expires_at = ?, next_run_at = ?, in_decided = ?, in_taken = ?, output = ?,"
+        " error = ?, updated_at = ?"
+        " WHERE execution_id = ? AND vertex = ? AND state = ? AND (? < 0 OR epoch = ?)";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_step_mutables(st, x, clock_now_ms());
+    bind_text(st, 12, x->execution_id);
+    bind_text(st, 13, x->vertex);
+    bind_text(st, 14, store_step_state_name(expect_state));
+    sqlite3_bind_int64(st, 15, expect_epoch);
+    sqlite3_bind_int64(st, 16, expect_epoch);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_update");
+    done_stmt(st);
+    if (!rc)
+        *changed = sqlite3_changes(c->db) == 1;
+    return rc;
+}
+
+static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, const char *outcome, const char *error,
+                             struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] =
+        "UPDATE step_attempts SET finished_at = ?, outcome = ?, error = ?"
+        " WHERE execution_id = ? AND vertex = ? AND epoch = ? AND finished_at IS NULL";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    sqlite3_bind_int64(st, 1, clock_now_ms());
+    bind_text(st, 2, outcome);
+    bind_text(st, 3, error);
+    bind_text(st, 4, execution_id);
+    bind_text(st, 5, vertex);
+    sqlite3_bind_int64(st, 6, epoch);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_finish");
+    done_stmt(st);
+    return rc;
+}
+
+static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    int rc = 0;
+    if (!ev->id[0] && crypto_random_hex32(ev->id))
+        return err_set(e, IFL_EIO, "random generator failed");
+    ev->created_at = clock_now_ms();
+    ev->aggregate_version = 0;
+    if (ev->execution_id[0]) {
+        static const char bump[] = "UPDATE executions SET version = version + 1, updated_at = ?"
+                                   " WHERE id = ? RETURNING version";
+        sqlite3_stmt *st = stmt(c, bump, e);
+        if (!st)
+            return IFL_ESTORE;
+        sqlite3_bind_int64(st, 1, ev->created_at);
+        bind_text(st, 2, ev->execution_id);
+        if (sqlite3_step(st) == SQLITE_ROW)
+            ev->aggregate_version = sqlite3_column_int64(st, 0);
+        else
+            rc = err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
+        while (sqlite3_step(st) == SQLITE_ROW)
+            ;
+        done_stmt(st);
+        if (rc)
+            return rc;
+    }
+    static const char sql[] =
+        "INSERT INTO events (id, workspace, execution_id, aggregate_version, type, data,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, ev->id);
+    bind_text(st, 2, ev->workspace);
+    bind_text(st, 3, ev->execution_id[0] ? ev->execution_id : NULL);
+    sqlite3_bind_int64(st, 4, ev->aggregate_version);
+    bind_text(st, 5, ev->type);
+    bind_text(st, 6, ev->data ? ev->data : "{}");
+    sqlite3_bind_int64(st, 7, ev->created_at);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        ev->seq = sqlite3_column_int64(st, 0);
+    else
+        rc = db_err(c, e, "event_append");
+    while (sqlite3_step(st) == SQLITE_ROW)
+        ;
+    done_stmt(st);
+    return rc;
+}
+
+static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                       const struct store_idem *r, int *created, struct store_idem *existing,
+                       struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char ins[] =
+        "INSERT INTO idempotency_keys (workspace, scope, key, fingerprint, status, response,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, scope, key) DO NOTHING";
+    sqlite3_stmt *st = stmt(c, ins, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, ws);
+    bind_text(st, 2, scope);
+    bind_text(st, 3, key);
+    bind_text(st, 4, r->fingerprint);
+    sqlite3_bind_int(st, 5, r->status);
+    bind_text(st, 6, r->response);
+    sqlite3_bind_int64(st, 7, clock_now_ms());
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "idem_put");
+    done_stmt(st);
+    if (rc)
+        return rc;
+    *created = sqlite3_changes(c->db) == 1;
+    if (*created || !existing)
+        return 0;
+    static const char sel[] = "SELECT fingerprint, status, response FROM idempotency_keys"
+                              " WHERE workspace = ? AND scope = ? AND key = ?";
+    if (!(st = stmt(c, sel, e)))
+        return IFL_ESTORE;
+    bind_text(st, 1, ws);
+    bind_text(st, 2, scope);
+    bind_text(st, 3, key);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        existing->fingerprint = col_str(st, 0);
+        existing->status = sqlite3_column_int(st, 1);
+        existing->response = col_str(st, 2);
+    } else {
+        rc = db_err(c, e, "idem_get");
+    }
+    done_stmt(st);
+    return rc;
+}
+
+/* ---- step reads, claims, leases ----------------------------------------------------- */
+
+static int op_steps_get(struct store *base, const char *execution_id, struct store_step **items,
+                        size_t *n, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = steps_of(c, execution_id, items, n, e);
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_attempts_get(struct store *base, const char *execution_id,
+                           struct store_attempt **items, size_t *n, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] =
+        "SELECT execution_id, vertex, epoch, worker, started_at, finished_at, outcome, error"
+        " FROM step_attempts WHERE execution_id = ? ORDER BY started_at, vertex, epoch";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    size_t cap = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+        goto out;
+    }
+    bind_text(st, 1, execution_id);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 8;
+            *items = xrealloc(*items, cap * sizeof **items);
+        }
+        struct store_attempt *a = &(*items)[(*n)++];
+        memset(a, 0, sizeof *a);
+        col_copy(st, 0, a->execution_id, sizeof a->execution_id);
+        a->vertex = col_str(st, 1);
+        a->epoch = sqlite3_column_int64(st, 2);
+        a->worker = col_str(st, 3);
+        a->started_at = sqlite3_column_int64(st, 4);
+        a->finished_at = sqlite3_column_int64(st, 5);
+        a->outcome = col_str(st, 6);
+        a->error = col_str(st, 7);
+    }
+    if (r != SQLITE_DONE)
+        rc = db_err(c, e, "attempts_get");
+    done_stmt(st);
+out:
+    reader_put(s, c);
+    return rc;
+}
+
+struct claim_args {
+    const char *worker;
+    int limit;
+    int64_t now, lease_ms;
+    struct store_claim *items;
+    size_t n;
+};
+
+static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct claim_args *a = arg;
+    /* One statement picks and flips the rows: the single writer makes the
+     * claim atomic; RETURNING hands back exactly the rows this call won. */
+    static const char sql[] =
+        "UPDATE steps SET state = 'EXECUTING', epoch = epoch + 1, attempts = attempts + 1,"
+        " lease_owner = ?1, lease_expires_at = ?2, updated_at = ?3"
+        " WHERE rowid IN (SELECT rowid FROM steps WHERE state = 'DISPATCHED'"
+        " AND next_run_at <= ?3 ORDER BY next_run_at LIMIT ?4)"
+        " RETURNING execution_id, vertex, workspace, kind, epoch, attempts";
+    static const char hist[] =
+        "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at)"
+        " VALUES (?, ?, ?, ?, ?)";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, a->worker);
+    sqlite3_bind_int64(st, 2, a->now + a->lease_ms);
+    sqlite3_bind_int64(st, 3, a->now);
+    sqlite3_bind_int(st, 4, a->limit);
+    size_t cap = 0;
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (a->n == cap) {
+            cap = cap ? cap * 2 : 16;
+            a->items = xrealloc(a->items, cap * sizeof *a->items);
+        }
+        struct store_claim *cl = &a->items[a->n++];
+        col_copy(st, 0, cl->execution_id, sizeof cl->execution_id);
+        cl->vertex = col_str(st, 1);
+        cl->workspace = col_str(st, 2);
+        cl->kind = col_str(st, 3);
+        cl->epoch = sqlite3_column_int64(st, 4);
+        cl->attempts = sqlite3_column_int(st, 5);
+    }
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "claim");
+    done_stmt(st);
+    for (size_t i = 0; !rc && i < a->n; i++) {
+        if (!(st = stmt(c, hist, e)))
+            return IFL_ESTORE;
+        bind_text(st, 1, a->items[i].execution_id);
+        bind_text(st, 2, a->items[i].vertex);
+        sqlite3_bind_int64(st, 3, a->items[i].epoch);
+        bind_text(st, 4, a->worker);
+        sqlite3_bind_int64(st, 5, a->now);
+        rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_insert");
+        done_stmt(st);
+    }
+    return rc;
+}
+
+static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
+                    int64_t lease_ms, struct store_claim **items, size_t *n, struct ifl_err *e)
+{
+    struct claim_args a = {worker, limit, now, lease_ms, NULL, 0};
+    int rc = write_job((struct sq *)base, job_claim, &a, e);
+    if (rc) {
+        store_claims_free(a.items, a.n);
+        return rc;
+    }
+    *items = a.items;
+    *n = a.n;
+    return 0;
+}
+
+struct renew_args {
+    const char *id, *vertex;
+    int64_t epoch, until;
+    int ok;
+};
+
+static int job_renew(struct conn *c, void *arg, struct ifl_err *e)
+{
+    struct renew_args *a = arg;
+    static const char sql[] = "UPDATE steps SET lease_expires_at = ? WHERE execution_id = ?"
+                              " AND vertex = ? AND state = 'EXECUTING' AND epoch = ?";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    sqlite3_bind_int64(st, 1, a->until);
+    bind_text(st, 2, a->id);
+    bind_text(st, 3, a->vertex);
+    sqlite3_bind_int64(st, 4, a->epoch);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "lease_renew");
+    done_stmt(st);
+    a->ok = !rc && sqlite3_changes(c->db) == 1;
+    return rc;
+}
+
+static int op_lease_renew(struct store *base, const char *execution_id, const char *vertex,
+                          int64_t epoch, int64_t until, int *ok, struct ifl_err *e)
+{
+    struct renew_args a = {execution_id, vertex, epoch, until, 0};
+    int rc = write_job((struct sq *)base, job_renew, &a, e);
+    *ok = a.ok;
+    return rc;
+}
+
+static int op_expired(struct store *base, int64_t now, int limit, struct store_step **items,
+                      size_t *n, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] = "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING'"
+                              " AND (? < 0 OR lease_expires_at < ?) LIMIT ?";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+    } else {
+        sqlite3_bind_int64(st, 1, now);
+        sqlite3_bind_int64(st, 2, now);
+        sqlite3_bind_int(st, 3, limit);
+        rc = collect_steps(c, st, items, n, e);
+    }
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_next_due(struct store *base, int64_t *when, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] = "SELECT MIN(next_run_at) FROM steps WHERE state = 'DISPATCHED'";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+    } else {
+        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
+            *when = sqlite3_column_int64(st, 0);
+        done_stmt(st);
+    }
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_dead_letters(struct store *base, const char *ws, int limit,
+                           struct store_step **items, size_t *n, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] =
+        "SELECT " STEP_COLS " FROM steps WHERE workspace = ?"
+        " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION') ORDER BY updated_at DESC LIMIT ?";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+    } else {
+        bind_text(st, 1, ws);
+        sqlite3_bind_int(st, 2, limit);
+        rc = collect_steps(c, st, items, n, e);
+    }
+    reader_put(s, c);
+    return rc;
+}
+
+static int op_events_list(struct store *base, const char *ws, int64_t after_seq, int limit,
+                          struct store_event **items, size_t *n, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] =
+        "SELECT seq, id, workspace, execution_id, aggregate_version, type, data, created_at"
+        " FROM events WHERE workspace = ? AND seq > ? ORDER BY seq LIMIT ?";
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = 0;
+    size_t cap = 0;
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st) {
+        rc = IFL_ESTORE;
+        goto out;
+    }
+    bind_text(st, 1, ws);
+    sqlite3_bind_int64(st, 2, after_seq);
+    sqlite3_bind_int(st, 3, limit);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            *items = xrealloc(*items, cap * sizeof **items);
+        }
+        struct store_event *ev = &(*items)[(*n)++];
+        memset(ev, 0, sizeof *ev);
+        ev->seq = sqlite3_column_int64(st, 0);
+        col_copy(st, 1, ev->id, sizeof ev->id);
+        ev->workspace = col_str(st, 2);
+        col_copy(st, 3, ev->execution_id, sizeof ev->execution_id);
+        ev->aggregate_version = sqlite3_column_int64(st, 4);
+        ev->type = col_str(st, 5);
+        ev->data = col_str(st, 6);
+        ev->created_at = sqlite3_column_int64(st, 7);
+    }
+    if (r != SQLITE_DONE)
+        rc = db_err(c, e, "events_list");
     done_stmt(st);
 out:
     reader_put(s, c);
@@ -804,7 +1354,24 @@ static const struct store_ops sqlite_ops = {
     .secret_put = op_secret_put,
     .secret_get = op_secret_get,
     .secret_list = op_secret_list,
-    .execution_create = op_execution_create,
+    .steps_get = op_steps_get,
+    .attempts_get = op_attempts_get,
+    .claim = op_claim,
+    .lease_renew = op_lease_renew,
+    .expired = op_expired,
+    .next_due = op_next_due,
+    .dead_letters = op_dead_letters,
+    .events_list = op_events_list,
+    .tx_run = op_tx_run,
+    .tx_execution_get = tx_execution_get,
+    .tx_execution_insert = tx_execution_insert,
+    .tx_execution_set_status = tx_execution_set_status,
+    .tx_steps_get = tx_steps_get,
+    .tx_step_insert = tx_step_insert,
+    .tx_step_update = tx_step_update,
+    .tx_attempt_finish = tx_attempt_finish,
+    .tx_event_append = tx_event_append,
+    .tx_idem_put = tx_idem_put,
     .execution_get = op_execution_get,
     .execution_list = op_execution_list,
 };

@@ -7,6 +7,7 @@
  *   idemflow version
  */
 #include "api/api.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
@@ -33,7 +34,7 @@ static void usage(FILE *f)
 {
     fputs("usage:\n"
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
-          "                 [--max-body BYTES]\n"
+          "                 [--max-body BYTES] [--workers N] [--lease-ms MS]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "  idemflow version\n",
@@ -150,7 +151,18 @@ static int cmd_id(int argc, char **argv)
 struct serve_opts {
     const char *listen, *db, *load;
     size_t max_body;
+    struct engine_run_opts run;
 };
+
+/* Parses a bounded positive integer flag value; -1 on error. */
+static long long flag_int(const char *v, long long lo, long long hi)
+{
+    char *end = NULL;
+    long long n = strtoll(v, &end, 10);
+    if (end == v || *end || n < lo || n > hi)
+        return -1;
+    return n;
+}
 
 /* The secrets key: IDEMFLOW_SECRETS_KEY (64 hex chars or base64 of 32 bytes),
  * else a 0600 key file beside the database, created on first start. */
@@ -317,7 +329,21 @@ static int cmd_serve(int argc, char **argv)
             o.max_body = (size_t)n;
             i++;
         } else if (strcmp(a, "--workers") == 0 && v) {
-            i++; /* accepted now; the worker pool arrives with the engine issue */
+            long long n = flag_int(v, 1, 256);
+            if (n < 0) {
+                fputs("idemflow serve: --workers must be 1..256\n", stderr);
+                return 2;
+            }
+            o.run.workers = (int)n;
+            i++;
+        } else if (strcmp(a, "--lease-ms") == 0 && v) {
+            long long n = flag_int(v, 50, 3600000);
+            if (n < 0) {
+                fputs("idemflow serve: --lease-ms must be 50..3600000\n", stderr);
+                return 2;
+            }
+            o.run.lease_ms = n;
+            i++;
         } else {
             usage(stderr);
             return 2;
@@ -342,6 +368,7 @@ static int cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    fault_init();
     struct ifl_err e = {0};
     struct store *st = NULL;
     struct engine *g = NULL;
@@ -364,6 +391,10 @@ static int cmd_serve(int argc, char **argv)
     crypto_wipe(eo.secrets_key, sizeof eo.secrets_key);
     if (o.load && load_examples(g, o.load))
         goto out;
+    if (engine_start(g, &o.run, &e)) {
+        log_error("serve.engine", "%s", e.msg);
+        goto out;
+    }
     api = api_new(g, &(struct api_opts){.max_body = o.max_body, .admin_token = admin});
     struct http_opts ho = {
         .listen = o.listen,
@@ -385,6 +416,8 @@ static int cmd_serve(int argc, char **argv)
     rc = 0;
 out:
     http_server_stop(srv);
+    if (g)
+        engine_stop(g); /* in-flight steps finish; the rest wait for the next start */
     api_free(api);
     engine_free(g);
     store_close(st);

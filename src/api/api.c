@@ -453,9 +453,72 @@ static json_t *execution_json(const struct store_execution *x, int full)
     }
     json_object_set_new(o, "startedOverFrom",
                         x->started_over_from ? json_string(x->started_over_from) : json_null());
-    if (full)
-        json_object_set_new(o, "steps", json_array());
     return o;
+}
+
+static json_t *text_json(const char *text)
+{
+    if (!text)
+        return json_null();
+    json_t *v = NULL;
+    if (json_parse(text, strlen(text), NULL, &v, NULL))
+        return json_string(text);
+    return v;
+}
+
+/* steps[] of the execution resource, each with its attempt history. */
+static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_err *e)
+{
+    struct store_step *rows = NULL;
+    struct store_attempt *at = NULL;
+    size_t n = 0, na = 0;
+    int rc = store_steps_get(engine_store(a->g), id, &rows, &n, e);
+    if (!rc)
+        rc = store_attempts_get(engine_store(a->g), id, &at, &na, e);
+    if (rc) {
+        store_steps_free(rows, n);
+        return rc;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const struct store_step *st = &rows[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "vertex", json_string(st->vertex));
+        json_object_set_new(o, "type", json_string(st->kind));
+        json_object_set_new(o, "state", json_string(store_step_state_name(st->state)));
+        json_object_set_new(o, "attempts", json_integer(st->attempts));
+        json_object_set_new(o, "epoch", json_integer(st->epoch));
+        json_object_set_new(o, "output", text_json(st->output));
+        json_object_set_new(o, "error", text_json(st->error));
+        json_object_set_new(o, "nextAttemptAt", st->state == STEP_DISPATCHED
+                                                    ? ts_json(st->next_run_at)
+                                                    : json_null());
+        if (st->state == STEP_EXECUTING) {
+            json_object_set_new(o, "leaseOwner", json_string(st->lease_owner ? st->lease_owner : ""));
+            json_object_set_new(o, "leaseExpiresAt", ts_json(st->lease_expires_at));
+        }
+        json_t *hist = json_array();
+        for (size_t k = 0; k < na; k++) {
+            if (strcmp(at[k].vertex, st->vertex) != 0)
+                continue;
+            json_t *h = json_object();
+            json_object_set_new(h, "epoch", json_integer(at[k].epoch));
+            json_object_set_new(h, "worker", json_string(at[k].worker));
+            json_object_set_new(h, "startedAt", ts_json(at[k].started_at));
+            json_object_set_new(h, "finishedAt",
+                                at[k].finished_at ? ts_json(at[k].finished_at) : json_null());
+            json_object_set_new(h, "outcome",
+                                at[k].outcome ? json_string(at[k].outcome) : json_null());
+            json_object_set_new(h, "error", text_json(at[k].error));
+            json_array_append_new(hist, h);
+        }
+        json_object_set_new(o, "history", hist);
+        json_array_append_new(arr, o);
+    }
+    json_object_set_new(exec, "steps", arr);
+    store_steps_free(rows, n);
+    store_attempts_free(at, na);
+    return 0;
 }
 
 static void h_execution_get(struct call *c)
@@ -469,8 +532,216 @@ static void h_execution_get(struct call *c)
         api_problem_err(c->res, &e);
         return;
     }
-    reply_json(c->res, 200, execution_json(&x, 1));
+    json_t *o = execution_json(&x, 1);
     store_execution_clear(&x);
+    if (steps_json(c->a, id, o, &e)) {
+        json_decref(o);
+        api_problem_err(c->res, &e);
+        return;
+    }
+    reply_json(c->res, 200, o);
+}
+
+/* Reads an Idempotency-Key header: an RFC 8941 sf-string or a bare token.
+ * 0 and the key in out, 1 when absent, -1 when malformed. */
+static int idempotency_key(const struct http_req *r, char *out, size_t cap)
+{
+    const char *h = r->header(r, "Idempotency-Key");
+    if (!h)
+        return 1;
+    size_t n = 0;
+    if (*h == '"') {
+        const char *p = h + 1;
+        for (; *p && *p != '"'; p++) {
+            if (*p == '\\') {
+                p++;
+                if (*p != '"' && *p != '\\')
+                    return -1;
+            }
+            if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || n + 1 >= cap)
+                return -1;
+            out[n++] = *p;
+        }
+        if (*p != '"' || p[1] != '\0')
+            return -1;
+    } else {
+        for (const char *p = h; *p; p++) {
+            if ((unsigned char)*p <= 0x20 || (unsigned char)*p > 0x7e || *p == '"' ||
+                n + 1 >= cap)
+                return -1;
+            out[n++] = *p;
+        }
+    }
+    out[n] = '\0';
+    return n ? 0 : -1;
+}
+
+static void h_retry(struct call *c)
+{
+    const char *ws = c->seg[2], *id = c->seg[4];
+    if (workspace_exists(c, ws))
+        return;
+    int retried = 0;
+    char status[32];
+    struct ifl_err e = {0};
+    if (engine_retry(c->a->g, ws, id, &retried, status, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "executionId", json_string(id));
+    json_object_set_new(o, "retriedSteps", json_integer(retried));
+    json_object_set_new(o, "status", json_string(status));
+    reply_json(c->res, 200, o);
+}
+
+static void h_resolve(struct call *c)
+{
+    const char *ws = c->seg[2], *id = c->seg[4], *vx = c->seg[6];
+    if (workspace_exists(c, ws))
+        return;
+    json_t *body = body_json(c, NULL);
+    if (!body)
+        return;
+    const char *outcome = json_string_value(json_object_get(body, "outcome"));
+    int completed = outcome && strcmp(outcome, "completed") == 0;
+    if (!json_is_object(body) || !outcome || (!completed && strcmp(outcome, "failed") != 0)) {
+        json_decref(body);
+        api_problem(c->res, 422, "validation-error",
+                    "expected {\"outcome\": \"completed\", \"output\": …} or "
+                    "{\"outcome\": \"failed\"}",
+                    "/outcome");
+        return;
+    }
+    char status[32] = "";
+    struct ifl_err e = {0};
+    int rc = engine_resolve(c->a->g, ws, id, vx, completed, json_object_get(body, "output"),
+                            status, &e);
+    json_decref(body);
+    if (rc) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "executionId", json_string(id));
+    json_object_set_new(o, "vertex", json_string(vx));
+    json_object_set_new(o, "status", json_string(status));
+    reply_json(c->res, 200, o);
+}
+
+static void h_start_over(struct call *c)
+{
+    const char *ws = c->seg[2], *id = c->seg[4];
+    if (workspace_exists(c, ws))
+        return;
+    char key[256];
+    int k = idempotency_key(c->req, key, sizeof key);
+    if (k != 0) {
+        api_problem(c->res, 400, k > 0 ? "idempotency-key-required" : "invalid-idempotency-key",
+                    k > 0 ? "start-over requires an Idempotency-Key header, since a retried "
+                            "start-over would otherwise start twice"
+                          : "Idempotency-Key must be an RFC 8941 string or token of printable "
+                            "ASCII, at most 255 characters",
+                    NULL);
+        return;
+    }
+    char new_id[65];
+    int replayed = 0;
+    struct ifl_err e = {0};
+    if (engine_start_over(c->a->g, ws, id, key, new_id, &replayed, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    char loc[256];
+    snprintf(loc, sizeof loc, "/v1/workspaces/%s/executions/%s", ws, new_id);
+    http_res_header(c->res, "Location", loc);
+    if (replayed)
+        http_res_header(c->res, "Idempotent-Replayed", "true");
+    json_t *o = json_object();
+    json_object_set_new(o, "executionId", json_string(new_id));
+    json_object_set_new(o, "startedOverFrom", json_string(id));
+    reply_json(c->res, 201, o);
+}
+
+static void h_dead_letters(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (store_dead_letters(engine_store(c->a->g), ws, 1000, &rows, &n, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *items = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "kind", json_string("step"));
+        json_object_set_new(o, "executionId", json_string(rows[i].execution_id));
+        json_object_set_new(o, "vertex", json_string(rows[i].vertex));
+        json_object_set_new(o, "state", json_string(store_step_state_name(rows[i].state)));
+        json_object_set_new(o, "attempts", json_integer(rows[i].attempts));
+        json_object_set_new(o, "error", text_json(rows[i].error));
+        json_object_set_new(o, "updatedAt", ts_json(rows[i].updated_at));
+        json_array_append_new(items, o);
+    }
+    store_steps_free(rows, n);
+    json_t *o = json_object();
+    json_object_set_new(o, "items", items);
+    json_object_set_new(o, "next", json_null());
+    reply_json(c->res, 200, o);
+}
+
+static void h_events(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    long long after = 0, limit = 100;
+    const char *aq = c->req->query(c->req, "after"), *lq = c->req->query(c->req, "limit");
+    char *end = NULL;
+    if (aq && (after = strtoll(aq, &end, 10), end == aq || *end || after < 0)) {
+        api_problem(c->res, 400, "invalid-parameter", "after must be a cursor from a previous page",
+                    "/after");
+        return;
+    }
+    if (lq && (limit = strtoll(lq, &end, 10), end == lq || *end || limit < 1 || limit > 1000)) {
+        api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000",
+                    "/limit");
+        return;
+    }
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (store_events_list(engine_store(c->a->g), ws, after, (int)limit, &ev, &n, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    json_t *items = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_string(ev[i].id));
+        json_object_set_new(o, "type", json_string(ev[i].type));
+        json_object_set_new(o, "executionId",
+                            ev[i].execution_id[0] ? json_string(ev[i].execution_id) : json_null());
+        json_object_set_new(o, "aggregateVersion", json_integer(ev[i].aggregate_version));
+        json_object_set_new(o, "createdAt", ts_json(ev[i].created_at));
+        json_object_set_new(o, "data", text_json(ev[i].data));
+        json_array_append_new(items, o);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "items", items);
+    if (n > 0) {
+        char cur[32];
+        snprintf(cur, sizeof cur, "%lld", (long long)ev[n - 1].seq);
+        json_object_set_new(o, "next", json_string(cur));
+    } else {
+        json_object_set_new(o, "next", aq ? json_string(aq) : json_null());
+    }
+    store_events_free(ev, n);
+    reply_json(c->res, 200, o);
 }
 
 static void h_execution_list(struct call *c)
@@ -528,6 +799,7 @@ static void h_readyz(struct call *c)
 static void h_metrics(struct call *c)
 {
     struct api *a = c->a;
+    const struct engine_metrics *m = engine_metrics(a->g);
     struct buf b;
     buf_init(&b, 0);
     buf_printf(&b,
@@ -543,6 +815,19 @@ static void h_metrics(struct call *c)
                "idemflow_triggers_total{outcome=\"created\"} %llu\n"
                "idemflow_triggers_total{outcome=\"deduplicated\"} %llu\n"
                "idemflow_triggers_total{outcome=\"rejected\"} %llu\n"
+               "# HELP idemflow_steps_total Step outcomes.\n"
+               "# TYPE idemflow_steps_total counter\n"
+               "idemflow_steps_total{event=\"claimed\"} %llu\n"
+               "idemflow_steps_total{event=\"completed\"} %llu\n"
+               "idemflow_steps_total{event=\"failed\"} %llu\n"
+               "idemflow_steps_total{event=\"recovered\"} %llu\n"
+               "# HELP idemflow_fenced_writes_total Late outcomes from workers whose lease was taken over (changed nothing).\n"
+               "# TYPE idemflow_fenced_writes_total counter\n"
+               "idemflow_fenced_writes_total %llu\n"
+               "# HELP idemflow_executions_finished_total Executions that reached a terminal status.\n"
+               "# TYPE idemflow_executions_finished_total counter\n"
+               "idemflow_executions_finished_total{status=\"completed\"} %llu\n"
+               "idemflow_executions_finished_total{status=\"failed\"} %llu\n"
                "# HELP idemflow_uptime_seconds Seconds since start.\n"
                "# TYPE idemflow_uptime_seconds gauge\n"
                "idemflow_uptime_seconds %lld\n",
@@ -552,6 +837,13 @@ static void h_metrics(struct call *c)
                (unsigned long long)atomic_load(&a->triggers_created),
                (unsigned long long)atomic_load(&a->triggers_deduplicated),
                (unsigned long long)atomic_load(&a->triggers_rejected),
+               (unsigned long long)atomic_load(&m->steps_claimed),
+               (unsigned long long)atomic_load(&m->steps_completed),
+               (unsigned long long)atomic_load(&m->steps_failed),
+               (unsigned long long)atomic_load(&m->steps_recovered),
+               (unsigned long long)atomic_load(&m->fenced_writes),
+               (unsigned long long)atomic_load(&m->executions_completed),
+               (unsigned long long)atomic_load(&m->executions_failed),
                (long long)((clock_mono_ms() - a->started_ms) / 1000));
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
@@ -581,6 +873,11 @@ static const struct route routes[] = {
      h_test_run},
     {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get},
     {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "retry"}, 6, h_retry},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "start-over"}, 6, h_start_over},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "steps", "*", "resolve"}, 8, h_resolve},
+    {"GET", {"v1", "workspaces", "*", "dead-letters"}, 4, h_dead_letters},
+    {"GET", {"v1", "workspaces", "*", "events"}, 4, h_events},
 };
 
 static int split(struct call *c, const char *path)

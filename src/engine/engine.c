@@ -7,33 +7,21 @@
  * absent, the atomic insert.  The read is only an optimisation: correctness
  * rests on the insert's unique key, which settles concurrent duplicates.
  */
-#include "engine/engine.h"
+#include "engine/engine_int.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "engine/identity.h"
+#include "engine/steps.h"
 #include "engine/workflow.h"
+#include "expr/expr.h"
 #include "json/json.h"
+
+#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CACHE_BUCKETS 256
-
-struct cached {
-    char *ws, *wf;
-    int version;
-    struct wf *w;
-    struct cached *next;
-};
-
-struct engine {
-    struct store *store;
-    uint8_t key[CRYPTO_KEY_LEN];
-    pthread_rwlock_t lock;
-    struct cached *buckets[CACHE_BUCKETS];
-};
 
 static unsigned hash3(const char *a, const char *b, int v)
 {
@@ -53,6 +41,9 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     g->store = s;
     memcpy(g->key, o->secrets_key, sizeof g->key);
     pthread_rwlock_init(&g->lock, NULL);
+    pthread_mutex_init(&g->wmu, NULL);
+    pthread_cond_init(&g->wcv, NULL);
+    g->trace_fd = -1;
     *out = g;
     return 0;
 }
@@ -61,6 +52,9 @@ void engine_free(struct engine *g)
 {
     if (!g)
         return;
+    engine_stop(g);
+    pthread_mutex_destroy(&g->wmu);
+    pthread_cond_destroy(&g->wcv);
     for (int i = 0; i < CACHE_BUCKETS; i++) {
         struct cached *c = g->buckets[i];
         while (c) {
@@ -228,6 +222,184 @@ void engine_secret_release(char *value)
     }
 }
 
+
+/* ---- execution creation ------------------------------------------------------ */
+
+json_t *engine_context(const struct store_execution *x, const struct store_step *rows, size_t n)
+{
+    json_t *ctx = json_object();
+    json_t *payload = NULL;
+    if (json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL))
+        payload = json_null();
+    json_object_set_new(ctx, "payload", payload);
+    json_t *steps = json_object();
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].state != STEP_COMPLETED || !rows[i].output)
+            continue;
+        json_t *out = NULL;
+        if (json_parse(rows[i].output, strlen(rows[i].output), NULL, &out, NULL) == 0)
+            json_object_set_new(steps, rows[i].vertex, out);
+    }
+    json_object_set_new(ctx, "steps", steps);
+    json_t *ex = json_object();
+    json_object_set_new(ex, "id", json_string(x->id));
+    json_object_set_new(ex, "workspace", json_string(x->workspace));
+    json_object_set_new(ex, "workflow", json_string(x->workflow));
+    json_object_set_new(ex, "test", json_boolean(x->test));
+    json_object_set_new(ctx, "execution", ex);
+    return ctx;
+}
+
+/* JSONata's $boolean casting. */
+static int truthy(json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_TRUE:
+        return 1;
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return json_num(v) != 0;
+    case JSON_STRING:
+        return json_string_length(v) > 0;
+    case JSON_OBJECT:
+        return json_object_size(v) > 0;
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *it;
+        json_array_foreach(v, i, it) if (truthy(it)) return 1;
+        return 0;
+    }
+    default:
+        return 0;
+    }
+}
+
+void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d)
+{
+    d->error = NULL;
+    if (!cond) {
+        d->kind = EDGE_TAKEN;
+        return;
+    }
+    json_t *out = NULL;
+    struct expr_error xe = {0};
+    if (expr_eval(cond, ctx, NULL, NULL, &out, &xe)) {
+        d->kind = EDGE_ERROR;
+        char msg[400];
+        snprintf(msg, sizeof msg, "edge condition: %s", xe.msg);
+        d->error = steps_error_json(xe.code, msg);
+        return;
+    }
+    d->kind = out && truthy(out) ? EDGE_TAKEN : EDGE_NOT_TAKEN;
+    json_decref(out);
+}
+
+/* Decisions of a completed step's outgoing edges (caller frees with
+ * decisions_free). */
+static struct decision *decide_all(const struct wf *w, size_t vi, json_t *ctx, json_t *output)
+{
+    const struct wf_vertex *v = &w->v[vi];
+    struct decision *d = xcalloc(v->n_out + 1, sizeof *d);
+    json_object_set(ctx, "response", output ? output : json_null());
+    for (size_t k = 0; k < v->n_out; k++)
+        engine_decide(w->e[v->out[k]].cond, ctx, &d[k]);
+    json_object_del(ctx, "response");
+    return d;
+}
+
+static void decisions_free(struct decision *d, size_t n)
+{
+    if (!d)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free(d[i].error);
+    free(d);
+}
+
+struct create_args {
+    const struct store_execution *x;
+    struct store_step *rows;
+    size_t nrows;
+    const char *status;
+    int dispatched;
+    int created;
+    struct store_execution *existing;
+};
+
+static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
+                         struct store_execution *nx, json_t *payload, struct create_args *ca)
+{
+    json_t *ctx = engine_context(nx, NULL, 0);
+    json_object_set(json_object_get(ctx, "steps"), w->v[entry].id, payload);
+    struct decision *d = decide_all(w, entry, ctx, payload);
+    json_decref(ctx);
+    steps_initial(w, entry, nx->id, nx->workspace, nx->payload, d, clock_now_ms(), &ca->rows,
+                  &ca->nrows, &ca->status);
+    decisions_free(d, w->v[entry].n_out);
+    nx->status = (char *)ca->status;
+    for (size_t i = 0; i < ca->nrows; i++)
+        ca->dispatched |= ca->rows[i].state == STEP_DISPATCHED;
+    return 0;
+}
+
+static int event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                 json_t *data, struct ifl_err *e)
+{
+    struct store_event ev = {0};
+    ev.workspace = (char *)ws;
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", xid);
+    ev.type = (char *)type;
+    ev.data = json_to_string(data);
+    json_decref(data);
+    int rc = store_tx_event_append(tx, &ev, e);
+    free(ev.data);
+    return rc;
+}
+
+/* One transaction: the execution row (the atomic dedup insert), its steps,
+ * and its events. */
+static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct create_args *a = arg;
+    const struct store_execution *x = a->x;
+    a->created = 0;
+    store_execution_clear(a->existing);
+    int rc = store_tx_execution_insert(tx, x, &a->created, e);
+    if (rc)
+        return rc;
+    if (!a->created)
+        return store_tx_execution_get(tx, x->workspace, x->id, a->existing, e);
+    for (size_t i = 0; !rc && i < a->nrows; i++)
+        rc = store_tx_step_insert(tx, &a->rows[i], e);
+    if (rc)
+        return rc;
+    json_t *d = json_object();
+    json_object_set_new(d, "workflow", json_string(x->workflow));
+    json_object_set_new(d, "workflowVersion", json_integer(x->workflow_version));
+    json_object_set_new(d, "entryPoint", json_string(x->entry_point));
+    if (x->started_over_from)
+        json_object_set_new(d, "startedOverFrom", json_string(x->started_over_from));
+    if ((rc = event(tx, x->workspace, x->id, "execution.created", d, e)))
+        return rc;
+    for (size_t i = 0; !rc && i < a->nrows; i++)
+        if (a->rows[i].state == STEP_SKIPPED || a->rows[i].state == STEP_FAILED) {
+            json_t *sd = json_object();
+            json_object_set_new(sd, "vertex", json_string(a->rows[i].vertex));
+            json_object_set_new(sd, "state",
+                                json_string(store_step_state_name(a->rows[i].state)));
+            rc = event(tx, x->workspace, x->id,
+                       a->rows[i].state == STEP_SKIPPED ? "step.skipped" : "step.failed", sd, e);
+        }
+    if (!rc && strcmp(a->status, "running") != 0) {
+        char type[64];
+        snprintf(type, sizeof type, "execution.%s", a->status);
+        json_t *sd = json_object();
+        json_object_set_new(sd, "status", json_string(a->status));
+        rc = event(tx, x->workspace, x->id, type, sd, e);
+    }
+    return rc;
+}
+
 /* Compares a stored execution with the trigger that collided with it. */
 static int answer_existing(const struct store_execution *x, const char *hash, int client_mode,
                            struct trigger_res *out, struct ifl_err *e)
@@ -328,17 +500,22 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     nx.payload = json_to_string(r->payload);
     snprintf(nx.payload_hash, sizeof nx.payload_hash, "%s", hash);
     nx.test = r->test;
-    int created = 0;
-    rc = store_execution_create(g->store, &nx, &created, &x, e);
+    struct create_args ca = {.x = &nx, .existing = &x};
+    rc = prepare_steps(g, w, (size_t)vi, &nx, r->payload, &ca);
+    if (!rc)
+        rc = store_tx_run(g->store, tx_create_execution, &ca, e);
     free(nx.identity);
     free(nx.payload);
+    store_steps_free(ca.rows, ca.nrows);
     if (rc)
         goto done;
-    if (created) {
+    if (ca.created) {
         out->created = 1;
         out->same_payload = 1;
         snprintf(out->id, sizeof out->id, "%s", id);
-        snprintf(out->status, sizeof out->status, "running");
+        snprintf(out->status, sizeof out->status, "%s", ca.status);
+        if (ca.dispatched)
+            engine_wake(g);
     } else {
         rc = answer_existing(&x, hash, client_mode, out, e);
         store_execution_clear(&x);
@@ -346,5 +523,197 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
 done:
     json_decref(material);
     json_decref(identity);
+    return rc;
+}
+
+/* ---- operator actions ------------------------------------------------------------- */
+
+int engine_retry(struct engine *g, const char *ws, const char *id, int *retried, char status[32],
+                 struct ifl_err *e)
+{
+    struct steps_retry a = {.workspace = ws, .execution_id = id, .now = clock_now_ms()};
+    int rc = store_tx_run(g->store, steps_retry, &a, e);
+    *retried = a.retried;
+    snprintf(status, 32, "%s", a.status);
+    if (!rc && a.retried)
+        engine_wake(g);
+    return rc;
+}
+
+int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
+                   int completed, json_t *output, char status[32], struct ifl_err *e)
+{
+    struct store_execution x;
+    int rc = store_execution_get(g->store, ws, id, &x, e);
+    if (rc)
+        return rc;
+    const struct wf *w = NULL;
+    int version = 0;
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    struct decision *d = NULL;
+    json_t *ctx = NULL;
+    char *out_text = NULL, *err_text = NULL;
+    if ((rc = engine_workflow_get(g, ws, x.workflow, x.workflow_version, &w, &version, e)))
+        goto out;
+    long vi = wf_vertex_index(w, vertex);
+    if (vi < 0) {
+        rc = err_set(e, IFL_ENOTFOUND, "execution %s has no step '%s'", id, vertex);
+        goto out;
+    }
+    if ((rc = store_steps_get(g->store, id, &rows, &n, e)))
+        goto out;
+    enum step_state from = STEP_PENDING;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(rows[i].vertex, vertex) == 0)
+            from = rows[i].state;
+    if (from != STEP_FAILED && from != STEP_REQUIRES_RECONCILIATION) {
+        rc = err_set(e, IFL_ECONFLICT,
+                     "step '%s' is %s; only FAILED or REQUIRES_RECONCILIATION steps can be "
+                     "resolved",
+                     vertex, store_step_state_name(from));
+        err_slug(e, "step-not-resolvable");
+        goto out;
+    }
+    if (completed) {
+        out_text = json_to_string(output ? output : json_null());
+        ctx = engine_context(&x, rows, n);
+        json_object_set(json_object_get(ctx, "steps"), vertex, output ? output : json_null());
+        d = decide_all(w, (size_t)vi, ctx, output ? output : json_null());
+    } else {
+        err_text = steps_error_json("resolved_failed", "resolved as failed by an operator");
+    }
+    struct step_outcome o = {
+        .w = w,
+        .workspace = ws,
+        .execution_id = id,
+        .vertex = vertex,
+        .epoch = -1,
+        .from = from,
+        .to = completed ? STEP_COMPLETED : STEP_FAILED,
+        .output = out_text,
+        .error = err_text,
+        .attempt_outcome = "resolved",
+        .dec = d,
+        .bump_epoch = 1,
+        .now = clock_now_ms(),
+    };
+    rc = store_tx_run(g->store, steps_apply, &o, e);
+    if (!rc && o.fenced)
+        rc = err_set(e, IFL_ECONFLICT, "step '%s' changed while resolving; try again", vertex);
+    snprintf(status, 32, "%s", o.status);
+    if (!rc && o.dispatched)
+        engine_wake(g);
+out:
+    decisions_free(d, d ? w->v[wf_vertex_index(w, vertex)].n_out : 0);
+    json_decref(ctx);
+    free(out_text);
+    free(err_text);
+    store_steps_free(rows, n);
+    store_execution_clear(&x);
+    return rc;
+}
+
+struct start_over_args {
+    struct create_args ca;
+    const char *ws, *key, *fingerprint;
+    char *response;
+    int replayed;
+    char replay_id[65];
+};
+
+static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct start_over_args *a = arg;
+    a->replayed = 0;
+    struct store_idem rec = {.fingerprint = (char *)a->fingerprint, .status = 201,
+                             .response = a->response};
+    struct store_idem old = {0};
+    int created = 0;
+    int rc = store_tx_idem_put(tx, a->ws, "start-over", a->key, &rec, &created, &old, e);
+    if (rc)
+        return rc;
+    if (!created) {
+        a->replayed = 1;
+        if (strcmp(old.fingerprint, a->fingerprint) != 0) {
+            rc = err_set(e, IFL_EKEYREUSED,
+                         "this Idempotency-Key was already used for another start-over");
+            err_slug(e, "idempotency-key-reused");
+        } else {
+            json_t *r = NULL;
+            if (json_parse(old.response, strlen(old.response), NULL, &r, NULL) == 0)
+                snprintf(a->replay_id, sizeof a->replay_id, "%s",
+                         json_string_value(json_object_get(r, "executionId")) ? json_string_value(json_object_get(r, "executionId")) : "");
+            json_decref(r);
+        }
+        store_idem_clear(&old);
+        return rc;
+    }
+    return tx_create_execution(tx, &a->ca, e);
+}
+
+int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
+                      char new_id[65], int *replayed, struct ifl_err *e)
+{
+    *replayed = 0;
+    struct store_execution old;
+    int rc = store_execution_get(g->store, ws, id, &old, e);
+    if (rc)
+        return rc;
+    const struct wf *w = NULL;
+    int version = 0;
+    json_t *payload = NULL, *identity = NULL;
+    struct start_over_args a = {0};
+    struct store_execution nx = {0}, existing = {0};
+    /* The latest version of the workflow: start-over exists to run again
+     * after a fix. */
+    if ((rc = engine_workflow_get(g, ws, old.workflow, 0, &w, &version, e)))
+        goto out;
+    long vi = wf_vertex_index(w, old.entry_point);
+    if (vi < 0 || w->v[vi].type != WF_ENTRY_POINT) {
+        rc = err_set(e, IFL_ECONFLICT, "the latest workflow version has no entry point '%s'",
+                     old.entry_point);
+        goto out;
+    }
+    if ((rc = json_parse(old.payload, strlen(old.payload), NULL, &payload, e)))
+        goto out;
+    if ((rc = identity_random(nx.id, e)))
+        goto out;
+    identity = json_pack("{s:s}", "mode", "random");
+    nx.workspace = (char *)ws;
+    nx.workflow = old.workflow;
+    nx.workflow_version = version;
+    nx.entry_point = old.entry_point;
+    nx.identity = json_to_string(identity);
+    nx.payload = old.payload;
+    memcpy(nx.payload_hash, old.payload_hash, sizeof nx.payload_hash);
+    nx.test = old.test;
+    nx.started_over_from = old.id;
+    a.ca.x = &nx;
+    a.ca.existing = &existing;
+    a.ws = ws;
+    a.key = key;
+    char fp[65];
+    char *fps = xasprintf("start-over\n%s\n%s", ws, id);
+    crypto_sha256_hex(fps, strlen(fps), fp);
+    free(fps);
+    a.fingerprint = fp;
+    a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
+    prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
+    rc = store_tx_run(g->store, tx_start_over, &a, e);
+    if (!rc) {
+        *replayed = a.replayed;
+        snprintf(new_id, 65, "%s", a.replayed ? a.replay_id : nx.id);
+        if (!a.replayed && a.ca.dispatched)
+            engine_wake(g);
+    }
+out:
+    store_steps_free(a.ca.rows, a.ca.nrows);
+    free(a.response);
+    free(nx.identity);
+    store_execution_clear(&existing);
+    json_decref(identity);
+    json_decref(payload);
+    store_execution_clear(&old);
     return rc;
 }

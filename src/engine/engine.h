@@ -10,6 +10,7 @@
 #define IFL_ENGINE_ENGINE_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 
 #include "base/err.h"
 #include "crypto/crypto.h"
@@ -21,6 +22,12 @@ struct wf;
 struct engine_opts {
     /* 32-byte secrets key; required. */
     uint8_t secrets_key[CRYPTO_KEY_LEN];
+};
+
+/* Counters exposed on /metrics. */
+struct engine_metrics {
+    atomic_ullong steps_claimed, steps_completed, steps_failed, steps_recovered;
+    atomic_ullong fenced_writes, executions_completed, executions_failed;
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -67,5 +74,38 @@ struct trigger_res {
  * IFL_EINVAL (bad client key). */
 int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
                    struct ifl_err *e);
+
+/* ---- the runner: workers and the lease sweeper (runner.c) ---------------- */
+
+struct engine_run_opts {
+    int workers;      /* worker threads; default 2 */
+    int64_t lease_ms; /* step lease; default 15000 */
+    int batch;        /* steps claimed per round trip; default 16 */
+};
+
+/* Recovers steps left EXECUTING (SQLite: all at once, the lock proves their
+ * owner is dead; PostgreSQL: as their leases expire) and starts the workers
+ * and the sweeper. */
+int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_err *e);
+/* Stops claiming, lets in-flight steps finish, joins the threads. */
+void engine_stop(struct engine *g);
+/* Wakes idle workers: call after committing work. Cheap. */
+void engine_wake(struct engine *g);
+const struct engine_metrics *engine_metrics(const struct engine *g);
+
+/* ---- operator actions ------------------------------------------------------ */
+
+/* FAILED and REQUIRES_RECONCILIATION steps back to DISPATCHED with a new
+ * epoch.  *retried = number of steps. */
+int engine_retry(struct engine *g, const char *ws, const char *id, int *retried, char status[32],
+                 struct ifl_err *e);
+/* Resolves one FAILED / REQUIRES_RECONCILIATION step: outcome "completed"
+ * (with output, borrowed, may be NULL = null) or "failed". */
+int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
+                   int completed, json_t *output, char status[32], struct ifl_err *e);
+/* A new execution with a random id and startedOverFrom = id, made once per
+ * Idempotency-Key: a repeat returns the same new id (*replayed = 1). */
+int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
+                      char new_id[65], int *replayed, struct ifl_err *e);
 
 #endif

@@ -1,0 +1,50 @@
+/*
+ * engine_int.h — the engine's state, shared by engine.c (triggers, cache,
+ * secrets) and runner.c (workers, sweeper).  Private to src/engine.
+ */
+#ifndef IFL_ENGINE_ENGINE_INT_H
+#define IFL_ENGINE_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/engine.h"
+#include "engine/steps.h"
+#include "engine/workflow.h"
+
+#define CACHE_BUCKETS 256
+
+struct cached {
+    char *ws, *wf;
+    int version;
+    struct wf *w;
+    struct cached *next;
+};
+
+struct engine {
+    struct store *store;
+    uint8_t key[CRYPTO_KEY_LEN];
+    pthread_rwlock_t lock;
+    struct cached *buckets[CACHE_BUCKETS];
+
+    /* runner (runner.c) */
+    struct engine_run_opts run;
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    unsigned long wake_seq;
+    int stopping;
+    int started;
+    pthread_t *workers;
+    pthread_t sweeper;
+    int trace_fd;            /* IDEMFLOW_TRACE_FILE side channel, or -1 */
+    char worker_prefix[96];
+
+    struct engine_metrics m;
+};
+
+/* Evaluates an edge condition against ctx (borrowed) into *d. */
+void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d);
+/* The expression context {payload, steps, execution} (new reference). */
+json_t *engine_context(const struct store_execution *x, const struct store_step *rows, size_t n);
+
+#endif

@@ -1,0 +1,374 @@
+/*
+ * steps — see steps.h.
+ *
+ * The rows of one execution are loaded into memory, changed there by the
+ * join rule, and written back guarded by the state each row had when read,
+ * so a concurrent writer (another process, on PostgreSQL) cannot be
+ * overwritten silently: a failed guard aborts the transaction with
+ * IFL_ECONFLICT and the backend retries it.
+ */
+#include "engine/steps.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "json/json.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+char *steps_error_json(const char *code, const char *msg)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "code", json_string(code));
+    json_object_set_new(o, "message", json_string(msg ? msg : ""));
+    char *s = json_to_string(o);
+    json_decref(o);
+    return s;
+}
+
+/* Rows of one execution with a map from workflow vertex index to row. */
+struct view {
+    const struct wf *w;
+    struct store_step *rows;
+    size_t n;
+    long *row_of;          /* per workflow vertex: row index or -1 */
+    enum step_state *was;  /* state when loaded (the write guard) */
+    int *dirty;
+    int dispatched;
+    int64_t now;
+};
+
+static void view_init(struct view *v, const struct wf *w, struct store_step *rows, size_t n,
+                      int64_t now)
+{
+    v->w = w;
+    v->rows = rows;
+    v->n = n;
+    v->now = now;
+    v->dispatched = 0;
+    v->row_of = xmalloc(w->nv * sizeof *v->row_of);
+    v->was = xmalloc((n ? n : 1) * sizeof *v->was);
+    v->dirty = xcalloc(n ? n : 1, sizeof *v->dirty);
+    for (size_t i = 0; i < w->nv; i++)
+        v->row_of[i] = -1;
+    for (size_t r = 0; r < n; r++) {
+        long vi = wf_vertex_index(w, rows[r].vertex);
+        if (vi >= 0)
+            v->row_of[vi] = (long)r;
+        v->was[r] = rows[r].state;
+    }
+}
+
+static void view_free(struct view *v)
+{
+    free(v->row_of);
+    free(v->was);
+    free(v->dirty);
+}
+
+static void set_text(char **dst, const char *src)
+{
+    free(*dst);
+    *dst = src ? xstrdup(src) : NULL;
+}
+
+static void decide(struct view *v, size_t edge, const struct decision *d);
+
+/* A vertex was skipped: every outgoing edge is decided "not taken". */
+static void skip_out(struct view *v, size_t vi)
+{
+    const struct wf_vertex *vx = &v->w->v[vi];
+    struct decision nt = {EDGE_NOT_TAKEN, NULL};
+    for (size_t k = 0; k < vx->n_out; k++)
+        decide(v, vx->out[k], &nt);
+}
+
+/* Applies one edge decision to its target (the join rule of spec §3). */
+static void decide(struct view *v, size_t edge, const struct decision *d)
+{
+    size_t to = v->w->e[edge].to;
+    long r = v->row_of[to];
+    if (r < 0)
+        return;
+    struct store_step *t = &v->rows[r];
+    if (t->state != STEP_PENDING)
+        return;
+    t->in_decided++;
+    if (d->kind == EDGE_TAKEN)
+        t->in_taken++;
+    v->dirty[r] = 1;
+    if (d->kind == EDGE_ERROR) {
+        /* The condition's error fails the edge's target; the source stands. */
+        t->state = STEP_FAILED;
+        set_text(&t->error, d->error);
+        return;
+    }
+    if (t->in_decided < (int)v->w->v[to].n_in)
+        return;
+    if (t->in_taken > 0) {
+        t->state = STEP_DISPATCHED;
+        t->next_run_at = v->now;
+        v->dispatched = 1;
+    } else {
+        t->state = STEP_SKIPPED;
+        skip_out(v, to);
+    }
+}
+
+const char *steps_status(const struct store_step *rows, size_t n)
+{
+    int recon = 0, failed = 0;
+    for (size_t i = 0; i < n; i++) {
+        switch (rows[i].state) {
+        case STEP_DISPATCHED:
+        case STEP_EXECUTING:
+            return "running";
+        case STEP_REQUIRES_RECONCILIATION:
+            recon = 1;
+            break;
+        case STEP_FAILED:
+            failed = 1;
+            break;
+        default:
+            break;
+        }
+    }
+    return recon ? "requires_reconciliation" : failed ? "failed" : "completed";
+}
+
+void steps_initial(const struct wf *w, size_t entry, const char *execution_id, const char *ws,
+                   const char *payload, const struct decision *dec, int64_t now,
+                   struct store_step **rows, size_t *n, const char **status)
+{
+    struct store_step *r = xcalloc(w->nv, sizeof *r);
+    for (size_t i = 0; i < w->nv; i++) {
+        snprintf(r[i].execution_id, sizeof r[i].execution_id, "%s", execution_id);
+        r[i].vertex = xstrdup(w->v[i].id);
+        r[i].workspace = xstrdup(ws);
+        r[i].kind = xstrdup(wf_type_name(w->v[i].type));
+        r[i].state = STEP_PENDING;
+        r[i].next_run_at = now;
+        if (i == entry) {
+            r[i].state = STEP_COMPLETED;
+            r[i].output = xstrdup(payload);
+        } else if (w->v[i].type == WF_ENTRY_POINT) {
+            r[i].state = STEP_SKIPPED;
+        }
+    }
+    struct view v;
+    view_init(&v, w, r, w->nv, now);
+    for (size_t k = 0; k < w->v[entry].n_out; k++)
+        decide(&v, w->v[entry].out[k], &dec[k]);
+    for (size_t i = 0; i < w->nv; i++)
+        if (i != entry && w->v[i].type == WF_ENTRY_POINT)
+            skip_out(&v, i);
+    view_free(&v);
+    *rows = r;
+    *n = w->nv;
+    *status = steps_status(r, w->nv);
+}
+
+static int append_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                        json_t *data /* stolen */, struct ifl_err *e)
+{
+    struct store_event ev = {0};
+    ev.workspace = (char *)ws;
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", xid);
+    ev.type = (char *)type;
+    ev.data = json_to_string(data);
+    json_decref(data);
+    int rc = store_tx_event_append(tx, &ev, e);
+    free(ev.data);
+    return rc;
+}
+
+static json_t *step_event_data(const struct store_step *st)
+{
+    json_t *d = json_object();
+    json_object_set_new(d, "vertex", json_string(st->vertex));
+    json_object_set_new(d, "state", json_string(store_step_state_name(st->state)));
+    json_object_set_new(d, "epoch", json_integer(st->epoch));
+    json_object_set_new(d, "attempts", json_integer(st->attempts));
+    if (st->error) {
+        json_t *err = NULL;
+        json_parse(st->error, strlen(st->error), NULL, &err, NULL);
+        json_object_set_new(d, "error", err ? err : json_string(st->error));
+    }
+    return d;
+}
+
+static const char *step_event_type(enum step_state s)
+{
+    switch (s) {
+    case STEP_COMPLETED:
+        return "step.completed";
+    case STEP_FAILED:
+        return "step.failed";
+    case STEP_SKIPPED:
+        return "step.skipped";
+    case STEP_REQUIRES_RECONCILIATION:
+        return "step.requires_reconciliation";
+    case STEP_DISPATCHED:
+        return "step.dispatched";
+    default:
+        return "step.updated";
+    }
+}
+
+/* Writes every dirty row guarded by its loaded state; events for terminal
+ * transitions; then the execution status (and its event) when it moved.
+ * Skips row `except` (already written by the caller). */
+static int flush(struct store_tx *tx, struct view *v, const char *ws, const char *xid,
+                 const char *old_status, long except, char status_out[32], struct ifl_err *e)
+{
+    for (size_t r = 0; r < v->n; r++) {
+        if (!v->dirty[r] || (long)r == except)
+            continue;
+        int changed = 0;
+        int rc = store_tx_step_update(tx, &v->rows[r], v->was[r], -1, &changed, e);
+        if (rc)
+            return rc;
+        if (!changed)
+            return err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
+        if (v->rows[r].state != STEP_DISPATCHED) {
+            rc = append_event(tx, ws, xid, step_event_type(v->rows[r].state),
+                              step_event_data(&v->rows[r]), e);
+            if (rc)
+                return rc;
+        }
+    }
+    const char *status = steps_status(v->rows, v->n);
+    snprintf(status_out, 32, "%s", status);
+    if (strcmp(status, old_status) == 0)
+        return 0;
+    int rc = store_tx_execution_set_status(tx, xid, status, e);
+    if (rc)
+        return rc;
+    char type[64];
+    snprintf(type, sizeof type, "execution.%s", status);
+    json_t *d = json_object();
+    json_object_set_new(d, "status", json_string(status));
+    return append_event(tx, ws, xid, type, d, e);
+}
+
+int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct step_outcome *o = arg;
+    o->fenced = 0;
+    o->dispatched = 0;
+    o->status[0] = '\0';
+    struct store_execution x;
+    int rc = store_tx_execution_get(tx, o->workspace, o->execution_id, &x, e);
+    if (rc)
+        return rc;
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    if ((rc = store_tx_steps_get(tx, o->execution_id, &rows, &n, e))) {
+        store_execution_clear(&x);
+        return rc;
+    }
+    struct view v;
+    view_init(&v, o->w, rows, n, o->now);
+    long vi = wf_vertex_index(o->w, o->vertex);
+    long r = vi >= 0 ? v.row_of[vi] : -1;
+    if (r < 0) {
+        rc = err_set(e, IFL_ENOTFOUND, "execution %s has no step %s", o->execution_id,
+                     o->vertex);
+        goto out;
+    }
+    struct store_step *st = &rows[r];
+    if (st->state != o->from || (o->epoch >= 0 && st->epoch != o->epoch)) {
+        o->fenced = 1;
+        snprintf(o->status, sizeof o->status, "%s", x.status);
+        goto out;
+    }
+    int64_t claimed_epoch = st->epoch;
+    st->state = o->to;
+    free(st->lease_owner);
+    st->lease_owner = NULL;
+    st->lease_expires_at = 0;
+    if (o->bump_epoch)
+        st->epoch++;
+    if (o->to == STEP_COMPLETED)
+        set_text(&st->output, o->output);
+    if (o->to == STEP_DISPATCHED) {
+        st->next_run_at = o->now;
+        v.dispatched = 1;
+    }
+    set_text(&st->error, o->error);
+    int changed = 0;
+    if ((rc = store_tx_step_update(tx, st, o->from, o->epoch, &changed, e)))
+        goto out;
+    if (!changed) {
+        o->fenced = 1; /* unreachable on one connection; kept for safety */
+        goto out;
+    }
+    if (o->from == STEP_EXECUTING &&
+        (rc = store_tx_attempt_finish(tx, o->execution_id, o->vertex, claimed_epoch,
+                                      o->attempt_outcome, o->error, e)))
+        goto out;
+    if (o->to != STEP_DISPATCHED &&
+        (rc = append_event(tx, o->workspace, o->execution_id, step_event_type(o->to),
+                           step_event_data(st), e)))
+        goto out;
+    if (o->to == STEP_COMPLETED && o->dec) {
+        const struct wf_vertex *vx = &o->w->v[vi];
+        for (size_t k = 0; k < vx->n_out; k++)
+            decide(&v, vx->out[k], &o->dec[k]);
+    }
+    rc = flush(tx, &v, o->workspace, o->execution_id, x.status, r, o->status, e);
+    o->dispatched = v.dispatched;
+out:
+    view_free(&v);
+    store_steps_free(rows, n);
+    store_execution_clear(&x);
+    return rc;
+}
+
+int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct steps_retry *a = arg;
+    a->retried = 0;
+    a->status[0] = '\0';
+    struct store_execution x;
+    int rc = store_tx_execution_get(tx, a->workspace, a->execution_id, &x, e);
+    if (rc)
+        return rc;
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    if ((rc = store_tx_steps_get(tx, a->execution_id, &rows, &n, e))) {
+        store_execution_clear(&x);
+        return rc;
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        struct store_step *st = &rows[i];
+        enum step_state was = st->state;
+        if (was != STEP_FAILED && was != STEP_REQUIRES_RECONCILIATION)
+            continue;
+        st->state = STEP_DISPATCHED;
+        st->epoch++;
+        st->next_run_at = a->now;
+        free(st->error);
+        st->error = NULL;
+        int changed = 0;
+        rc = store_tx_step_update(tx, st, was, -1, &changed, e);
+        if (!rc && !changed)
+            rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", st->vertex);
+        if (!rc)
+            a->retried++;
+    }
+    const char *status = steps_status(rows, n);
+    snprintf(a->status, sizeof a->status, "%s", status);
+    if (!rc && a->retried) {
+        if (strcmp(status, x.status) != 0)
+            rc = store_tx_execution_set_status(tx, a->execution_id, status, e);
+        if (!rc) {
+            json_t *d = json_object();
+            json_object_set_new(d, "retriedSteps", json_integer(a->retried));
+            rc = append_event(tx, a->workspace, a->execution_id, "execution.retried", d, e);
+        }
+    }
+    store_steps_free(rows, n);
+    store_execution_clear(&x);
+    return rc;
+}

@@ -1,0 +1,130 @@
+/*
+ * test_workflow — definition validation (spec §3): every rule rejects with
+ * the right JSON Pointer, a good graph compiles with a topological order.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "engine/workflow.h"
+#include "json/json.h"
+
+static int compile(const char *text, struct wf **w, struct ifl_err *e)
+{
+    json_t *def = NULL;
+    assert_int_equal(json_parse(text, strlen(text), NULL, &def, NULL), 0);
+    int rc = wf_compile(def, w, e);
+    json_decref(def);
+    return rc;
+}
+
+static void expect_bad(const char *text, const char *pointer)
+{
+    struct wf *w = NULL;
+    struct ifl_err e = {0};
+    int rc = compile(text, &w, &e);
+    if (rc != IFL_EVALIDATION || strcmp(e.pointer, pointer) != 0)
+        fail_msg("%s: rc %d pointer '%s' (%s), wanted '%s'", text, rc, e.pointer, e.msg, pointer);
+    assert_null(w);
+}
+
+static void test_rejections(void **state)
+{
+    expect_bad("[]", "");
+    expect_bad("{}", "/vertices");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}}}",
+               "/vertices");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},\"b\":{\"type\":\"X\"}}}",
+               "/vertices/b/type");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}},\"edges\":{}}", "/edges");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}},"
+               "\"edges\":[{\"from\":\"a\",\"to\":\"b\"}]}",
+               "/edges/0/to");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},\"b\":{\"type\":\"ENTRY_POINT\"}},"
+               "\"edges\":[{\"from\":\"a\",\"to\":\"b\"}]}",
+               "/edges/0/to");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}},"
+               "\"edges\":[{\"from\":\"a\",\"to\":\"b\"},{\"from\":\"a\",\"to\":\"b\"}]}",
+               "/edges/1/to");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}},"
+               "\"c\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}},"
+               "\"edges\":[{\"from\":\"a\",\"to\":\"b\"},{\"from\":\"b\",\"to\":\"c\"},"
+               "{\"from\":\"c\",\"to\":\"b\"}]}",
+               "/edges/1");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}},"
+               "\"edges\":[{\"from\":\"a\",\"to\":\"b\",\"condition\":\"= (\"}]}",
+               "/edges/0/condition");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":{\"k\":[\"= 1 +\"]}}}}}",
+               "/vertices/b/config/output/k/0");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\",\"method\":\"BREW\"}}}}",
+               "/vertices/g/config/method");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"= 'http://' &\"}}}}",
+               "/vertices/g/config/url");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\","
+               "\"config\":{\"idempotencyFields\":[\"ok\",\"bad path\"]}}}}",
+               "/vertices/a/config/idempotencyFields/1");
+}
+
+static void test_good_graph(void **state)
+{
+    struct wf *w = NULL;
+    struct ifl_err e = {0};
+    int rc = compile("{\"vertices\":{"
+                     "\"d\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"= steps.b\"}},"
+                     "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"= payload.x\"}},"
+                     "\"c\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"{{ secrets.K }}\"}},"
+                     "\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"idempotencyFields\":\"x\"}}},"
+                     "\"edges\":[{\"from\":\"a\",\"to\":\"b\"},"
+                     "{\"from\":\"a\",\"to\":\"c\",\"condition\":\"= payload.x > 1\"},"
+                     "{\"from\":\"b\",\"to\":\"d\"},{\"from\":\"c\",\"to\":\"d\"}]}",
+                     &w, &e);
+    if (rc)
+        fail_msg("%s at %s", e.msg, e.pointer);
+    assert_int_equal(w->nv, 4);
+    assert_int_equal(w->ne, 4);
+    /* topological order: every edge goes forward */
+    size_t pos[4];
+    for (size_t i = 0; i < w->nv; i++)
+        pos[w->topo[i]] = i;
+    for (size_t i = 0; i < w->ne; i++)
+        assert_true(pos[w->e[i].from] < pos[w->e[i].to]);
+    long d = wf_vertex_index(w, "d");
+    assert_true(d >= 0);
+    assert_int_equal(w->v[d].n_in, 2);
+    assert_non_null(w->e[1].cond);
+    assert_null(w->e[0].cond);
+    assert_int_equal(wf_vertex_index(w, "zz"), -1);
+    wf_free(w);
+}
+
+static void test_names(void **state)
+{
+    assert_true(wf_name_valid("order_received-1.v2"));
+    assert_false(wf_name_valid(""));
+    assert_false(wf_name_valid("a/b"));
+    assert_false(wf_name_valid("a b"));
+    char long_name[130];
+    memset(long_name, 'a', 129);
+    long_name[129] = '\0';
+    assert_false(wf_name_valid(long_name));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rejections),
+        cmocka_unit_test(test_good_graph),
+        cmocka_unit_test(test_names),
+    };
+    return cmocka_run_group_tests_name("workflow", tests, NULL, NULL);
+}

@@ -15,13 +15,12 @@ pass=0 fail=0 skip=0
 failed_names=""
 log=$(mktemp -d /tmp/idemflow-test.XXXXXX)
 
-count() { # file -> adds cmocka counts
+count() { # cmocka output file -> "passed failed skipped"
   local f=$1 p fl s
   p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$f" | awk '{s+=$NF} END{print s+0}')
   fl=$(grep -oE '^\[  FAILED  \] [0-9]+' "$f" | awk '{s+=$NF} END{print s+0}')
   s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$f" | awk '{s+=$NF} END{print s+0}')
-  pass=$((pass + p)); fail=$((fail + fl)); skip=$((skip + s))
-  echo "$p $fl"
+  echo "$p $fl $s"
 }
 
 echo "== unit tests ($BUILD)"
@@ -30,7 +29,8 @@ for t in "$BUILD"/tests/test_*; do
   n=$(basename "$t")
   "$t" >"$log/$n.out" 2>&1
   rc=$?
-  read -r p fl < <(count "$log/$n.out")
+  read -r p fl s < <(count "$log/$n.out")
+  pass=$((pass + p)); fail=$((fail + fl)); skip=$((skip + s))
   if [ $rc -ne 0 ] && [ "$fl" = 0 ]; then
     fail=$((fail + 1)); fl=1   # crashed or aborted outside a test case
   fi

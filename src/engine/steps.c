@@ -230,7 +230,9 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
             return rc;
         if (!changed)
             return err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
-        if (v->rows[r].state != STEP_DISPATCHED) {
+        enum step_state now_state = v->rows[r].state;
+        if (now_state != v->was[r] && now_state != STEP_DISPATCHED &&
+            now_state != STEP_PENDING) {
             rc = append_event(tx, ws, xid, step_event_type(v->rows[r].state),
                               step_event_data(&v->rows[r]), e);
             if (rc)

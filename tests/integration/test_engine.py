@@ -1,0 +1,198 @@
+"""Layer 2 over real HTTP: steps run, branch, join, skip, fail, and are
+retried, resolved and started over by an operator."""
+import time
+
+WS = "/v1/workspaces/eng"
+
+
+def wait_for(fn, timeout=20, interval=0.02):
+    """Polls fn() until it returns a truthy value; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time; last value: %r" % (v,))
+        time.sleep(interval)
+
+
+def put_workflow(s, name, definition):
+    s.put(WS, {})
+    r = s.put(f"{WS}/workflows/{name}", definition)
+    assert r.status == 201, r
+
+
+def run(s, wf, payload, entry="start", query=""):
+    r = s.post(f"{WS}/workflows/{wf}/entry-points/{entry}/trigger{query}", payload)
+    assert r.status == 201, r
+    return r.json["executionId"]
+
+
+def finished(s, xid):
+    def check():
+        x = s.get(f"{WS}/executions/{xid}").json
+        return x if x["status"] != "running" else None
+    return wait_for(check)
+
+
+def steps_of(x):
+    return {st["vertex"]: st for st in x["steps"]}
+
+
+BRANCHY = {
+    "vertices": {
+        "start": {"type": "ENTRY_POINT"},
+        "price": {"type": "TRANSFORM", "config": {"output": {
+            "total": "= $sum(payload.items.(price * qty))", "currency": "EUR"}}},
+        "big": {"type": "TRANSFORM", "config": {"output": "= 'big:' & $string(steps.price.total)"}},
+        "small": {"type": "TRANSFORM", "config": {"output": "= 'small'"}},
+        "only_small": {"type": "TRANSFORM", "config": {"output": "= 'after small'"}},
+        "join": {"type": "TRANSFORM", "config": {"output": {
+            "big": "= steps.big", "small": "= steps.small", "id": "= execution.id"}}},
+    },
+    "edges": [
+        {"from": "start", "to": "price"},
+        {"from": "price", "to": "big", "condition": "= response.total >= 100"},
+        {"from": "price", "to": "small", "condition": "= response.total < 100"},
+        {"from": "small", "to": "only_small"},
+        {"from": "big", "to": "join"},
+        {"from": "small", "to": "join"},
+    ],
+}
+
+
+def test_branches_joins_and_skips(server):
+    put_workflow(server, "branchy", BRANCHY)
+    xid = run(server, "branchy", {"items": [{"price": 60, "qty": 2}, {"price": 5, "qty": 1}]})
+    x = finished(server, xid)
+    assert x["status"] == "completed", x
+    st = steps_of(x)
+    assert st["start"]["state"] == "COMPLETED"
+    assert st["price"]["output"] == {"total": 125, "currency": "EUR"}
+    assert st["big"]["state"] == "COMPLETED" and st["big"]["output"] == "big:125"
+    assert st["small"]["state"] == "SKIPPED"
+    assert st["only_small"]["state"] == "SKIPPED"  # the skip propagates
+    assert st["join"]["state"] == "COMPLETED"      # one taken incoming edge suffices
+    assert st["join"]["output"] == {"big": "big:125", "id": xid}
+    # every attempt is in the history, once
+    for name in ("price", "big", "join"):
+        h = st[name]["history"]
+        assert len(h) == 1 and h[0]["outcome"] == "completed" and h[0]["epoch"] == st[name]["epoch"]
+    assert st["small"]["history"] == []
+
+    other = run(server, "branchy", {"items": [{"price": 1, "qty": 1}]})
+    y = steps_of(finished(server, other))
+    assert y["big"]["state"] == "SKIPPED" and y["small"]["state"] == "COMPLETED"
+    assert y["only_small"]["output"] == "after small"
+    assert y["join"]["output"] == {"small": "small", "id": other}
+
+
+def test_events_carry_increasing_aggregate_versions(server):
+    put_workflow(server, "branchy", BRANCHY)
+    xid = run(server, "branchy", {"items": [{"price": 1, "qty": 1}]})
+    finished(server, xid)
+    evs = [e for e in server.get(f"{WS}/events?limit=1000").json["items"] if e["executionId"] == xid]
+    assert [e["aggregateVersion"] for e in evs] == list(range(1, len(evs) + 1))
+    types = [e["type"] for e in evs]
+    assert types[0] == "execution.created" and types[-1] == "execution.completed"
+    assert types.count("step.completed") == 4 and types.count("step.skipped") == 1
+    assert len({e["id"] for e in evs}) == len(evs)
+    page = server.get(f"{WS}/events?limit=2")
+    nxt = server.get(f"{WS}/events?limit=2&after={page.json['next']}")
+    assert page.json["items"][1]["id"] != nxt.json["items"][0]["id"]
+
+
+def test_condition_error_fails_the_target_and_the_source_stands(server):
+    put_workflow(server, "bad_cond", {
+        "vertices": {
+            "start": {"type": "ENTRY_POINT"},
+            "a": {"type": "TRANSFORM", "config": {"output": "= payload"}},
+            "b": {"type": "TRANSFORM", "config": {"output": 1}},
+        },
+        "edges": [{"from": "start", "to": "a"},
+                  {"from": "a", "to": "b", "condition": "= $number(response.x) > 1"}],
+    })
+    xid = run(server, "bad_cond", {"x": "not a number"})
+    x = finished(server, xid)
+    assert x["status"] == "failed"
+    st = steps_of(x)
+    assert st["a"]["state"] == "COMPLETED" and st["a"]["output"] == {"x": "not a number"}
+    assert st["b"]["state"] == "FAILED"
+    assert st["b"]["error"]["code"] == "D3030"
+    dl = server.get(f"{WS}/dead-letters").json["items"]
+    assert any(d["executionId"] == xid and d["vertex"] == "b" for d in dl)
+
+
+SECRET_FLOW = {
+    "vertices": {
+        "start": {"type": "ENTRY_POINT"},
+        "needs_secret": {"type": "TRANSFORM", "config": {"output": {"auth": "Bearer {{ secrets.TOKEN }}"}}},
+        "after": {"type": "TRANSFORM", "config": {"output": "= 'done ' & payload.n"}},
+    },
+    "edges": [{"from": "start", "to": "needs_secret"}, {"from": "needs_secret", "to": "after"}],
+}
+
+
+def test_retry_reruns_failed_steps_and_completed_ones_stay(server):
+    put_workflow(server, "secretive", SECRET_FLOW)
+    xid = run(server, "secretive", {"n": 1})
+    x = finished(server, xid)
+    assert x["status"] == "failed"
+    st = steps_of(x)
+    assert st["needs_secret"]["state"] == "FAILED" and st["after"]["state"] == "PENDING"
+    assert "TOKEN" in st["needs_secret"]["error"]["message"]
+    assert server.put(f"{WS}/secrets/TOKEN", {"value": "s3cr3t-value"}).status == 204
+    r = server.post(f"{WS}/executions/{xid}/retry")
+    assert r.status == 200 and r.json["retriedSteps"] == 1
+    x = wait_for(lambda: (lambda x: x if x["status"] == "completed" else None)(
+        server.get(f"{WS}/executions/{xid}").json))
+    st = steps_of(x)
+    assert st["after"]["output"] == "done 1"
+    assert st["needs_secret"]["state"] == "COMPLETED"
+    assert [h["outcome"] for h in st["needs_secret"]["history"]] == ["failed", "completed"]
+    assert len(st["start"]["history"]) == 0
+
+
+def test_resolve_completes_a_failed_step_and_continues(server):
+    put_workflow(server, "secretive", SECRET_FLOW)
+    xid = run(server, "secretive", {"n": 2})
+    finished(server, xid)
+    r = server.post(f"{WS}/executions/{xid}/steps/needs_secret/resolve",
+                    {"outcome": "completed", "output": {"auth": "manual"}})
+    assert r.status == 200, r
+    x = wait_for(lambda: (lambda x: x if x["status"] == "completed" else None)(
+        server.get(f"{WS}/executions/{xid}").json))
+    assert steps_of(x)["needs_secret"]["output"] == {"auth": "manual"}
+    again = server.post(f"{WS}/executions/{xid}/steps/needs_secret/resolve", {"outcome": "failed"})
+    assert again.status == 409
+    bad = server.post(f"{WS}/executions/{xid}/steps/needs_secret/resolve", {"outcome": "maybe"})
+    assert bad.status == 422 and bad.json["pointer"] == "/outcome"
+
+
+def test_start_over_needs_a_key_and_is_idempotent(server):
+    put_workflow(server, "branchy", BRANCHY)
+    xid = run(server, "branchy", {"items": [{"price": 1, "qty": 1}]})
+    finished(server, xid)
+    r = server.post(f"{WS}/executions/{xid}/start-over")
+    assert r.status == 400 and r.json["type"] == "/problems/idempotency-key-required"
+    a = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": '"again-1"'})
+    assert a.status == 201, a
+    b = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "again-1"})
+    assert b.status == 201 and b.json["executionId"] == a.json["executionId"]
+    assert b.headers.get("idempotent-replayed") == "true"
+    new = finished(server, a.json["executionId"])
+    assert new["startedOverFrom"] == xid and new["status"] == "completed"
+    assert new["identity"]["mode"] == "random" and new["payload"] == {"items": [{"price": 1, "qty": 1}]}
+    other = run(server, "branchy", {"items": [{"price": 2, "qty": 1}]})
+    c = server.post(f"{WS}/executions/{other}/start-over", headers={"Idempotency-Key": "again-1"})
+    assert c.status == 422
+
+
+def test_gateway_steps_fail_clearly_until_supported(server):
+    put_workflow(server, "gw", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "call": {"type": "GATEWAY", "config": {"url": "http://127.0.0.1:9/x"}}},
+        "edges": [{"from": "start", "to": "call"}]})
+    x = finished(server, run(server, "gw", {}))
+    assert steps_of(x)["call"]["error"]["code"] == "not_implemented"

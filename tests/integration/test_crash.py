@@ -1,0 +1,150 @@
+"""Crash safety: SIGKILL at every named fault point, restart, and check with
+an independent side channel (IDEMFLOW_TRACE_FILE, written with O_APPEND by
+the worker before it runs a step, so it survives the kill) that every
+execution finishes and no COMPLETED step ever runs again."""
+import collections
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from test_engine import BRANCHY, WS, wait_for
+
+N = 24
+
+
+def trace_lines(path):
+    with open(path) as f:
+        return [l.split() for l in f if l.strip()]
+
+
+def all_finished(s, ids):
+    for xid in ids:
+        x = s.get(f"{WS}/executions/{xid}").json
+        if x["status"] != "completed":
+            return None
+    return True
+
+
+def check_no_completed_step_ran_again(s, ids, trace):
+    runs = collections.defaultdict(list)
+    for kind, xid, vertex, epoch in trace:
+        if kind == "run":
+            runs[(xid, vertex)].append(int(epoch))
+    reran = 0
+    for xid in ids:
+        x = s.get(f"{WS}/executions/{xid}").json
+        for st in x["steps"]:
+            if st["state"] != "COMPLETED" or st["type"] == "ENTRY_POINT":
+                continue
+            epochs = runs[(xid, st["vertex"])]
+            # the completing attempt ran exactly once, and nothing ran after it
+            assert epochs.count(st["epoch"]) == 1, (xid, st, epochs)
+            assert max(epochs) == st["epoch"], (xid, st, epochs)
+            # the history explains every attempt: each run is an attempt there, and
+            # every other attempt ended when its lease expired (claimed, then killed)
+            hist = {h["epoch"]: h["outcome"] for h in st["history"]}
+            assert set(epochs) <= set(hist), (st["history"], epochs)
+            assert all(o == "lease_expired" for e, o in hist.items() if e != st["epoch"]), hist
+            reran += len(epochs) - 1
+    return reran
+
+
+@pytest.mark.parametrize("point", ["step.after_claim", "step.before_complete",
+                                   "step.after_complete_commit"])
+def test_sigkill_at_fault_point_then_restart(make_server, workdir, point):
+    trace = os.path.join(workdir, "trace")
+    env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": f"{point}@7"}
+    s = make_server(env=env, extra=["--workers", "2"])
+    s.start()
+    s.put(WS, {})
+    assert s.put(f"{WS}/workflows/branchy", BRANCHY).status == 201
+    ids = []
+    for i in range(N):
+        try:
+            r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger",
+                       {"items": [{"price": i * 10, "qty": 1}], "n": i})
+        except OSError:
+            break  # the process died under us; the trigger was not acknowledged
+        assert r.status == 201
+        ids.append(r.json["executionId"])
+    assert s.proc.wait(timeout=20) == -signal.SIGKILL
+    assert "fault.fired" in s.logs()
+    before_restart = trace_lines(trace)
+    # restart on the same database, without the fault
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    for i in range(len(ids), N):  # acknowledged-or-not, the rest arrive now
+        r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger",
+                   {"items": [{"price": i * 10, "qty": 1}], "n": i})
+        assert r.status in (200, 201)
+        ids.append(r.json["executionId"])
+    wait_for(lambda: all_finished(s, ids), timeout=30)
+    lines = trace_lines(trace)
+    reran = check_no_completed_step_ran_again(s, ids, lines)
+    if point == "step.before_complete":
+        assert reran >= 1  # the step killed after running ran again after restart
+    if point == "step.after_complete_commit":
+        # the step whose completion committed just before the kill never ran again
+        last = [l for l in before_restart if l[0] == "completed"][-1]
+        runs = [l for l in lines if l[0] == "run" and l[1:3] == last[1:3]]
+        assert len(runs) == 1, (last, runs)
+    assert "recovered" in s.logs()
+
+
+def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
+    trace = os.path.join(workdir, "trace")
+    # The first step a worker reaches stalls past its lease; the sweeper hands
+    # it to the other worker, which completes it; the stalled worker's late
+    # completion is then fenced by the epoch guard.
+    env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": "step.before_complete:sleep=1500@1"}
+    s = make_server(env=env, extra=["--workers", "2", "--lease-ms", "300"])
+    s.start()
+    s.put(WS, {})
+    s.put(f"{WS}/workflows/branchy", BRANCHY)
+    r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger", {"items": [{"price": 1, "qty": 1}]})
+    xid = r.json["executionId"]
+    wait_for(lambda: all_finished(s, [xid]), timeout=20)
+
+    def fenced():
+        m = s.get("/metrics").raw.decode()
+        line = [l for l in m.splitlines() if l.startswith("idemflow_fenced_writes_total")][0]
+        return int(line.split()[-1]) >= 1
+    wait_for(fenced, timeout=10)
+    assert "this late outcome changed nothing" in s.logs()
+    x = s.get(f"{WS}/executions/{xid}").json
+    price = {st["vertex"]: st for st in x["steps"]}["price"]
+    assert price["state"] == "COMPLETED" and price["epoch"] == 2
+    outcomes = [(h["epoch"], h["outcome"]) for h in price["history"]]
+    assert outcomes == [(1, "lease_expired"), (2, "completed")], outcomes
+    assert x["status"] == "completed"
+    # exactly one completion event for the step, though two workers ran it
+    evs = [e for e in s.get(f"{WS}/events?limit=1000").json["items"]
+           if e["executionId"] == xid and e["type"] == "step.completed" and e["data"]["vertex"] == "price"]
+    assert len(evs) == 1
+
+
+def test_concurrent_triggers_and_workers_under_load(make_server):
+    s = make_server(extra=["--workers", "4"])
+    s.start()
+    s.put(WS, {})
+    s.put(f"{WS}/workflows/branchy", BRANCHY)
+    ids, lock = [], threading.Lock()
+
+    def go(k):
+        for i in range(25):
+            r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger",
+                       {"items": [{"price": (k * 25 + i) % 200, "qty": 1}], "k": k, "i": i})
+            assert r.status == 201
+            with lock:
+                ids.append(r.json["executionId"])
+
+    threads = [threading.Thread(target=go, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 200
+    wait_for(lambda: all_finished(s, ids), timeout=60)

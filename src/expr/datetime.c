@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "expr/expr_int.h"
 
@@ -79,14 +80,24 @@ static val *iso_string(struct ctx *c, double ms)
     return mkstr(c, buf, (size_t)k);
 }
 
+static double now_ms(struct ctx *c)
+{
+    if (c->now_ms < 0) {
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        c->now_ms = (double)rt.tv_sec * 1e3 + (double)(rt.tv_nsec / 1000000);
+    }
+    return c->now_ms;
+}
+
 val *fn_millis(struct ctx *c, val **a, int n, val *in, struct env *e)
 {
-    return mknum(c, c->now_ms);
+    return mknum(c, now_ms(c));
 }
 
 val *fn_now(struct ctx *c, val **a, int n, val *in, struct env *e)
 {
-    val *args[3] = {mknum(c, c->now_ms), ARG(0), ARG(1)};
+    val *args[3] = {mknum(c, now_ms(c)), ARG(0), ARG(1)};
     return fn_fromMillis(c, args, 3, in, e);
 }
 

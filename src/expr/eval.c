@@ -11,6 +11,7 @@
  * state lives in the per-evaluation struct ctx and its arena.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -320,9 +321,45 @@ static val *eval_tuple_step(struct ctx *c, struct node *step, val *input, val *t
     return eval_stages(c, step, r, env);
 }
 
+static int simple_name(const struct node *s)
+{
+    return s->type == N_NAME && !s->nstages && !s->npreds && !s->group && !s->focus &&
+           !s->index && !s->tuple && !s->keep_array && !s->ancestor;
+}
+
 static val *eval_path(struct ctx *c, struct node *e, val *input, struct env *env)
 {
     val *in;
+    if (!e->keep_singleton && !e->group && is_obj(input) && simple_name(e->kids[0])) {
+        /* Fast path for a.b.c over objects: the general algorithm below
+         * would wrap each single value in a one-item sequence and unwrap
+         * it again, with the same result. */
+        val *cur = input;
+        uint32_t i = 0;
+        while (i < e->nkids && simple_name(e->kids[i]) && is_obj(cur)) {
+            if (c->depth + 1 > c->max_depth)
+                ethrow(c, "U1001", e->kids[i]->pos, NULL, NULL);
+            val *v = oget(c, cur, e->kids[i]->name, e->kids[i]->nlen);
+            if (!v)
+                return NULL;
+            if (is_arr(v)) {
+                if (i == e->nkids - 1 && !is_seq(v))
+                    return v;
+                break;
+            }
+            cur = v;
+            i++;
+        }
+        if (i == e->nkids)
+            return cur;
+        /* continue generally from step i with the current object */
+        struct node sub = *e;
+        sub.kids = e->kids + i;
+        sub.nkids = e->nkids - i;
+        if (i > 0) {
+            return eval_path(c, &sub, mkseq1(c, cur), env);
+        }
+    }
     if (is_arr(input) && e->kids[0]->type != N_VARIABLE)
         in = input;
     else
@@ -665,7 +702,17 @@ static val *eval_wildcard(struct ctx *c, val *input)
         input = aget(c, input, 0);
     struct vec out = {0};
     int seq = 1;
-    if (is_obj(input)) {
+    if (is_arr(input)) { /* Object.keys of an array: its elements */
+        for (uint32_t i = 0; i < input->n; i++) {
+            val *v = aget(c, input, i);
+            if (is_arr(v)) {
+                flatten_into(c, v, &out, 0);
+                seq = 0;
+            } else {
+                vec_push(c, &out, v);
+            }
+        }
+    } else if (is_obj(input)) {
         struct obj *o = omat(c, input);
         for (uint32_t i = 0; i < o->n; i++) {
             val *v = o->kv[i].v;
@@ -1096,6 +1143,24 @@ static val *eval_partial(struct ctx *c, struct node *e, val *input, struct env *
         }
         return mkfn(c, f);
     }
+    if (pf->kind == FK_PARTIAL) {
+        /* fill the remaining holes in order; '?' keeps a hole */
+        *f = *pf;
+        f->pargs = cx_alloc(c, sizeof *f->pargs * (size_t)(pf->npargs + 1));
+        f->hole = cx_alloc(c, (size_t)pf->npargs + 1);
+        uint32_t k = 0;
+        for (int i = 0; i < pf->npargs; i++) {
+            if (pf->hole[i]) {
+                f->hole[i] = k < e->nkids ? hole[k] : 0;
+                f->pargs[i] = k < e->nkids ? args[k] : NULL;
+                k++;
+            } else {
+                f->hole[i] = 0;
+                f->pargs[i] = pf->pargs[i];
+            }
+        }
+        return mkfn(c, f);
+    }
     if (pf->kind == FK_BUILTIN) {
         int np = pf->bi->arity;
         f->kind = FK_PARTIAL;
@@ -1293,17 +1358,15 @@ int expr_eval(const struct expr *x, json_t *input, json_t *bindings,
     memset(err, 0, sizeof *err);
     err->position = -1;
     *out = NULL;
-    struct ctx *volatile cv = xcalloc(1, sizeof(struct ctx));
-    struct ctx *c = cv;
-    c->a = arena_new(16384);
+    struct ctx cs;
+    struct ctx *c = &cs;
+    memset(c, 0, sizeof *c);
+    c->a = arena_new(984); /* chunk + header stays in malloc's thread cache */
     c->err = err;
     c->max_depth = lim && lim->max_depth > 0 ? lim->max_depth : EXPR_DEFAULT_DEPTH;
     c->max_ms = lim && lim->max_time_ms > 0 ? lim->max_time_ms : EXPR_DEFAULT_TIME_MS;
     c->max_bytes = lim && lim->max_bytes > 0 ? lim->max_bytes : EXPR_DEFAULT_BYTES;
-    clock_gettime(CLOCK_MONOTONIC, &c->start);
-    struct timespec rt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    c->now_ms = floor((double)rt.tv_sec * 1e3 + (double)(rt.tv_nsec / 1000000));
+    c->now_ms = -1; /* taken on first use of $now/$millis */
     c->bindings = bindings && json_is_object(bindings) ? bindings : NULL;
     json_t *volatile result = NULL;
     int rc = 0;
@@ -1321,18 +1384,13 @@ int expr_eval(const struct expr *x, json_t *input, json_t *bindings,
             r = aget(c, r, 0);
         result = val_to_json(c, r, 0);
     } else {
-        c = cv;
-        if (result)
-            json_decref(result);
         result = NULL;
         rc = IFL_EEXPR;
     }
-    c = cv;
     for (int i = 0; i < c->nowned; i++)
         expr_free(c->owned[i]);
     free(c->owned);
     arena_free(c->a);
-    free(c);
     *out = result;
     return rc;
 }

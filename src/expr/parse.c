@@ -533,19 +533,24 @@ static struct node *nud(struct parser *P, struct tok *t)
         return newnode(P, N_PARENT, t->pos);
     if (!strcmp(o, "(")) {
         n = newnode(P, N_BLOCK, t->pos);
-        struct node *items[4096];
-        uint32_t k = 0;
+        struct node **items = NULL;
+        uint32_t k = 0, cap = 0;
         while (!is_op(&P->t, ")")) {
-            if (k == 4096)
-                perr(P, "S0201", P->t.pos, "(");
+            if (k == cap) {
+                uint32_t nc = cap ? cap * 2 : 8;
+                struct node **ni = palloc(P, sizeof *ni * nc);
+                if (k)
+                    memcpy(ni, items, sizeof *ni * k);
+                items = ni;
+                cap = nc;
+            }
             items[k++] = expression(P, 0);
             if (!is_op(&P->t, ";"))
                 break;
             advance(P, ";", 0);
         }
         advance(P, ")", 1);
-        n->kids = palloc(P, sizeof(struct node *) * (k ? k : 1));
-        memcpy(n->kids, items, sizeof(struct node *) * k);
+        n->kids = items;
         n->nkids = k;
         return n;
     }

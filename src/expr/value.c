@@ -39,7 +39,15 @@ static double elapsed_ms(const struct timespec *a)
 
 void cx_tick(struct ctx *c)
 {
-    if ((++c->ticks & 255) == 0 && c->max_ms > 0 && elapsed_ms(&c->start) > (double)c->max_ms)
+    if ((++c->ticks & 255) != 0)
+        return;
+    if (c->start.tv_sec == 0 && c->start.tv_nsec == 0) {
+        /* the clock starts at the first check: short evaluations never
+         * pay for reading it */
+        clock_gettime(CLOCK_MONOTONIC, &c->start);
+        return;
+    }
+    if (c->max_ms > 0 && elapsed_ms(&c->start) > (double)c->max_ms)
         ethrow(c, "U1001", -1, NULL, "Expression evaluation timeout: Check for infinite loop");
 }
 
@@ -409,6 +417,23 @@ val *sb_val(struct ctx *c, struct sb *b)
 
 void fmt_num(double d, char out[40])
 {
+    if (d == floor(d) && fabs(d) < 1e15) {
+        long long v = (long long)d;
+        char tmp[24];
+        int k = 0, neg = v < 0;
+        unsigned long long u = neg ? (unsigned long long)(-v) : (unsigned long long)v;
+        do {
+            tmp[k++] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        int o = 0;
+        if (neg)
+            out[o++] = '-';
+        while (k)
+            out[o++] = tmp[--k];
+        out[o] = 0;
+        return;
+    }
     if (json_format_number(d, out) < 0) {
         if (isnan(d))
             strcpy(out, "NaN");

@@ -1,0 +1,240 @@
+/*
+ * test_expr — unit tests for the expr module's API: compile errors,
+ * evaluation results and undefined, bindings, limits, templates with
+ * secrets, and concurrent evaluation of one compiled expression.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "expr/expr.h"
+#include "expr/template.h"
+#include "json/json.h"
+
+/* Evaluates src against the JSON text data (NULL = undefined) and returns
+ * the compact result ("undefined" or "ERR:CODE") in a static-free buffer. */
+static char *run(const char *src, const char *data, const char *bindings,
+                 const struct expr_limits *lim)
+{
+    json_t *in = data ? json_loads(data, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, NULL) : NULL;
+    json_t *b = bindings ? json_loads(bindings, 0, NULL) : NULL;
+    struct expr *x = NULL;
+    struct expr_error e;
+    json_t *out = NULL;
+    char *r;
+    if (expr_compile(src, strlen(src), &x, &e) || expr_eval(x, in, b, lim, &out, &e)) {
+        r = xasprintf("ERR:%s", e.code);
+    } else if (!out) {
+        r = xstrdup("undefined");
+    } else {
+        r = json_to_string(out);
+    }
+    json_decref(out);
+    json_decref(in);
+    json_decref(b);
+    expr_free(x);
+    return r;
+}
+
+static void check(const char *src, const char *data, const char *want)
+{
+    char *got = run(src, data, NULL, NULL);
+    if (strcmp(got, want))
+        fail_msg("%s => %s, want %s", src, got, want);
+    free(got);
+}
+
+static void t_basics(void **s)
+{
+    (void)s;
+    const char *pay = "{\"payload\":{\"order\":{\"id\":\"A17\",\"amount\":12.5}},"
+                      "\"response\":{\"status\":404,\"body\":{\"items\":[]}}}";
+    check("'charge-' & payload.order.id", pay, "\"charge-A17\"");
+    check("response.status = 404 and $count(response.body.items) = 0", pay, "true");
+    check("payload.order.amount * 2", pay, "25");
+    check("payload.missing", pay, "undefined");
+    check("0.1 + 0.2", NULL, "0.30000000000000004");
+    check("[1..3].($ * 2)", NULL, "[2,4,6]");
+    check("$sum([1,2,3])", NULL, "6");
+    check("{'a': 1}.a", NULL, "1");
+    check("$string({'b': [1, 'x']})", NULL, "\"{\\\"b\\\":[1,\\\"x\\\"]}\"");
+    check("$map([1,2], function($v) { $v + 1 })", NULL, "[2,3]");
+    check("$replace('abc', /b/, 'X')", NULL, "\"aXc\"");
+    check("$fromMillis(0)", NULL, "\"1970-01-01T00:00:00.000Z\"");
+    check("$toMillis('1970-01-01T00:00:01Z')", NULL, "1000");
+    check("1 + 'a'", NULL, "ERR:T2002");
+    check("$undefinedFunction()", NULL, "ERR:T1006");
+}
+
+static void t_compile_errors(void **s)
+{
+    (void)s;
+    struct expr *x = NULL;
+    struct expr_error e;
+    assert_int_equal(expr_compile("1 +", 3, &x, &e), IFL_EEXPR);
+    assert_null(x);
+    assert_string_equal(e.code, "S0207");
+    assert_int_equal(expr_compile("(1", 2, &x, &e), IFL_EEXPR);
+    assert_string_equal(e.code, "S0203");
+    assert_int_equal(expr_compile("'abc", 4, &x, &e), IFL_EEXPR);
+    assert_string_equal(e.code, "S0101");
+    assert_int_equal(expr_compile("a ! b", 5, &x, &e), IFL_EEXPR);
+    assert_string_equal(e.code, "S0204");
+    assert_int_equal(e.position, 2);
+    /* hostile nesting is a syntax error, not a crash */
+    char deep[20001];
+    memset(deep, '(', 20000);
+    deep[20000] = 0;
+    assert_int_equal(expr_compile(deep, 20000, &x, &e), IFL_EEXPR);
+    expr_free(NULL);
+}
+
+static void t_bindings(void **s)
+{
+    (void)s;
+    char *r = run("$x & '-' & $y.z", NULL, "{\"x\":\"a\",\"y\":{\"z\":1}}", NULL);
+    assert_string_equal(r, "\"a-1\"");
+    free(r);
+    r = run("$count", NULL, "{\"count\":7}", NULL); /* bindings shadow builtins */
+    assert_string_equal(r, "7");
+    free(r);
+}
+
+static void t_limits(void **s)
+{
+    (void)s;
+    struct expr_limits lim = {50, 1000, 0};
+    char *r = run("($f := function($n){ $n = 0 ? 0 : 1 + $f($n - 1) }; $f(1000))", NULL, NULL, &lim);
+    assert_string_equal(r, "ERR:U1001");
+    free(r);
+    struct expr_limits quick = {0, 50, 0};
+    r = run("($f := function($n){ $f($n + 1) }; $f(0))", NULL, NULL, &quick);
+    assert_string_equal(r, "ERR:U1001");
+    free(r);
+    struct expr_limits small = {0, 0, 1 << 16};
+    r = run("[1..100000].$string()", NULL, NULL, &small);
+    assert_string_equal(r, "ERR:U1002");
+    free(r);
+    /* catastrophic regex backtracking ends in the time limit */
+    r = run("$match('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab', /(a*)*c/)", NULL, NULL, &quick);
+    assert_true(!strcmp(r, "ERR:U1001") || !strcmp(r, "[]") || !strcmp(r, "undefined"));
+    free(r);
+}
+
+static int secrets(void *ctx, const char *name, char **out)
+{
+    (void)ctx;
+    if (!strcmp(name, "PAYMENTS_KEY")) {
+        *out = xstrdup("sk_live_1");
+        return 0;
+    }
+    return IFL_ENOTFOUND;
+}
+
+static void t_templates(void **s)
+{
+    (void)s;
+    json_t *def = json_loads("{\"headers\":{\"Idempotency-Key\":\"= 'charge-' & payload.order.id\","
+                             "\"Authorization\":\"Bearer {{ secrets.PAYMENTS_KEY }}\"},"
+                             "\"body\":{\"order\":\"=payload.order.id\",\"none\":\"=payload.nope\"},"
+                             "\"n\":[1,\"=payload.nope\"],\"lit\":\"{{secrets}}\"}",
+                             0, NULL);
+    struct tmpl *t = NULL;
+    struct ifl_err e;
+    assert_int_equal(tmpl_compile(def, "/vertices/charge/config", &t, &e), 0);
+    json_decref(def); /* the template keeps its own copy */
+    json_t *ctx = json_loads("{\"payload\":{\"order\":{\"id\":\"A1\"}}}", 0, NULL);
+    json_t *out = NULL;
+    assert_int_equal(tmpl_eval(t, ctx, secrets, NULL, &out, &e), 0);
+    char *txt = json_to_string(out);
+    assert_string_equal(txt, "{\"headers\":{\"Idempotency-Key\":\"charge-A1\",\"Authorization\":"
+                             "\"Bearer sk_live_1\"},\"body\":{\"order\":\"A1\"},"
+                             "\"n\":[1,null],\"lit\":\"{{secrets}}\"}");
+    free(txt);
+    json_decref(out);
+    tmpl_free(t);
+
+    /* expressions cannot read secrets; a syntax error names the member */
+    def = json_loads("{\"a\":{\"b\":[\"ok\",\"= 1 +\"]}}", 0, NULL);
+    assert_int_equal(tmpl_compile(def, "/vertices/x/config", &t, &e), IFL_EVALIDATION);
+    assert_string_equal(e.pointer, "/vertices/x/config/a/b/1");
+    assert_non_null(strstr(e.msg, "S0207"));
+    json_decref(def);
+
+    def = json_string("{{ secrets.MISSING }}");
+    assert_int_equal(tmpl_compile(def, NULL, &t, &e), 0);
+    assert_int_not_equal(tmpl_eval(t, ctx, secrets, NULL, &out, &e), 0);
+    assert_null(strstr(e.msg, "sk_live"));
+    tmpl_free(t);
+    json_decref(def);
+
+    def = json_string("=$secrets");
+    assert_int_equal(tmpl_compile(def, NULL, &t, &e), 0);
+    assert_int_equal(tmpl_eval(t, ctx, secrets, NULL, &out, &e), 0);
+    assert_true(json_is_null(out)); /* undefined at top level is null */
+    json_decref(out);
+    tmpl_free(t);
+    json_decref(def);
+    json_decref(ctx);
+}
+
+struct thr {
+    struct expr *x;
+    json_t *in;
+    int ok;
+};
+
+static void *worker(void *p)
+{
+    struct thr *t = p;
+    t->ok = 1;
+    for (int i = 0; i < 2000; i++) {
+        json_t *out = NULL;
+        struct expr_error e;
+        if (expr_eval(t->x, t->in, NULL, NULL, &out, &e) || !json_is_string(out) ||
+            strcmp(json_string_value(out), "charge-A17/3"))
+            t->ok = 0;
+        json_decref(out);
+    }
+    return NULL;
+}
+
+static void t_concurrent(void **s)
+{
+    (void)s;
+    const char *src = "'charge-' & payload.order.id & '/' & $count(payload.items[$ > 1])";
+    struct expr *x;
+    struct expr_error e;
+    assert_int_equal(expr_compile(src, strlen(src), &x, &e), 0);
+    json_t *in = json_loads("{\"payload\":{\"order\":{\"id\":\"A17\"},\"items\":[1,2,3,4]}}", 0,
+                            NULL);
+    pthread_t th[4];
+    struct thr st[4];
+    for (int i = 0; i < 4; i++) {
+        st[i].x = x;
+        st[i].in = in;
+        pthread_create(&th[i], NULL, worker, &st[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(st[i].ok);
+    }
+    json_decref(in);
+    expr_free(x);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(t_basics),    cmocka_unit_test(t_compile_errors),
+        cmocka_unit_test(t_bindings),  cmocka_unit_test(t_limits),
+        cmocka_unit_test(t_templates), cmocka_unit_test(t_concurrent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -25,6 +25,7 @@
 #include "json/json.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,18 +106,40 @@ static void count_status(struct engine *g, const char *status)
         atomic_fetch_add(&g->m.executions_failed, 1);
 }
 
-/* Executes one claimed step and records its outcome. */
-static void run_step(struct engine *g, const struct store_claim *c, int64_t claimed_at)
+/* One claimed step between its execution and its committed outcome. */
+struct pending {
+    const struct store_claim *c;
+    struct step_outcome o;
+    int ready; /* an outcome to commit (0: loading failed; the lease will expire) */
+    struct store_execution x;
+    struct store_step *rows;
+    size_t n;
+    json_t *ctx, *out;
+    char *out_text, *err_text;
+    struct decision *d;
+    size_t nd;
+};
+
+static void pending_clear(struct pending *p)
 {
+    if (p->d)
+        for (size_t k = 0; k < p->nd; k++)
+            free(p->d[k].error);
+    free(p->d);
+    json_decref(p->out);
+    json_decref(p->ctx);
+    free(p->out_text);
+    free(p->err_text);
+    store_steps_free(p->rows, p->n);
+    store_execution_clear(&p->x);
+}
+
+/* Runs one claimed step's body and prepares its outcome (no writes). */
+static void execute(struct engine *g, struct pending *p, int64_t claimed_at)
+{
+    const struct store_claim *c = p->c;
     struct ifl_err e = {0};
-    struct store_execution x = {0};
-    struct store_step *rows = NULL;
-    size_t n = 0;
     const struct wf *w = NULL;
-    json_t *ctx = NULL, *out = NULL;
-    char *out_text = NULL, *err_text = NULL;
-    struct decision *d = NULL;
-    size_t nd = 0;
     int version = 0;
 
     FAULT("step.after_claim");
@@ -131,44 +154,45 @@ static void run_step(struct engine *g, const struct store_claim *c, int64_t clai
             return;
         }
     }
-    if (store_execution_get(g->store, c->workspace, c->execution_id, &x, &e) ||
-        store_steps_get(g->store, c->execution_id, &rows, &n, &e) ||
-        engine_workflow_get(g, c->workspace, x.workflow, x.workflow_version, &w, &version, &e)) {
+    if (store_execution_get(g->store, c->workspace, c->execution_id, &p->x, &e) ||
+        store_steps_get(g->store, c->execution_id, &p->rows, &p->n, &e) ||
+        engine_workflow_get(g, c->workspace, p->x.workflow, p->x.workflow_version, &w, &version,
+                            &e)) {
         log_error("step.load_failed", "%s/%s: %s", c->execution_id, c->vertex, e.msg);
-        goto out; /* the lease will expire and the sweeper re-dispatches */
+        return; /* the lease will expire and the sweeper re-dispatches */
     }
     long vi = wf_vertex_index(w, c->vertex);
     enum step_state to = STEP_FAILED;
     if (vi < 0) {
-        err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
+        p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_TRANSFORM) {
-        ctx = engine_context(&x, rows, n);
+        p->ctx = engine_context(&p->x, p->rows, p->n);
         struct secret_ctx sc = {g, c->workspace};
         struct ifl_err te = {0};
-        if (tmpl_eval(w->v[vi].output, ctx, secret_lookup, &sc, &out, &te) == 0) {
+        if (tmpl_eval(w->v[vi].output, p->ctx, secret_lookup, &sc, &p->out, &te) == 0) {
             to = STEP_COMPLETED;
-            out_text = json_to_string(out ? out : json_null());
-            if (!out_text) {
+            p->out_text = json_to_string(p->out ? p->out : json_null());
+            if (!p->out_text) {
                 to = STEP_FAILED;
-                err_text = steps_error_json("invalid_output", "the output is not valid JSON");
+                p->err_text = steps_error_json("invalid_output", "the output is not valid JSON");
             }
         } else {
-            err_text = steps_error_json("expression_error", te.msg);
+            p->err_text = steps_error_json("expression_error", te.msg);
         }
     } else {
-        err_text = steps_error_json("not_implemented",
-                                    "GATEWAY steps are not executed by this version yet");
+        p->err_text = steps_error_json("not_implemented",
+                                       "GATEWAY steps are not executed by this version yet");
     }
     if (to == STEP_COMPLETED) {
-        json_object_set(json_object_get(ctx, "steps"), c->vertex, out ? out : json_null());
-        nd = w->v[vi].n_out;
-        d = xcalloc(nd + 1, sizeof *d);
-        json_object_set(ctx, "response", out ? out : json_null());
-        for (size_t k = 0; k < nd; k++)
-            engine_decide(w->e[w->v[vi].out[k]].cond, ctx, &d[k]);
+        json_t *out = p->out ? p->out : json_null();
+        json_object_set(json_object_get(p->ctx, "steps"), c->vertex, out);
+        p->nd = w->v[vi].n_out;
+        p->d = xcalloc(p->nd + 1, sizeof *p->d);
+        json_object_set(p->ctx, "response", out);
+        for (size_t k = 0; k < p->nd; k++)
+            engine_decide(w->e[w->v[vi].out[k]].cond, p->ctx, &p->d[k]);
     }
-    FAULT("step.before_complete");
-    struct step_outcome o = {
+    p->o = (struct step_outcome){
         .w = w,
         .workspace = c->workspace,
         .execution_id = c->execution_id,
@@ -176,40 +200,67 @@ static void run_step(struct engine *g, const struct store_claim *c, int64_t clai
         .epoch = c->epoch,
         .from = STEP_EXECUTING,
         .to = to,
-        .output = out_text,
-        .error = err_text,
+        .output = p->out_text,
+        .error = p->err_text,
         .attempt_outcome = to == STEP_COMPLETED ? "completed" : "failed",
-        .dec = d,
+        .dec = p->d,
         .now = clock_now_ms(),
     };
-    if (apply(g, &o, &e)) {
-        log_error("step.complete_failed", "%s/%s: %s", c->execution_id, c->vertex, e.msg);
-        goto out;
+    p->ready = 1;
+}
+
+/* Runs a batch of claimed steps, then commits all their outcomes together
+ * (one group commit), each outcome its own guarded transaction. */
+static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, int64_t claimed_at)
+{
+    struct pending *p = xcalloc(n, sizeof *p);
+    void **args = xcalloc(n, sizeof *args);
+    int *rcs = xcalloc(n, sizeof *rcs);
+    struct ifl_err *errs = xcalloc(n, sizeof *errs);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        p[i].c = &cl[i];
+        execute(g, &p[i], claimed_at);
+        if (p[i].ready) {
+            FAULT("step.before_complete");
+            args[k++] = &p[i].o;
+        }
     }
-    if (o.fenced) {
-        atomic_fetch_add(&g->m.fenced_writes, 1);
-        log_warn("step.fenced",
-                 "%s/%s epoch %lld: the lease was taken over; this late outcome changed nothing",
-                 c->execution_id, c->vertex, (long long)c->epoch);
-        goto out;
+    store_tx_run_many(g->store, steps_apply, args, k, rcs, errs);
+    int wake = 0;
+    for (size_t i = 0; i < k; i++) {
+        struct step_outcome *o = args[i];
+        const struct store_claim *c = ((struct pending *)((char *)o - offsetof(struct pending, o)))->c;
+        if (rcs[i] == IFL_ECONFLICT)
+            rcs[i] = apply(g, o, &errs[i]); /* a concurrent writer: retry alone */
+        if (rcs[i]) {
+            log_error("step.complete_failed", "%s/%s: %s", c->execution_id, c->vertex,
+                      errs[i].msg);
+            continue;
+        }
+        if (o->fenced) {
+            atomic_fetch_add(&g->m.fenced_writes, 1);
+            log_warn("step.fenced",
+                     "%s/%s epoch %lld: the lease was taken over; this late outcome changed "
+                     "nothing",
+                     c->execution_id, c->vertex, (long long)c->epoch);
+            continue;
+        }
+        int ok = o->to == STEP_COMPLETED;
+        trace(g, ok ? "completed" : "failed", c);
+        atomic_fetch_add(ok ? &g->m.steps_completed : &g->m.steps_failed, 1);
+        count_status(g, o->status);
+        wake |= o->dispatched;
+        FAULT("step.after_complete_commit");
     }
-    trace(g, to == STEP_COMPLETED ? "completed" : "failed", c);
-    atomic_fetch_add(to == STEP_COMPLETED ? &g->m.steps_completed : &g->m.steps_failed, 1);
-    count_status(g, o.status);
-    FAULT("step.after_complete_commit");
-    if (o.dispatched)
+    if (wake)
         engine_wake(g);
-out:
-    if (d)
-        for (size_t k = 0; k < nd; k++)
-            free(d[k].error);
-    free(d);
-    json_decref(out);
-    json_decref(ctx);
-    free(out_text);
-    free(err_text);
-    store_steps_free(rows, n);
-    store_execution_clear(&x);
+    for (size_t i = 0; i < n; i++)
+        pending_clear(&p[i]);
+    free(p);
+    free(args);
+    free(rcs);
+    free(errs);
 }
 
 static void *worker_main(void *arg)
@@ -245,8 +296,7 @@ static void *worker_main(void *arg)
             continue;
         }
         atomic_fetch_add(&g->m.steps_claimed, n);
-        for (size_t i = 0; i < n; i++)
-            run_step(g, &cl[i], now);
+        run_batch(g, cl, n, now);
         store_claims_free(cl, n);
     }
     return NULL;

@@ -112,8 +112,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             char *end = NULL;
             unsigned long long n = strtoull(cl, &end, 10);
             if (end != cl && n > s->o.max_body) {
+                /* Modestly oversized bodies are read and discarded so the
+                 * client, still sending, can read a clean 413; huge ones are
+                 * refused at once and the connection closed. */
                 c->too_big = 1;
-                return toobig(s, conn);
+                if (n / 8 > s->o.max_body)
+                    return toobig(s, conn);
             }
         }
         return MHD_YES;

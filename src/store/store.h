@@ -225,6 +225,12 @@ int store_events_list(struct store *s, const char *ws, int64_t after_seq, int li
 struct store_tx;
 typedef int (*store_tx_fn)(struct store_tx *tx, void *arg, struct ifl_err *e);
 int store_tx_run(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e);
+/* Runs fn once per args[i] as n independent transactions (each commits or
+ * rolls back alone; rcs[i] and errs[i], which may be NULL, receive each
+ * result) and returns when all are durable.  Backends may commit them
+ * together (SQLite: one batch, one fsync). */
+void store_tx_run_many(struct store *s, store_tx_fn fn, void **args, size_t n, int *rcs,
+                       struct ifl_err *errs);
 
 int store_tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
                            struct store_execution *out, struct ifl_err *e);

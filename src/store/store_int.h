@@ -49,6 +49,9 @@ struct store_ops {
     /* Transactions: tx_run runs fn inside one transaction on a backend
      * connection; the tx_* operations below use that connection. */
     int (*tx_run)(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e);
+    /* Optional: n independent transactions committed together. */
+    void (*tx_run_many)(struct store *s, store_tx_fn fn, void **args, size_t n, int *rcs,
+                        struct ifl_err *errs);
     int (*tx_execution_get)(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e);
     int (*tx_execution_insert)(struct store_tx *tx, const struct store_execution *x,

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +52,7 @@ struct job {
     void *arg;
     int rc;
     struct ifl_err err;
-    int done;
+    sem_t done; /* posted by the writer once the job's batch committed */
     struct job *next;
 };
 
@@ -62,7 +63,7 @@ struct sq {
     struct conn writer;
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
+    pthread_cond_t cv_work;
     struct job *head, *tail;
     int stopping;
     pthread_mutex_t rmu;
@@ -140,9 +141,14 @@ static int conn_open(struct conn *c, const char *path, int readonly, struct ifl_
         return rc;
     }
     sqlite3_busy_timeout(c->db, 5000);
+    /* temp_store=MEMORY: each job's SAVEPOINT keeps its statement journal in
+     * memory instead of a temp file (thousands of pwrites per batch
+     * otherwise).  cache_size: the hot tails of the B-trees stay cached. */
     const char *pragmas = readonly ? "PRAGMA query_only=1; PRAGMA foreign_keys=ON;"
+                                     " PRAGMA cache_size=-16384;"
                                    : "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
-                                     " PRAGMA foreign_keys=ON;";
+                                     " PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"
+                                     " PRAGMA cache_size=-65536;";
     int rc = exec(c, pragmas, e);
     if (rc)
         conn_close(c);
@@ -231,15 +237,46 @@ static void *writer_main(void *arg)
         s->head = s->tail = NULL;
         pthread_mutex_unlock(&s->mu);
         run_batch(s, batch);
-        pthread_mutex_lock(&s->mu);
         for (struct job *j = batch, *n; j; j = n) {
-            n = j->next; /* the waiter may free j once done is set */
-            j->done = 1;
+            n = j->next; /* the waiter may free j once it is posted */
+            sem_post(&j->done);
         }
-        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* Queues n jobs for the next batch (in order, atomically) and waits until
+ * the batch holding them committed.  Each job has its own semaphore, so a
+ * commit wakes exactly its own callers. */
+static void write_jobs(struct sq *s, struct job *jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        sem_init(&jobs[i].done, 0, 0);
+        jobs[i].next = i + 1 < n ? &jobs[i + 1] : NULL;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        for (size_t i = 0; i < n; i++) {
+            jobs[i].rc = err_set(&jobs[i].err, IFL_EBUSY, "store is closing");
+            sem_destroy(&jobs[i].done);
+        }
+        return;
+    }
+    if (s->tail)
+        s->tail->next = &jobs[0];
+    else
+        s->head = &jobs[0];
+    s->tail = &jobs[n - 1];
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        while (sem_wait(&jobs[i].done) != 0)
+            ;
+        sem_destroy(&jobs[i].done);
+    }
 }
 
 /* Queues fn to run in the next batch and waits until that batch committed. */
@@ -247,20 +284,7 @@ static int write_job(struct sq *s, int (*fn)(struct conn *, void *, struct ifl_e
                      struct ifl_err *e)
 {
     struct job j = {.fn = fn, .arg = arg};
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->mu);
-        return err_set(e, IFL_EBUSY, "store is closing");
-    }
-    if (s->tail)
-        s->tail->next = &j;
-    else
-        s->head = &j;
-    s->tail = &j;
-    pthread_cond_signal(&s->cv_work);
-    while (!j.done)
-        pthread_cond_wait(&s->cv_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    write_jobs(s, &j, 1);
     if (j.rc && e)
         *e = j.err;
     return j.rc;
@@ -748,6 +772,27 @@ static int op_tx_run(struct store *base, store_tx_fn fn, void *arg, struct ifl_e
     return write_job((struct sq *)base, job_tx, &j, e);
 }
 
+/* n transactions in one batch (one fsync), each in its own savepoint. */
+static void op_tx_run_many(struct store *base, store_tx_fn fn, void **args, size_t n, int *rcs,
+                           struct ifl_err *errs)
+{
+    struct tx_job *tj = xcalloc(n, sizeof *tj);
+    struct job *jobs = xcalloc(n, sizeof *jobs);
+    for (size_t i = 0; i < n; i++) {
+        tj[i] = (struct tx_job){base, fn, args[i]};
+        jobs[i].fn = job_tx;
+        jobs[i].arg = &tj[i];
+    }
+    write_jobs((struct sq *)base, jobs, n);
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = jobs[i].rc;
+        if (errs)
+            errs[i] = jobs[i].err;
+    }
+    free(jobs);
+    free(tj);
+}
+
 static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e)
 {
@@ -846,7 +891,7 @@ static int collect_steps(struct conn *c, sqlite3_stmt *st, struct store_step **i
 }
 
 static const char sql_steps_of[] =
-    "SELECT " STEP_COLS " FROM steps WHERE execution_id = ? ORDER BY vertex";
+    "SELECT " STEP_COLS " FROM steps WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) ORDER BY vertex";
 
 static int steps_of(struct conn *c, const char *id, struct store_step **items, size_t *n,
                     struct ifl_err *e)
@@ -884,8 +929,9 @@ static int tx_step_insert(struct store_tx *tx, const struct store_step *x, struc
     struct conn *c = txc(tx);
     static const char sql[] =
         "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at, next_run_at,"
-        " in_decided, in_taken, output, error, updated_at, execution_id, vertex, workspace, kind)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        " in_decided, in_taken, output, error, updated_at, execution_id, vertex, workspace, kind,"
+        " execution_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?12, ?, ?, ?,"
+        " (SELECT seq FROM executions WHERE id = ?12))";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -908,7 +954,8 @@ static int tx_step_update(struct store_tx *tx, const struct store_step *x,
         "UPDATE steps SET state = ?, attempts = ?, epoch = ?, lease_owner = ?,"
         " lease_expires_at = ?, next_run_at = ?, in_decided = ?, in_taken = ?, output = ?,"
         " error = ?, updated_at = ?"
-        " WHERE execution_id = ? AND vertex = ? AND state = ? AND (? < 0 OR epoch = ?)";
+        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) AND vertex = ? AND state = ?"
+        " AND (? < 0 OR epoch = ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -932,7 +979,8 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     struct conn *c = txc(tx);
     static const char sql[] =
         "UPDATE step_attempts SET finished_at = ?, outcome = ?, error = ?"
-        " WHERE execution_id = ? AND vertex = ? AND epoch = ? AND finished_at IS NULL";
+        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) AND vertex = ? AND epoch = ?"
+        " AND finished_at IS NULL";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1059,7 +1107,8 @@ static int op_attempts_get(struct store *base, const char *execution_id,
     struct sq *s = (struct sq *)base;
     static const char sql[] =
         "SELECT execution_id, vertex, epoch, worker, started_at, finished_at, outcome, error"
-        " FROM step_attempts WHERE execution_id = ? ORDER BY started_at, vertex, epoch";
+        " FROM step_attempts WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?)"
+        " ORDER BY started_at, vertex, epoch";
     struct conn *c = reader_get(s, e);
     if (!c)
         return IFL_ESTORE;
@@ -1112,12 +1161,13 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
     static const char sql[] =
         "UPDATE steps SET state = 'EXECUTING', epoch = epoch + 1, attempts = attempts + 1,"
         " lease_owner = ?1, lease_expires_at = ?2, updated_at = ?3"
-        " WHERE rowid IN (SELECT rowid FROM steps WHERE state = 'DISPATCHED'"
+        " WHERE (execution_seq, vertex) IN (SELECT execution_seq, vertex FROM steps"
+        " WHERE state = 'DISPATCHED'"
         " AND next_run_at <= ?3 ORDER BY next_run_at LIMIT ?4)"
-        " RETURNING execution_id, vertex, workspace, kind, epoch, attempts";
+        " RETURNING execution_id, vertex, workspace, kind, epoch, attempts, execution_seq";
     static const char hist[] =
-        "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at)"
-        " VALUES (?, ?, ?, ?, ?)";
+        "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at,"
+        " execution_seq) VALUES (?, ?, ?, ?, ?, ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1126,6 +1176,7 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
     sqlite3_bind_int64(st, 3, a->now);
     sqlite3_bind_int(st, 4, a->limit);
     size_t cap = 0;
+    int64_t *seqs = NULL;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
         if (a->n == cap) {
@@ -1139,20 +1190,26 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
         cl->kind = col_str(st, 3);
         cl->epoch = sqlite3_column_int64(st, 4);
         cl->attempts = sqlite3_column_int(st, 5);
+        seqs = xrealloc(seqs, cap * sizeof *seqs);
+        seqs[a->n - 1] = sqlite3_column_int64(st, 6);
     }
     int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "claim");
     done_stmt(st);
     for (size_t i = 0; !rc && i < a->n; i++) {
-        if (!(st = stmt(c, hist, e)))
+        if (!(st = stmt(c, hist, e))) {
+            free(seqs);
             return IFL_ESTORE;
+        }
         bind_text(st, 1, a->items[i].execution_id);
         bind_text(st, 2, a->items[i].vertex);
         sqlite3_bind_int64(st, 3, a->items[i].epoch);
         bind_text(st, 4, a->worker);
         sqlite3_bind_int64(st, 5, a->now);
+        sqlite3_bind_int64(st, 6, seqs[i]);
         rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_insert");
         done_stmt(st);
     }
+    free(seqs);
     return rc;
 }
 
@@ -1179,7 +1236,8 @@ struct renew_args {
 static int job_renew(struct conn *c, void *arg, struct ifl_err *e)
 {
     struct renew_args *a = arg;
-    static const char sql[] = "UPDATE steps SET lease_expires_at = ? WHERE execution_id = ?"
+    static const char sql[] = "UPDATE steps SET lease_expires_at = ? WHERE execution_seq = "
+                              "(SELECT seq FROM executions WHERE id = ?)"
                               " AND vertex = ? AND state = 'EXECUTING' AND epoch = ?";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
@@ -1335,7 +1393,6 @@ static void op_close(struct store *base)
         close(s->lockfd); /* releases the flock */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
-    pthread_cond_destroy(&s->cv_done);
     pthread_mutex_destroy(&s->rmu);
     pthread_cond_destroy(&s->rcv);
     free(s->path);
@@ -1363,6 +1420,7 @@ static const struct store_ops sqlite_ops = {
     .dead_letters = op_dead_letters,
     .events_list = op_events_list,
     .tx_run = op_tx_run,
+    .tx_run_many = op_tx_run_many,
     .tx_execution_get = tx_execution_get,
     .tx_execution_insert = tx_execution_insert,
     .tx_execution_set_status = tx_execution_set_status,
@@ -1386,7 +1444,6 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     s->lockfd = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
-    pthread_cond_init(&s->cv_done, NULL);
     pthread_mutex_init(&s->rmu, NULL);
     pthread_cond_init(&s->rcv, NULL);
     int rc;
@@ -1421,7 +1478,6 @@ fail_early:
         close(s->lockfd);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
-    pthread_cond_destroy(&s->cv_done);
     pthread_mutex_destroy(&s->rmu);
     pthread_cond_destroy(&s->rcv);
     free(s->path);

@@ -91,7 +91,8 @@ def test_sigkill_at_fault_point_then_restart(make_server, workdir, point):
         last = [l for l in before_restart if l[0] == "completed"][-1]
         runs = [l for l in lines if l[0] == "run" and l[1:3] == last[1:3]]
         assert len(runs) == 1, (last, runs)
-    assert "recovered" in s.logs()
+    if point != "step.after_complete_commit":
+        assert "recovered" in s.logs()  # the claimed step was left EXECUTING
 
 
 def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):

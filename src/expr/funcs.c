@@ -946,10 +946,7 @@ static uint64_t rng_next(struct ctx *c)
 {
     /* splitmix64 over a per-evaluation state derived from the clock */
     static const uint64_t g = 0x9E3779B97F4A7C15ull;
-    uint64_t *st = (uint64_t *)&c->ticks; /* not used for timing precision */
-    (void)st;
-    uint64_t z = (uint64_t)c->now_ms + g * (uint64_t)(c->depth_in_values++) +
-                 (uint64_t)(uintptr_t)c;
+    uint64_t z = g * (uint64_t)(c->depth_in_values++) + (uint64_t)(uintptr_t)c;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     z ^= (uint64_t)ts.tv_nsec * g;

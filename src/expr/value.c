@@ -736,6 +736,12 @@ const char *val_string(struct ctx *c, val *v, int prettify, uint32_t *len)
     }
     if (v->t == T_NUM && !isfinite(v->u.num))
         ethrow(c, "D3001", -1, NULL, NULL);
+    if (v->t == T_NUM && num_is_int(v->u.num)) {
+        char *p = cx_alloc(c, 40);
+        fmt_num(v->u.num, p);
+        *len = (uint32_t)strlen(p);
+        return p;
+    }
     if (v->t == T_ARR && (v->f & F_OUTER) && v->n > 0)
         v = aget(c, v, 0);
     struct sb b = {0};

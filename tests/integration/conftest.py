@@ -63,18 +63,19 @@ class Server:
             if self.proc.poll() is not None:
                 if expect_fail:
                     return self.proc.returncode
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.logs()}")
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.logs(4000)}")
             try:
                 if self.request("GET", "/healthz").status == 200:
                     return 0
             except OSError:
                 pass
             time.sleep(0.02)
-        raise RuntimeError("server did not become healthy: " + self.logs())
+        raise RuntimeError("server did not become healthy: " + self.logs(4000))
 
-    def logs(self):
+    def logs(self, tail=None):
         with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-4000:]
+            text = f.read().decode(errors="replace")
+        return text[-tail:] if tail else text
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:
@@ -126,6 +127,9 @@ def new_db(tmp):
 
 @pytest.fixture
 def workdir():
+    if os.environ.get("IDEMFLOW_TEST_KEEP"):  # keep databases and logs for a post-mortem
+        yield tempfile.mkdtemp(prefix="idemflow-it-")
+        return
     with tempfile.TemporaryDirectory(prefix="idemflow-it-") as d:
         yield d
 
@@ -140,8 +144,16 @@ def make_server(workdir):
         return s
 
     yield make
+    problems = []
     for s in servers:
         s.stop()
+        logs = s.logs()
+        # sanitizer builds: any report from the server process fails the test
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "WARNING: ThreadSanitizer"):
+            if marker in logs:
+                problems.append(f"{marker} in {s.log_path}")
+    assert not problems, problems
 
 
 @pytest.fixture

@@ -542,38 +542,14 @@ static void h_execution_get(struct call *c)
     reply_json(c->res, 200, o);
 }
 
-/* Reads an Idempotency-Key header: an RFC 8941 sf-string or a bare token.
- * 0 and the key in out, 1 when absent, -1 when malformed. */
+/* Reads an Idempotency-Key header: 0 and the key in out, 1 when absent, -1
+ * when malformed. */
 static int idempotency_key(const struct http_req *r, char *out, size_t cap)
 {
     const char *h = r->header(r, "Idempotency-Key");
     if (!h)
         return 1;
-    size_t n = 0;
-    if (*h == '"') {
-        const char *p = h + 1;
-        for (; *p && *p != '"'; p++) {
-            if (*p == '\\') {
-                p++;
-                if (*p != '"' && *p != '\\')
-                    return -1;
-            }
-            if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || n + 1 >= cap)
-                return -1;
-            out[n++] = *p;
-        }
-        if (*p != '"' || p[1] != '\0')
-            return -1;
-    } else {
-        for (const char *p = h; *p; p++) {
-            if ((unsigned char)*p <= 0x20 || (unsigned char)*p > 0x7e || *p == '"' ||
-                n + 1 >= cap)
-                return -1;
-            out[n++] = *p;
-        }
-    }
-    out[n] = '\0';
-    return n ? 0 : -1;
+    return http_sf_string(h, out, cap) ? -1 : 0;
 }
 
 static void h_retry(struct call *c)

@@ -75,6 +75,12 @@ void http_server_stop(struct http_server *s);
 /* Stops accepting new connections only (graceful drain begins). */
 void http_server_quiesce(struct http_server *s);
 
+/* Parses a header value that is an RFC 8941 sf-string ("…" with \" and \\
+ * escapes) or, leniently, a bare token of printable ASCII without spaces or
+ * quotes.  The unescaped value (1 to cap-1 characters) goes to out.
+ * 0 or IFL_EINVAL. */
+int http_sf_string(const char *h, char *out, size_t cap);
+
 /* Parses "HOST:PORT" into host (cap bytes) and port.  0 or IFL_EINVAL. */
 int http_parse_listen(const char *listen, char *host, size_t cap, unsigned *port);
 

@@ -168,6 +168,37 @@ static void __attribute__((format(printf, 2, 0))) mhd_log(void *cls, const char 
     log_warn("http.mhd", "%s", msg);
 }
 
+int http_sf_string(const char *h, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (cap < 2)
+        return IFL_EINVAL;
+    if (*h == '"') {
+        const char *p = h + 1;
+        for (; *p && *p != '"'; p++) {
+            if (*p == '\\') {
+                p++;
+                if (*p != '"' && *p != '\\')
+                    return IFL_EINVAL;
+            }
+            if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || n + 1 >= cap)
+                return IFL_EINVAL;
+            out[n++] = *p;
+        }
+        if (*p != '"' || p[1] != '\0')
+            return IFL_EINVAL;
+    } else {
+        for (const char *p = h; *p; p++) {
+            if ((unsigned char)*p <= 0x20 || (unsigned char)*p > 0x7e || *p == '"' ||
+                n + 1 >= cap)
+                return IFL_EINVAL;
+            out[n++] = *p;
+        }
+    }
+    out[n] = '\0';
+    return n ? 0 : IFL_EINVAL;
+}
+
 int http_parse_listen(const char *listen, char *host, size_t cap, unsigned *port)
 {
     const char *colon = strrchr(listen, ':');

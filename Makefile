@@ -50,26 +50,40 @@ deps:
 test-deps:
 	@scripts/deps.sh test
 
+# V=1 shows full command lines.
+ifeq ($(V),1)
+  Q :=
+  say = @true
+else
+  Q := @
+  say = @echo "  $(1)"
+endif
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC    $<)
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@
-	ar rcs $@ $^
+	$(call say,AR    $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/idemflow: $(BUILD)/programs/idemflow/main.o $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LINK  $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/mockpay: $(BUILD)/programs/mockpay/main.o $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LINK  $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(call say,LINK  $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LINK  $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # `make run`: packages, build, then the engine on ./idemflow.db with examples/ loaded.
 run:

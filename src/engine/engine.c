@@ -41,6 +41,10 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     g->store = s;
     memcpy(g->key, o->secrets_key, sizeof g->key);
     pthread_rwlock_init(&g->lock, NULL);
+    /* One SQLite process owns its database, so every workflow PUT goes through
+     * this cache; with a shared database another process may PUT, so the
+     * latest version read is trusted for one second. */
+    g->latest_ttl_ms = strcmp(store_backend(s), "sqlite") == 0 ? INT64_MAX : 1000;
     pthread_mutex_init(&g->wmu, NULL);
     pthread_cond_init(&g->wcv, NULL);
     g->trace_fd = -1;
@@ -56,6 +60,14 @@ void engine_free(struct engine *g)
     pthread_mutex_destroy(&g->wmu);
     pthread_cond_destroy(&g->wcv);
     for (int i = 0; i < CACHE_BUCKETS; i++) {
+        struct latest *l = g->latest[i];
+        while (l) {
+            struct latest *n = l->next;
+            free(l->ws);
+            free(l->wf);
+            free(l);
+            l = n;
+        }
         struct cached *c = g->buckets[i];
         while (c) {
             struct cached *n = c->next;
@@ -113,6 +125,42 @@ static const struct wf *cache_add(struct engine *g, const char *ws, const char *
     return w;
 }
 
+/* The latest version if known and fresh, else 0. */
+static int latest_find(struct engine *g, const char *ws, const char *wf)
+{
+    int v = 0;
+    int64_t now = clock_mono_ms();
+    pthread_rwlock_rdlock(&g->lock);
+    for (struct latest *l = g->latest[hash3(ws, wf, 0)]; l; l = l->next)
+        if (strcmp(l->ws, ws) == 0 && strcmp(l->wf, wf) == 0) {
+            if (g->latest_ttl_ms == INT64_MAX || now - l->checked_ms < g->latest_ttl_ms)
+                v = l->version;
+            break;
+        }
+    pthread_rwlock_unlock(&g->lock);
+    return v;
+}
+
+static void latest_set(struct engine *g, const char *ws, const char *wf, int version)
+{
+    unsigned h = hash3(ws, wf, 0);
+    pthread_rwlock_wrlock(&g->lock);
+    struct latest *l = g->latest[h];
+    while (l && !(strcmp(l->ws, ws) == 0 && strcmp(l->wf, wf) == 0))
+        l = l->next;
+    if (!l) {
+        l = xcalloc(1, sizeof *l);
+        l->ws = xstrdup(ws);
+        l->wf = xstrdup(wf);
+        l->next = g->latest[h];
+        g->latest[h] = l;
+    }
+    if (version >= l->version)
+        l->version = version;
+    l->checked_ms = clock_mono_ms();
+    pthread_rwlock_unlock(&g->lock);
+}
+
 int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def,
                         int *version, struct ifl_err *e)
 {
@@ -132,6 +180,7 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
         return rc;
     }
     cache_add(g, ws, wf, *version, w);
+    latest_set(g, ws, wf, *version);
     log_info("workflow.put", "workspace %s workflow %s version %d", ws, wf, *version);
     return 0;
 }
@@ -140,6 +189,8 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
                         const struct wf **out, int *version_out, struct ifl_err *e)
 {
     *out = NULL;
+    if (version == 0)
+        version = latest_find(g, ws, wf); /* 0 when unknown or stale */
     if (version > 0) {
         const struct wf *c = cache_find(g, ws, wf, version);
         if (c) {
@@ -168,6 +219,8 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
         }
         c = cache_add(g, ws, wf, sw.version, w);
     }
+    if (version == 0)
+        latest_set(g, ws, wf, sw.version);
     *out = c;
     *version_out = sw.version;
     store_workflow_clear(&sw);

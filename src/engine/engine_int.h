@@ -21,8 +21,18 @@ struct cached {
     struct cached *next;
 };
 
+/* The latest version of a workflow, as last read or written here. */
+struct latest {
+    char *ws, *wf;
+    int version;
+    int64_t checked_ms; /* clock_mono_ms() of the read */
+    struct latest *next;
+};
+
 struct engine {
     struct store *store;
+    struct latest *latest[CACHE_BUCKETS];
+    int64_t latest_ttl_ms; /* how long a read "latest version" is trusted */
     uint8_t key[CRYPTO_KEY_LEN];
     pthread_rwlock_t lock;
     struct cached *buckets[CACHE_BUCKETS];

@@ -4,6 +4,7 @@
  *   idemflow serve [--listen HOST:PORT] [--db URL] [--load DIR] [--max-body BYTES]
  *   idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json
  *   idemflow eval EXPR [--data FILE] [--bindings JSON]
+ *   idemflow get|retry|resolve|start-over|dead-letters …   (operator commands over HTTP)
  *   idemflow version
  */
 #include "api/api.h"
@@ -14,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/identity.h"
 #include "expr/expr.h"
+#include "http/client.h"
 #include "http/http.h"
 #include "json/json.h"
 #include "store/store.h"
@@ -36,7 +38,15 @@ static void usage(FILE *f)
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
-          "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
+          "  idemflow eval EXPR [--data FILE] [--bindings JSON]
+ *   idemflow get|retry|resolve|start-over|dead-letters …   (operator commands over HTTP)\n"
+          "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
+          "http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is sent as a bearer token):\n"
+          "  idemflow get WS EXECUTION\n"
+          "  idemflow retry WS EXECUTION\n"
+          "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed)\n"
+          "  idemflow start-over WS EXECUTION --key IDEMPOTENCY_KEY\n"
+          "  idemflow dead-letters WS\n"
           "  idemflow version\n",
           f);
 }
@@ -426,6 +436,101 @@ out:
     return rc;
 }
 
+/* ---- operator commands (HTTP clients of a running server) ------------------ */
+
+static int cmd_operator(int argc, char **argv)
+{
+    const char *cmd = argv[0];
+    const char *url = getenv("IDEMFLOW_URL");
+    const char *output = NULL, *key = NULL;
+    int failed = 0;
+    const char *pos[4] = {0};
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
+            url = argv[++i];
+        else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
+            output = argv[++i];
+        else if (strcmp(argv[i], "--key") == 0 && i + 1 < argc)
+            key = argv[++i];
+        else if (strcmp(argv[i], "--failed") == 0)
+            failed = 1;
+        else if (argv[i][0] != '-' && npos < 4)
+            pos[npos++] = argv[i];
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!url || !*url)
+        url = "http://127.0.0.1:8080";
+    int need = strcmp(cmd, "dead-letters") == 0 ? 1 : strcmp(cmd, "resolve") == 0 ? 3 : 2;
+    if (npos != need || (strcmp(cmd, "resolve") == 0 && !output == !failed) ||
+        (strcmp(cmd, "start-over") == 0 && !key)) {
+        usage(stderr);
+        return 2;
+    }
+    for (int i = 0; i < npos; i++)
+        if (strchr(pos[i], '/') || strchr(pos[i], '?')) {
+            fprintf(stderr, "idemflow %s: '%s' is not a valid name\n", cmd, pos[i]);
+            return 2;
+        }
+    char *path, *body = NULL;
+    const char *method = "POST";
+    if (strcmp(cmd, "get") == 0) {
+        method = "GET";
+        path = xasprintf("%s/v1/workspaces/%s/executions/%s", url, pos[0], pos[1]);
+    } else if (strcmp(cmd, "retry") == 0) {
+        path = xasprintf("%s/v1/workspaces/%s/executions/%s/retry", url, pos[0], pos[1]);
+    } else if (strcmp(cmd, "start-over") == 0) {
+        path = xasprintf("%s/v1/workspaces/%s/executions/%s/start-over", url, pos[0], pos[1]);
+    } else if (strcmp(cmd, "dead-letters") == 0) {
+        method = "GET";
+        path = xasprintf("%s/v1/workspaces/%s/dead-letters", url, pos[0]);
+    } else {
+        path = xasprintf("%s/v1/workspaces/%s/executions/%s/steps/%s/resolve", url, pos[0],
+                         pos[1], pos[2]);
+        if (failed) {
+            body = xstrdup("{\"outcome\":\"failed\"}");
+        } else {
+            json_t *out = NULL;
+            struct ifl_err pe = {0};
+            if (json_parse(output, strlen(output), NULL, &out, &pe)) {
+                fprintf(stderr, "idemflow resolve: --output is not JSON: %s\n", pe.msg);
+                free(path);
+                return 2;
+            }
+            json_t *b = json_pack("{s:s,s:o}", "outcome", "completed", "output", out);
+            body = json_to_string(b);
+            json_decref(b);
+        }
+    }
+    const char *hdrs[3] = {0};
+    int nh = 0;
+    char *auth = NULL, *idem = NULL;
+    const char *token = getenv("IDEMFLOW_ADMIN_TOKEN");
+    if (token && *token)
+        hdrs[nh++] = auth = xasprintf("Authorization: Bearer %s", token);
+    if (key)
+        hdrs[nh++] = idem = xasprintf("Idempotency-Key: %s", key);
+    struct http_call call = {.method = method, .url = path, .body = body, .headers = hdrs};
+    struct http_reply reply;
+    struct ifl_err e = {0};
+    int rc = http_client_do(&call, &reply, &e);
+    free(path);
+    free(body);
+    free(auth);
+    free(idem);
+    if (rc) {
+        fprintf(stderr, "idemflow %s: %s\n", cmd, e.msg);
+        return 1;
+    }
+    int ok = reply.status >= 200 && reply.status < 300;
+    fprintf(ok ? stdout : stderr, "%s\n", reply.body);
+    http_reply_clear(&reply);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -439,6 +544,9 @@ int main(int argc, char **argv)
         return cmd_id(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0)
         return expr_cli_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "get") == 0 || strcmp(cmd, "retry") == 0 || strcmp(cmd, "resolve") == 0 ||
+        strcmp(cmd, "start-over") == 0 || strcmp(cmd, "dead-letters") == 0)
+        return cmd_operator(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("idemflow %s\n", IDEMFLOW_VERSION);
         return 0;

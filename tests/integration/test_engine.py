@@ -196,3 +196,33 @@ def test_gateway_steps_fail_clearly_until_supported(server):
         "edges": [{"from": "start", "to": "call"}]})
     x = finished(server, run(server, "gw", {}))
     assert steps_of(x)["call"]["error"]["code"] == "not_implemented"
+
+
+def test_operator_cli(server):
+    import json
+    import subprocess
+    from conftest import BIN
+    put_workflow(server, "secretive", SECRET_FLOW)
+    xid = run(server, "secretive", {"n": 3})
+    finished(server, xid)
+    url = f"http://127.0.0.1:{server.port}"
+
+    def cli(*args):
+        return subprocess.run([BIN, *args, "--url", url], capture_output=True, text=True)
+
+    dl = cli("dead-letters", "eng")
+    assert dl.returncode == 0 and any(d["executionId"] == xid for d in json.loads(dl.stdout)["items"])
+    bad = cli("resolve", "eng", xid, "needs_secret", "--output", "{not json")
+    assert bad.returncode == 2
+    r = cli("resolve", "eng", xid, "needs_secret", "--output", '{"auth": "by-cli"}')
+    assert r.returncode == 0, r.stderr
+    x = wait_for(lambda: (lambda x: x if x["status"] == "completed" else None)(
+        json.loads(cli("get", "eng", xid).stdout)))
+    assert steps_of(x)["needs_secret"]["output"] == {"auth": "by-cli"}
+    again = cli("retry", "eng", xid)
+    assert again.returncode == 0 and json.loads(again.stdout)["retriedSteps"] == 0
+    s1 = cli("start-over", "eng", xid, "--key", "cli-1")
+    s2 = cli("start-over", "eng", xid, "--key", "cli-1")
+    assert s1.returncode == 0 and json.loads(s1.stdout) == json.loads(s2.stdout)
+    missing = cli("get", "eng", "f" * 64)
+    assert missing.returncode == 1 and "not-found" in missing.stderr

@@ -38,8 +38,7 @@ static void usage(FILE *f)
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
-          "  idemflow eval EXPR [--data FILE] [--bindings JSON]
- *   idemflow get|retry|resolve|start-over|dead-letters …   (operator commands over HTTP)\n"
+          "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
           "http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is sent as a bearer token):\n"
           "  idemflow get WS EXECUTION\n"

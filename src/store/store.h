@@ -28,9 +28,10 @@
 
 struct store;
 
-/* Opens the store named by url: "sqlite:PATH" (or a bare path) or, once
- * that backend lands, "postgres://…".  Applies pending schema migrations.
- * On success *out is owned by the caller (store_close). */
+/* Opens the store named by url: "sqlite:PATH" (or a bare path), or
+ * PostgreSQL: "postgres://…", "postgresql://…" or a libpq key=value
+ * conninfo naming dbname= or host= (docs/postgres.md).  Applies pending
+ * schema migrations.  On success *out is owned by the caller (store_close). */
 int store_open(const char *url, struct store **out, struct ifl_err *e);
 void store_close(struct store *s); /* NULL ok */
 /* "sqlite" / "postgres". */
@@ -39,6 +40,19 @@ const char *store_backend(const struct store *s);
 int store_schema_version(struct store *s, int *version, struct ifl_err *e);
 /* Cheap liveness probe used by /readyz. */
 int store_ping(struct store *s, struct ifl_err *e);
+/* Blocks until another commit may have made work claimable, or until
+ * timeout_ms passes.  Backends shared by several processes (PostgreSQL:
+ * LISTEN/NOTIFY, sent by every commit that inserts or dispatches a DISPATCHED
+ * step, this process's own included) implement it; the others return
+ * IFL_EUNSUPPORTED at once (SQLite has one process: its engine wakes its
+ * workers itself).  Returns 1 when woken — by a notification that arrived
+ * since the previous call consumed one, or after the listening connection
+ * was re-established (notifications may have been lost: re-check) — and 0
+ * on timeout.  On a database failure it keeps retrying until the timeout
+ * and then returns IFL_ESTORE, so a loop around it never spins.  Several
+ * threads may wait at once (one of them listens; all wake); the intended
+ * use is one thread that turns wake-ups into the engine's own wake. */
+int store_wait_work(struct store *s, int64_t timeout_ms);
 
 /* ---- workspaces --------------------------------------------------------- */
 /* *created = 1 when the workspace is new, 0 when it existed (settings kept). */

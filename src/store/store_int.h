@@ -71,6 +71,10 @@ struct store_ops {
     int (*tx_idem_put)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, int *created, struct store_idem *existing,
                        struct ifl_err *e);
+
+    /* Optional (NULL: store_wait_work returns IFL_EUNSUPPORTED): waits for
+     * a cross-process work notification; contract at store_wait_work. */
+    int (*wait_work)(struct store *s, int64_t timeout_ms);
 };
 
 /* Every transaction handle starts with this. */
@@ -85,6 +89,8 @@ struct store {
 
 /* Backend constructors. */
 int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e);
+/* conninfo: a postgres:// URL or a libpq key=value string. */
+int store_pg_open(const char *conninfo, struct store **out, struct ifl_err *e);
 
 /* The schema, as ordered migrations shared by every backend.  Each entry's
  * SQL is portable (TEXT, BIGINT, INTEGER, ON CONFLICT); `sqlite_only` /

@@ -1,0 +1,1876 @@
+/*
+ * store_pg — the PostgreSQL backend (libpq), for several engine processes,
+ * on one or several machines, sharing one database.
+ *
+ * Connections: a pool of POOL_SIZE per store handle (mutex + condition
+ * variable); each connection prepares its statements once, by name, the
+ * first time it runs them.  A connection that breaks is reopened with
+ * backoff the next time it is taken from the pool.  A separate connection
+ * LISTENs for work notifications (store_wait_work), opened on first use.
+ *
+ * Transactions run at READ COMMITTED with row locks: store_tx_execution_get
+ * locks the execution row (FOR NO KEY UPDATE), so every transaction that
+ * decides something about an execution's steps (steps_apply, retry, resolve,
+ * recovery) is serialized per execution and reads what the previous one
+ * committed.  Claims lock only the step rows they take (FOR UPDATE SKIP
+ * LOCKED), never wait on a busy row and never take the execution lock.
+ * Lock order is therefore execution row, then step rows; claims hold step
+ * rows only and wait for nothing, so the engine's transactions cannot
+ * deadlock each other (a deadlock or serialization failure would be retried
+ * anyway).
+ *
+ * Failures (docs/postgres.md has the per-operation table):
+ *  - a statement fails because the connection broke, or with 40001/40P01:
+ *    nothing committed; the whole operation is re-run on a fresh
+ *    connection (transaction functions are written to be re-runnable);
+ *  - the connection breaks while COMMIT is in flight: the outcome is
+ *    unknown.  The old server process is terminated and awaited (so a late
+ *    commit cannot happen after the check), then the transaction's marker —
+ *    a row only that transaction can have written (its first event, its
+ *    first claim's attempt row, the workflow version it made) — says
+ *    whether it committed.  A transaction without a marker is re-run: every
+ *    such write is idempotent (upserts, inserts that do nothing on
+ *    conflict) or guarded (state and epoch), so a re-run after a commit
+ *    changes nothing.  When the outcome cannot be settled before the retry
+ *    window closes, IFL_ESTORE is returned.
+ *
+ * Must never: report success for a write that did not commit; block a
+ * claim on a busy row; hold a pool connection while waiting for another.
+ */
+#include "store/store_int.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "crypto/crypto.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define POOL_SIZE 8
+#define RETRY_WINDOW_MS 20000 /* how long an operation rides out an outage */
+#define OPEN_WINDOW_MS 5000   /* … at open: a wrong address should fail fast */
+#define PING_WINDOW_MS 2000
+#define MAX_CONFLICT_RETRIES 10 /* 40001 / 40P01 */
+#define MIGRATION_LOCK "7370704346299592" /* pg_advisory_xact_lock key */
+#define CHANNEL "idemflow_work"
+
+/* ---- statements --------------------------------------------------------------- */
+
+#define EXEC_COLS                                                                          \
+    "id, workspace, workflow, workflow_version, entry_point, identity, payload,"          \
+    " payload_hash, test, status, version, created_at, updated_at, started_over_from"
+#define STEP_COLS                                                                          \
+    "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"         \
+    " lease_expires_at, next_run_at, in_decided, in_taken, output, error, updated_at"
+#define SEQ_OF(p) "(SELECT seq FROM executions WHERE id = " p ")"
+
+enum stmt {
+    S_NONE,
+    S_SCHEMA_VERSION,
+    S_WS_PUT,
+    S_WS_MARK,
+    S_WS_EXISTS,
+    S_WS_LOCK,
+    S_WF_PUT,
+    S_WF_MARK,
+    S_WF_LATEST,
+    S_WF_VERSION,
+    S_SECRET_PUT,
+    S_SECRET_GET,
+    S_SECRET_LIST,
+    S_EXEC_GET,
+    S_EXEC_GET_LOCK,
+    S_EXEC_LIST,
+    S_EXEC_INSERT,
+    S_EXEC_STATUS,
+    S_STEPS_OF,
+    S_STEP_INSERT,
+    S_STEP_UPDATE,
+    S_ATTEMPT_FINISH,
+    S_EXEC_BUMP,
+    S_EVENT_INSERT,
+    S_EVENT_MARK,
+    S_IDEM_PUT,
+    S_IDEM_GET,
+    S_ATTEMPTS_OF,
+    S_CLAIM,
+    S_CLAIM_MARK,
+    S_RENEW,
+    S_EXPIRED,
+    S_EXPIRED_ALL,
+    S_NEXT_DUE,
+    S_DEAD,
+    S_EVENTS,
+    S_SETTLE,
+    S_COUNT
+};
+
+static const struct {
+    const char *name;
+    const char *sql;
+} stmts[S_COUNT] = {
+    [S_SCHEMA_VERSION] = {"ifl_schema_version",
+                          "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"},
+    [S_WS_PUT] = {"ifl_ws_put", "INSERT INTO workspaces (name, settings, created_at)"
+                                " VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING RETURNING 1"},
+    [S_WS_MARK] = {"ifl_ws_mark", "SELECT 1 FROM workspaces WHERE name = $1 AND created_at = $2"},
+    [S_WS_EXISTS] = {"ifl_ws_exists", "SELECT 1 FROM workspaces WHERE name = $1"},
+    /* Serializes workflow puts of a workspace (max+1); NO KEY UPDATE does
+     * not conflict with the KEY SHARE locks of concurrent inserts that
+     * reference the workspace. */
+    [S_WS_LOCK] = {"ifl_ws_lock", "SELECT 1 FROM workspaces WHERE name = $1 FOR NO KEY UPDATE"},
+    [S_WF_PUT] = {"ifl_wf_put",
+                  "INSERT INTO workflows (workspace, name, version, definition, created_at)"
+                  " SELECT $1::text, $2::text, COALESCE(MAX(version), 0) + 1, $3::text, $4::bigint"
+                  " FROM workflows WHERE workspace = $1 AND name = $2 RETURNING version"},
+    [S_WF_MARK] = {"ifl_wf_mark", "SELECT 1 FROM workflows WHERE workspace = $1 AND name = $2"
+                                  " AND version = $3 AND created_at = $4"},
+    [S_WF_LATEST] = {"ifl_wf_latest", "SELECT version, definition, created_at FROM workflows"
+                                      " WHERE workspace = $1 AND name = $2"
+                                      " ORDER BY version DESC LIMIT 1"},
+    [S_WF_VERSION] = {"ifl_wf_version", "SELECT version, definition, created_at FROM workflows"
+                                        " WHERE workspace = $1 AND name = $2 AND version = $3"},
+    [S_SECRET_PUT] = {"ifl_secret_put",
+                      "INSERT INTO secrets (workspace, name, sealed, updated_at)"
+                      " VALUES ($1, $2, $3, $4) ON CONFLICT (workspace, name) DO UPDATE"
+                      " SET sealed = excluded.sealed, updated_at = excluded.updated_at"},
+    [S_SECRET_GET] = {"ifl_secret_get",
+                      "SELECT sealed FROM secrets WHERE workspace = $1 AND name = $2"},
+    [S_SECRET_LIST] = {"ifl_secret_list",
+                       "SELECT name FROM secrets WHERE workspace = $1 ORDER BY name"},
+    [S_EXEC_GET] = {"ifl_exec_get",
+                    "SELECT " EXEC_COLS " FROM executions WHERE id = $1 AND workspace = $2"},
+    [S_EXEC_GET_LOCK] = {"ifl_exec_get_lock", "SELECT " EXEC_COLS " FROM executions"
+                                              " WHERE id = $1 AND workspace = $2"
+                                              " FOR NO KEY UPDATE"},
+    [S_EXEC_LIST] = {"ifl_exec_list",
+                     "SELECT " EXEC_COLS " FROM executions WHERE workspace = $1"
+                     " AND (created_at, id) < ($2::bigint, $3::text)"
+                     " ORDER BY created_at DESC, id DESC LIMIT $4"},
+    [S_EXEC_INSERT] = {"ifl_exec_insert",
+                       "INSERT INTO executions (" EXEC_COLS ")"
+                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13)"
+                       " ON CONFLICT (id) DO NOTHING RETURNING seq"},
+    [S_EXEC_STATUS] = {"ifl_exec_status",
+                       "UPDATE executions SET status = $1, updated_at = $2 WHERE id = $3"},
+    [S_STEPS_OF] = {"ifl_steps_of", "SELECT " STEP_COLS " FROM steps WHERE execution_seq = "
+                                    SEQ_OF("$1") " ORDER BY vertex"},
+    [S_STEP_INSERT] = {"ifl_step_insert",
+                       "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at,"
+                       " next_run_at, in_decided, in_taken, output, error, updated_at,"
+                       " execution_id, vertex, workspace, kind, execution_seq)"
+                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
+                       " $15, " SEQ_OF("$12") ")"},
+    [S_STEP_UPDATE] = {"ifl_step_update",
+                       "UPDATE steps SET state = $1, attempts = $2, epoch = $3, lease_owner = $4,"
+                       " lease_expires_at = $5, next_run_at = $6, in_decided = $7, in_taken = $8,"
+                       " output = $9, error = $10, updated_at = $11"
+                       " WHERE execution_seq = " SEQ_OF("$12") " AND vertex = $13 AND state = $14"
+                       " AND ($15::bigint < 0 OR epoch = $15::bigint)"},
+    [S_ATTEMPT_FINISH] = {"ifl_attempt_finish",
+                          "UPDATE step_attempts SET finished_at = $1, outcome = $2, error = $3"
+                          " WHERE execution_seq = " SEQ_OF("$4") " AND vertex = $5"
+                          " AND epoch = $6 AND finished_at IS NULL"},
+    [S_EXEC_BUMP] = {"ifl_exec_bump", "UPDATE executions SET version = version + 1,"
+                                      " updated_at = $1 WHERE id = $2 RETURNING version"},
+    [S_EVENT_INSERT] = {"ifl_event_insert",
+                        "INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
+                        " data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"},
+    [S_EVENT_MARK] = {"ifl_event_mark", "SELECT 1 FROM events WHERE seq = $1 AND id = $2"},
+    [S_IDEM_PUT] = {"ifl_idem_put",
+                    "INSERT INTO idempotency_keys (workspace, scope, key, fingerprint, status,"
+                    " response, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                    " ON CONFLICT (workspace, scope, key) DO NOTHING RETURNING 1"},
+    [S_IDEM_GET] = {"ifl_idem_get", "SELECT fingerprint, status, response FROM idempotency_keys"
+                                    " WHERE workspace = $1 AND scope = $2 AND key = $3"},
+    [S_ATTEMPTS_OF] = {"ifl_attempts_of",
+                       "SELECT execution_id, vertex, epoch, worker, started_at, finished_at,"
+                       " outcome, error FROM step_attempts WHERE execution_seq = " SEQ_OF("$1")
+                       " ORDER BY started_at, vertex, epoch"},
+    /* The claim in one statement: pick due rows, skipping any another
+     * claimant holds, flip them, and record the attempts. */
+    [S_CLAIM] = {"ifl_claim",
+                 "WITH picked AS MATERIALIZED (SELECT execution_seq, vertex FROM steps"
+                 " WHERE state = 'DISPATCHED' AND next_run_at <= $3::bigint"
+                 " ORDER BY next_run_at LIMIT $4 FOR UPDATE SKIP LOCKED),"
+                 " claimed AS (UPDATE steps s SET state = 'EXECUTING', epoch = s.epoch + 1,"
+                 " attempts = s.attempts + 1, lease_owner = $1::text, lease_expires_at = $2,"
+                 " updated_at = $3::bigint FROM picked"
+                 " WHERE s.execution_seq = picked.execution_seq AND s.vertex = picked.vertex"
+                 " RETURNING s.execution_id, s.vertex, s.workspace, s.kind, s.epoch,"
+                 " s.attempts, s.execution_seq),"
+                 " history AS (INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
+                 " started_at, execution_seq) SELECT execution_id, vertex, epoch, $1::text,"
+                 " $3::bigint, execution_seq FROM claimed)"
+                 " SELECT * FROM claimed"},
+    [S_CLAIM_MARK] = {"ifl_claim_mark",
+                      "SELECT 1 FROM step_attempts WHERE execution_seq = $1 AND vertex = $2"
+                      " AND epoch = $3 AND worker = $4"},
+    [S_RENEW] = {"ifl_renew", "UPDATE steps SET lease_expires_at = $1 WHERE execution_seq = "
+                              SEQ_OF("$2") " AND vertex = $3 AND state = 'EXECUTING'"
+                              " AND epoch = $4"},
+    [S_EXPIRED] = {"ifl_expired", "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING'"
+                                  " AND lease_expires_at < $1 ORDER BY lease_expires_at"
+                                  " LIMIT $2"},
+    [S_EXPIRED_ALL] = {"ifl_expired_all",
+                       "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING' LIMIT $1"},
+    [S_NEXT_DUE] = {"ifl_next_due",
+                    "SELECT MIN(next_run_at) FROM steps WHERE state = 'DISPATCHED'"},
+    [S_DEAD] = {"ifl_dead", "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
+                            " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
+                            " ORDER BY updated_at DESC LIMIT $2"},
+    [S_EVENTS] = {"ifl_events",
+                  "SELECT seq, id, workspace, execution_id, aggregate_version, type, data,"
+                  " created_at FROM events WHERE workspace = $1 AND seq > $2 ORDER BY seq"
+                  " LIMIT $3"},
+    /* Terminates the server process of a broken connection (identified by
+     * pid and start time) and reports it while it still exists. */
+    [S_SETTLE] = {"ifl_settle", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                " WHERE pid = $1"
+                                " AND (extract(epoch FROM backend_start) * 1000000)::bigint = $2"},
+};
+
+/* Text parameters: strings are borrowed; numbers and copies live inside. */
+#define MAX_ARGS 16
+struct args {
+    int n;
+    const char *v[MAX_ARGS];
+    char own[MAX_ARGS][72];
+};
+
+static void arg_s(struct args *a, const char *s)
+{
+    a->v[a->n++] = s;
+}
+
+static void arg_i(struct args *a, int64_t x)
+{
+    snprintf(a->own[a->n], sizeof a->own[0], "%" PRId64, x);
+    a->v[a->n] = a->own[a->n];
+    a->n++;
+}
+
+/* Copies a short string (a marker must outlive the caller's buffers). */
+static void arg_copy(struct args *a, const char *s)
+{
+    snprintf(a->own[a->n], sizeof a->own[0], "%s", s);
+    a->v[a->n] = a->own[a->n];
+    a->n++;
+}
+
+/* ---- connections and the pool ----------------------------------------------- */
+
+struct conn {
+    PGconn *pg;
+    int broken;         /* failed: reopen before the next use */
+    int pid;            /* server process, and when it and the postmaster */
+    int64_t be_start;   /* started (µs): tell whether an old process may */
+    int64_t pm_start;   /* still run, or the server restarted */
+    unsigned char prepared[S_COUNT];
+    struct conn *next;
+};
+
+struct pg {
+    struct store base;
+    char *conninfo;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct conn conns[POOL_SIZE];
+    struct conn *free;
+    /* the LISTEN connection (store_wait_work) */
+    pthread_mutex_t lmu;
+    pthread_cond_t lcv;
+    PGconn *listener;
+    int polling;
+    uint64_t gen;
+};
+
+static void sleep_ms(int64_t ms)
+{
+    if (ms <= 0)
+        return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* A pause between 1/2 and 1 of `ms`, so retrying processes spread out. */
+static void backoff_sleep(int64_t ms)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t h = (uint64_t)now.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)&now;
+    sleep_ms(ms / 2 + (int64_t)(h % (uint64_t)(ms / 2 + 1)));
+}
+
+/* libpq messages end with a newline; copies one line-trimmed. */
+static void trim_copy(char *out, size_t cap, const char *msg)
+{
+    snprintf(out, cap, "%s", msg && *msg ? msg : "unknown error");
+    size_t n = strlen(out);
+    while (n && (out[n - 1] == '\n' || out[n - 1] == ' '))
+        out[--n] = '\0';
+}
+
+static void quiet_notices(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message; /* "relation already exists, skipping" and the like */
+}
+
+static int parse_i64(const char *v, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static PGconn *connect_once(const char *conninfo)
+{
+    /* Our defaults come first; the user's conninfo (expanded from
+     * "dbname") overrides any of them. */
+    static const char *const keys[] = {"connect_timeout", "keepalives_idle",
+                                       "keepalives_interval", "keepalives_count",
+                                       "tcp_user_timeout", "application_name", "dbname", NULL};
+    const char *vals[] = {"5", "15", "5", "3", "30000", "idemflow", conninfo, NULL};
+    PGconn *pg = PQconnectdbParams(keys, vals, 1);
+    if (pg)
+        PQsetNoticeProcessor(pg, quiet_notices, NULL);
+    return pg;
+}
+
+/* Per-session settings and the identity of the server process. */
+static int session_init(struct conn *c, PGconn *pg, char *msg, size_t cap)
+{
+    PGresult *r = PQexec(pg, "SET idle_in_transaction_session_timeout = 60000;"
+                             " SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)"
+                             "::bigint, (extract(epoch FROM backend_start) * 1000000)::bigint,"
+                             " current_setting('synchronous_commit')"
+                             " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
+    int rc = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+        parse_i64(PQgetvalue(r, 0, 0), &c->pm_start) == 0 &&
+        parse_i64(PQgetvalue(r, 0, 1), &c->be_start) == 0) {
+        c->pid = PQbackendPID(pg);
+        rc = 0;
+        /* "off" acknowledges commits before they are durable: not for us. */
+        if (strcmp(PQgetvalue(r, 0, 2), "off") == 0) {
+            PGresult *r2 = PQexec(pg, "SET synchronous_commit = on");
+            if (PQresultStatus(r2) != PGRES_COMMAND_OK)
+                rc = -1;
+            PQclear(r2);
+        }
+    }
+    if (rc)
+        trim_copy(msg, cap, PQerrorMessage(pg));
+    PQclear(r);
+    return rc;
+}
+
+static void conn_drop(struct conn *c)
+{
+    if (c->pg)
+        PQfinish(c->pg);
+    c->pg = NULL;
+    c->broken = 1;
+    memset(c->prepared, 0, sizeof c->prepared);
+}
+
+/* (Re)opens c, retrying with backoff until `deadline` (monotonic ms). */
+static int conn_open(struct pg *s, struct conn *c, int64_t deadline, struct ifl_err *e)
+{
+    conn_drop(c);
+    int64_t pause = 25;
+    char msg[256] = "";
+    for (;;) {
+        PGconn *pg = connect_once(s->conninfo);
+        if (!pg) {
+            snprintf(msg, sizeof msg, "out of memory");
+        } else if (PQstatus(pg) != CONNECTION_OK) {
+            trim_copy(msg, sizeof msg, PQerrorMessage(pg));
+            PQfinish(pg);
+        } else if (session_init(c, pg, msg, sizeof msg) != 0) {
+            PQfinish(pg);
+        } else {
+            c->pg = pg;
+            c->broken = 0;
+            return 0;
+        }
+        if (clock_mono_ms() + pause > deadline)
+            return err_set(e, IFL_ESTORE, "cannot connect to PostgreSQL: %s", msg);
+        log_warn("store.pg_connect_retry", "cannot connect to PostgreSQL (%s); retrying", msg);
+        backoff_sleep(pause);
+        pause = pause * 2 > 1000 ? 1000 : pause * 2;
+    }
+}
+
+static void deadline_ts(int64_t deadline, struct timespec *ts)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t left = deadline - clock_mono_ms();
+    if (left < 0)
+        left = 0;
+    ts->tv_sec = now.tv_sec + (time_t)(left / 1000);
+    ts->tv_nsec = now.tv_nsec + (long)(left % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void pool_put(struct pg *s, struct conn *c)
+{
+    pthread_mutex_lock(&s->mu);
+    c->next = s->free;
+    s->free = c;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Takes a connection, opened and healthy, or fails at `deadline`. */
+static int pool_get(struct pg *s, int64_t deadline, struct conn **out, struct ifl_err *e)
+{
+    pthread_mutex_lock(&s->mu);
+    while (!s->free) {
+        struct timespec ts;
+        deadline_ts(deadline, &ts);
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->free) {
+            pthread_mutex_unlock(&s->mu);
+            return err_set(e, IFL_EBUSY, "all %d database connections stayed busy", POOL_SIZE);
+        }
+    }
+    struct conn *c = s->free;
+    s->free = c->next;
+    pthread_mutex_unlock(&s->mu);
+    if (!c->pg || c->broken || PQstatus(c->pg) != CONNECTION_OK) {
+        int rc = conn_open(s, c, deadline, e);
+        if (rc) {
+            pool_put(s, c);
+            return rc;
+        }
+    }
+    *out = c;
+    return 0;
+}
+
+/* ---- statements in a unit of work ------------------------------------------------ */
+
+enum fail { FAIL_NONE, FAIL_SQL, FAIL_RETRY, FAIL_CONN };
+
+/* One unit of work (a transaction, or one autocommit statement) on one
+ * connection.  `base` makes it a store_tx for the engine's functions. */
+struct pgtx {
+    struct store_tx base;
+    struct pg *s;
+    struct conn *c;
+    enum fail fail; /* how the first failed statement failed */
+    int fail_rc;
+    int wrote;      /* some statement changed a row */
+    int notify;     /* a step became DISPATCHED: NOTIFY at commit */
+    enum stmt mark; /* finds a row only this unit can have written */
+    struct args mark_args;
+};
+
+static int fail(struct pgtx *t, const PGresult *r, const char *what, struct ifl_err *e)
+{
+    const char *code = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+    char msg[300];
+    trim_copy(msg, sizeof msg, r ? PQresultErrorMessage(r) : PQerrorMessage(t->c->pg));
+    int rc;
+    enum fail kind;
+    if (!t->c->pg || PQstatus(t->c->pg) != CONNECTION_OK || !code ||
+        strncmp(code, "08", 2) == 0 || strncmp(code, "57P", 3) == 0) {
+        kind = FAIL_CONN;
+        rc = err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed: %s", what, msg);
+    } else if (strcmp(code, "26000") == 0 ||
+               (strcmp(code, "0A000") == 0 && strstr(msg, "cached plan"))) {
+        /* Prepared statements lost or stale (a pooler reset the session, or
+         * the schema changed under them): start over on a new session. */
+        kind = FAIL_CONN;
+        rc = err_set(e, IFL_ESTORE, "%s: stale session: %s", what, msg);
+    } else if (strcmp(code, "40001") == 0 || strcmp(code, "40P01") == 0) {
+        kind = FAIL_RETRY;
+        rc = err_set(e, IFL_ESTORE, "%s: postgres: %s (%s)", what, msg, code);
+    } else if (strcmp(code, "23503") == 0) {
+        kind = FAIL_SQL;
+        rc = err_set(e, IFL_ENOTFOUND, "%s: referenced record does not exist", what);
+    } else {
+        kind = FAIL_SQL;
+        rc = err_set(e, IFL_ESTORE, "%s: postgres: %s (%s)", what, msg, code);
+    }
+    if (kind == FAIL_CONN)
+        t->c->broken = 1;
+    if (t->fail == FAIL_NONE) {
+        t->fail = kind;
+        t->fail_rc = rc;
+    }
+    return rc;
+}
+
+/* Runs prepared statement `id` (prepared on this connection on first use).
+ * Returns the result (PQclear it) or NULL with *e and t->fail set. */
+static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct ifl_err *e)
+{
+    struct conn *c = t->c;
+    if (t->fail == FAIL_CONN || !c->pg) {
+        int rc = err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed",
+                         stmts[id].name);
+        if (t->fail == FAIL_NONE) {
+            t->fail = FAIL_CONN;
+            t->fail_rc = rc;
+        }
+        return NULL;
+    }
+    if (!c->prepared[id]) {
+        PGresult *r = PQprepare(c->pg, stmts[id].name, stmts[id].sql, 0, NULL);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+            fail(t, r, stmts[id].name, e);
+            PQclear(r);
+            return NULL;
+        }
+        PQclear(r);
+        c->prepared[id] = 1;
+    }
+    PGresult *r = PQexecPrepared(c->pg, stmts[id].name, a ? a->n : 0, a ? a->v : NULL, NULL,
+                                 NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+        const char *n = PQcmdTuples(r);
+        if (*n && strcmp(n, "0") != 0 && strncmp(PQcmdStatus(r), "SELECT", 6) != 0)
+            t->wrote = 1;
+        return r;
+    }
+    fail(t, r, stmts[id].name, e);
+    PQclear(r);
+    return NULL;
+}
+
+/* A simple-protocol command (BEGIN, migrations). */
+static int simple(struct pgtx *t, const char *sql, struct ifl_err *e)
+{
+    PGresult *r = PQexec(t->c->pg, sql);
+    ExecStatusType st = PQresultStatus(r);
+    int rc = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : fail(t, r, "sql", e);
+    PQclear(r);
+    return rc;
+}
+
+static int64_t col_i64(const PGresult *r, int row, int col)
+{
+    int64_t v = 0;
+    if (!PQgetisnull(r, row, col) && parse_i64(PQgetvalue(r, row, col), &v) != 0)
+        log_error("store.pg_bad_integer", "column %d is not an integer", col);
+    return v;
+}
+
+static char *col_str(const PGresult *r, int row, int col)
+{
+    if (PQgetisnull(r, row, col))
+        return NULL;
+    return xstrndup(PQgetvalue(r, row, col), (size_t)PQgetlength(r, row, col));
+}
+
+static void col_copy(const PGresult *r, int row, int col, char *out, size_t cap)
+{
+    const char *v = PQgetisnull(r, row, col) ? "" : PQgetvalue(r, row, col);
+    snprintf(out, cap, "%s", v);
+}
+
+/* ---- running a unit of work with retries --------------------------------------------- */
+
+typedef int (*body_fn)(struct pgtx *t, void *arg, struct ifl_err *e);
+
+enum mode {
+    M_READ,  /* one or more reads, autocommit: re-run on any connection failure */
+    M_WRITE, /* one autocommit write that is idempotent or carries a marker */
+    M_TX,    /* BEGIN … COMMIT */
+};
+
+enum outcome { O_DONE, O_RETRY, O_UNKNOWN };
+
+static enum outcome run_once(struct pgtx *t, body_fn body, void *arg, enum mode mode, int *rc,
+                             struct ifl_err *e)
+{
+    if (mode == M_TX && (*rc = simple(t, "BEGIN", e)))
+        return t->fail == FAIL_CONN || t->fail == FAIL_RETRY ? O_RETRY : O_DONE;
+    *rc = body(t, arg, e);
+    if (!*rc && t->fail != FAIL_NONE)
+        *rc = t->fail_rc; /* a failed statement whose error the body dropped */
+    if (*rc) {
+        if (mode == M_TX && t->fail != FAIL_CONN) {
+            PGresult *r = PQexec(t->c->pg, "ROLLBACK");
+            if (PQresultStatus(r) != PGRES_COMMAND_OK)
+                t->c->broken = 1;
+            PQclear(r);
+        }
+        if (t->fail == FAIL_CONN)
+            return mode == M_WRITE ? O_UNKNOWN : O_RETRY;
+        return t->fail == FAIL_RETRY ? O_RETRY : O_DONE;
+    }
+    if (mode != M_TX)
+        return O_DONE;
+    /* NOTIFY rides in the COMMIT's round trip; PostgreSQL delivers it only
+     * if the transaction commits, and folds duplicates. */
+    PGresult *r = PQexec(t->c->pg, t->notify ? "NOTIFY " CHANNEL "; COMMIT" : "COMMIT");
+    ExecStatusType st = PQresultStatus(r);
+    if (st == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0) {
+        PQclear(r);
+        return O_DONE;
+    }
+    if (st == PGRES_COMMAND_OK) { /* "ROLLBACK": the transaction had failed */
+        PQclear(r);
+        *rc = err_set(e, IFL_ESTORE, "the transaction was rolled back");
+        return O_DONE;
+    }
+    *rc = fail(t, r, "commit", e);
+    PQclear(r);
+    if (t->fail == FAIL_CONN) {
+        if (t->wrote)
+            return O_UNKNOWN;
+        *rc = 0; /* it changed nothing: committed or not, the reads stand */
+        return O_DONE;
+    }
+    return t->fail == FAIL_RETRY ? O_RETRY : O_DONE;
+}
+
+/* After a connection was lost: terminates the old server process if it
+ * still runs (its transaction, if still open, aborts) and waits until it is
+ * gone, so nothing it was doing can commit after we look.  Unneeded when
+ * the server restarted (no process survives a restart). */
+static int settle(struct pgtx *t, int pid, int64_t be_start, int64_t deadline,
+                  struct ifl_err *e)
+{
+    struct args a = {0};
+    arg_i(&a, pid);
+    arg_i(&a, be_start);
+    for (;;) {
+        PGresult *r = q(t, S_SETTLE, &a, e);
+        if (!r)
+            return IFL_ESTORE;
+        int alive = PQntuples(r) > 0;
+        PQclear(r);
+        if (!alive)
+            return 0;
+        if (clock_mono_ms() >= deadline)
+            return err_set(e, IFL_ESTORE, "server process %d did not exit", pid);
+        sleep_ms(10);
+    }
+}
+
+/* The connection broke while the unit's commit was in flight.  Decides:
+ * O_DONE with *rc = 0 (it committed), O_RETRY (it did not, or it is safe
+ * to run again), or O_DONE with *rc = IFL_ESTORE (cannot tell in time). */
+static enum outcome resolve(struct pgtx *t, int64_t deadline, int *rc, struct ifl_err *e)
+{
+    struct conn *c = t->c;
+    int old_pid = c->pid;
+    int64_t old_be = c->be_start, old_pm = c->pm_start;
+    struct ifl_err ce = {0};
+    log_warn("store.pg_commit_unknown", "connection lost during a commit; settling its outcome");
+    for (;;) {
+        /* The checks below may lose their connection too: start over. */
+        if (conn_open(t->s, c, deadline, &ce) != 0)
+            break;
+        struct pgtx v = {.s = t->s, .c = c};
+        if (c->pm_start == old_pm && settle(&v, old_pid, old_be, deadline, &ce) != 0) {
+            if (v.fail == FAIL_CONN && clock_mono_ms() < deadline)
+                continue;
+            break;
+        }
+        if (t->mark == S_NONE)
+            return O_RETRY; /* idempotent or guarded: running it again is safe */
+        PGresult *r = q(&v, t->mark, &t->mark_args, &ce);
+        if (!r) {
+            if (v.fail == FAIL_CONN && clock_mono_ms() < deadline)
+                continue;
+            break;
+        }
+        int committed = PQntuples(r) > 0;
+        PQclear(r);
+        log_warn("store.pg_commit_settled", "the interrupted write %s",
+                 committed ? "had committed" : "had not committed; running it again");
+        if (!committed)
+            return O_RETRY;
+        *rc = 0;
+        return O_DONE;
+    }
+    *rc = err_set(e, IFL_ESTORE, "the outcome of a write is unknown (%s)", ce.msg);
+    return O_DONE;
+}
+
+/* Runs body as one unit of work, retrying as the header describes until
+ * `window_ms` has passed (or MAX_CONFLICT_RETRIES conflicts). */
+static int run_w(struct pg *s, body_fn body, void *arg, enum mode mode, int64_t window_ms,
+                 struct ifl_err *e)
+{
+    int64_t deadline = clock_mono_ms() + window_ms;
+    int64_t pause = 5;
+    int conflicts = 0;
+    struct ifl_err le;
+    int rc;
+    for (;;) {
+        err_clear(&le);
+        struct conn *c = NULL;
+        rc = pool_get(s, deadline, &c, &le);
+        if (rc)
+            break;
+        struct pgtx t = {.base = {&s->base}, .s = s, .c = c};
+        enum outcome o = run_once(&t, body, arg, mode, &rc, &le);
+        if (o == O_UNKNOWN)
+            o = resolve(&t, deadline, &rc, &le);
+        pool_put(s, c);
+        if (o == O_DONE) {
+            if (!rc)
+                return 0;
+            break;
+        }
+        if (t.fail == FAIL_RETRY ? ++conflicts > MAX_CONFLICT_RETRIES
+                                 : clock_mono_ms() >= deadline)
+            break;
+        log_warn("store.pg_retry", "%s; running the operation again", le.msg);
+        backoff_sleep(pause);
+        pause = pause * 2 > 500 ? 500 : pause * 2;
+    }
+    if (e)
+        *e = le;
+    return rc;
+}
+
+static int run(struct pg *s, body_fn body, void *arg, enum mode mode, struct ifl_err *e)
+{
+    return run_w(s, body, arg, mode, RETRY_WINDOW_MS, e);
+}
+
+static struct pgtx *ptx(struct store_tx *tx)
+{
+    return (struct pgtx *)tx;
+}
+
+/* ---- schema ---------------------------------------------------------------------- */
+
+struct migrate_args {
+    int applied;
+};
+
+/* All missing migrations in one transaction, under an advisory lock that
+ * every process takes first: concurrent starts migrate exactly once. */
+static int body_migrate(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct migrate_args *a = arg;
+    a->applied = 0;
+    int rc = simple(t, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK ")", e);
+    if (!rc)
+        rc = simple(t,
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+                    e);
+    if (rc)
+        return rc;
+    PGresult *r = PQexec(t->c->pg, "SELECT version FROM schema_migrations");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        rc = fail(t, r, "migrate", e);
+        PQclear(r);
+        return rc;
+    }
+    for (int i = 0; !rc && i < store_migrations_count; i++) {
+        const struct store_migration *m = &store_migrations[i];
+        int have = 0;
+        for (int k = 0; k < PQntuples(r); k++)
+            have |= col_i64(r, k, 0) == m->version;
+        if (have)
+            continue;
+        if ((rc = simple(t, m->pg_sql ? m->pg_sql : m->sql, e)))
+            break;
+        char ver[24], now[24];
+        snprintf(ver, sizeof ver, "%d", m->version);
+        snprintf(now, sizeof now, "%" PRId64, clock_now_ms());
+        const char *vals[2] = {ver, now};
+        PGresult *ins = PQexecParams(t->c->pg,
+                                     "INSERT INTO schema_migrations (version, applied_at)"
+                                     " VALUES ($1, $2)",
+                                     2, NULL, vals, NULL, NULL, 0);
+        if (PQresultStatus(ins) != PGRES_COMMAND_OK)
+            rc = fail(t, ins, "migrate", e);
+        PQclear(ins);
+        if (!rc) {
+            a->applied++;
+            log_info("store.migrated", "applied schema migration %d", m->version);
+        }
+    }
+    PQclear(r);
+    return rc;
+}
+
+static int body_schema_version(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    PGresult *r = q(t, S_SCHEMA_VERSION, NULL, e);
+    if (!r)
+        return IFL_ESTORE;
+    *(int *)arg = (int)col_i64(r, 0, 0);
+    PQclear(r);
+    return 0;
+}
+
+static int op_schema_version(struct store *base, int *version, struct ifl_err *e)
+{
+    return run((struct pg *)base, body_schema_version, version, M_READ, e);
+}
+
+static int op_ping(struct store *base, struct ifl_err *e)
+{
+    int v;
+    return run_w((struct pg *)base, body_schema_version, &v, M_READ, PING_WINDOW_MS, e);
+}
+
+/* ---- workspaces, workflows, secrets ---------------------------------------------------- */
+
+struct ws_put {
+    const char *ws, *settings;
+    int created;
+};
+
+static int body_ws_put(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct ws_put *a = arg;
+    int64_t now = clock_now_ms();
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_s(&p, a->settings);
+    arg_i(&p, now);
+    /* marker: the row with this call's creation time */
+    t->mark = S_WS_MARK;
+    t->mark_args = (struct args){0};
+    arg_s(&t->mark_args, a->ws);
+    arg_i(&t->mark_args, now);
+    a->created = 1; /* stands if the reply is lost but the marker is found */
+    PGresult *r = q(t, S_WS_PUT, &p, e);
+    if (!r)
+        return t->fail_rc;
+    a->created = PQntuples(r) == 1;
+    PQclear(r);
+    return 0;
+}
+
+static int op_workspace_put(struct store *base, const char *ws, const char *settings,
+                            int *created, struct ifl_err *e)
+{
+    struct ws_put a = {ws, settings, 0};
+    int rc = run((struct pg *)base, body_ws_put, &a, M_WRITE, e);
+    *created = rc ? 0 : a.created;
+    return rc;
+}
+
+struct one_key {
+    enum stmt id;
+    const char *k1, *k2;
+    int found;
+};
+
+static int body_exists(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct one_key *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->k1);
+    if (a->k2)
+        arg_s(&p, a->k2);
+    PGresult *r = q(t, a->id, &p, e);
+    if (!r)
+        return t->fail_rc;
+    a->found = PQntuples(r) > 0;
+    PQclear(r);
+    return 0;
+}
+
+static int op_workspace_exists(struct store *base, const char *ws, struct ifl_err *e)
+{
+    struct one_key a = {S_WS_EXISTS, ws, NULL, 0};
+    int rc = run((struct pg *)base, body_exists, &a, M_READ, e);
+    if (!rc && !a.found)
+        rc = err_set(e, IFL_ENOTFOUND, "workspace '%s' does not exist", ws);
+    return rc;
+}
+
+struct wf_put {
+    const char *ws, *wf, *def;
+    int version;
+};
+
+static int body_wf_put(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct wf_put *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    PGresult *r = q(t, S_WS_LOCK, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int found = PQntuples(r) > 0;
+    PQclear(r);
+    if (!found)
+        return err_set(e, IFL_ENOTFOUND, "workspace '%s' does not exist", a->ws);
+    int64_t now = clock_now_ms();
+    arg_s(&p, a->wf);
+    arg_s(&p, a->def);
+    arg_i(&p, now);
+    if (!(r = q(t, S_WF_PUT, &p, e)))
+        return t->fail_rc;
+    a->version = (int)col_i64(r, 0, 0);
+    PQclear(r);
+    t->mark = S_WF_MARK;
+    t->mark_args = (struct args){0};
+    arg_s(&t->mark_args, a->ws);
+    arg_s(&t->mark_args, a->wf);
+    arg_i(&t->mark_args, a->version);
+    arg_i(&t->mark_args, now);
+    return 0;
+}
+
+static int op_workflow_put(struct store *base, const char *ws, const char *wf, const char *def,
+                           int *version, struct ifl_err *e)
+{
+    struct wf_put a = {ws, wf, def, 0};
+    int rc = run((struct pg *)base, body_wf_put, &a, M_TX, e);
+    *version = rc ? 0 : a.version;
+    return rc;
+}
+
+struct wf_get {
+    const char *ws, *wf;
+    int version;
+    struct store_workflow *out;
+};
+
+static int body_wf_get(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct wf_get *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_s(&p, a->wf);
+    if (a->version)
+        arg_i(&p, a->version);
+    PGresult *r = q(t, a->version ? S_WF_VERSION : S_WF_LATEST, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int rc = 0;
+    if (PQntuples(r) == 1) {
+        a->out->workspace = xstrdup(a->ws);
+        a->out->name = xstrdup(a->wf);
+        a->out->version = (int)col_i64(r, 0, 0);
+        a->out->definition = col_str(r, 0, 1);
+        a->out->created_at = col_i64(r, 0, 2);
+    } else if (a->version) {
+        rc = err_set(e, IFL_ENOTFOUND, "workflow '%s' has no version %d", a->wf, a->version);
+    } else {
+        rc = err_set(e, IFL_ENOTFOUND, "workflow '%s' does not exist", a->wf);
+    }
+    PQclear(r);
+    return rc;
+}
+
+static int op_workflow_get(struct store *base, const char *ws, const char *wf, int version,
+                           struct store_workflow *out, struct ifl_err *e)
+{
+    struct wf_get a = {ws, wf, version, out};
+    return run((struct pg *)base, body_wf_get, &a, M_READ, e);
+}
+
+struct secret_put {
+    const char *ws, *name, *sealed;
+};
+
+/* An upsert: running it again after an unknown commit is harmless. */
+static int body_secret_put(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct secret_put *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_s(&p, a->name);
+    arg_s(&p, a->sealed);
+    arg_i(&p, clock_now_ms());
+    PGresult *r = q(t, S_SECRET_PUT, &p, e);
+    if (!r)
+        return t->fail_rc;
+    PQclear(r);
+    return 0;
+}
+
+static int op_secret_put(struct store *base, const char *ws, const char *name, const char *sealed,
+                         struct ifl_err *e)
+{
+    struct secret_put a = {ws, name, sealed};
+    return run((struct pg *)base, body_secret_put, &a, M_WRITE, e);
+}
+
+struct secret_get {
+    const char *ws, *name;
+    char **sealed;
+};
+
+static int body_secret_get(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct secret_get *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_s(&p, a->name);
+    PGresult *r = q(t, S_SECRET_GET, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int rc = 0;
+    if (PQntuples(r) == 1)
+        *a->sealed = col_str(r, 0, 0);
+    else
+        rc = err_set(e, IFL_ENOTFOUND, "secret '%s' does not exist", a->name);
+    PQclear(r);
+    return rc;
+}
+
+static int op_secret_get(struct store *base, const char *ws, const char *name, char **sealed,
+                         struct ifl_err *e)
+{
+    struct secret_get a = {ws, name, sealed};
+    return run((struct pg *)base, body_secret_get, &a, M_READ, e);
+}
+
+struct secret_list {
+    const char *ws;
+    char ***names;
+    size_t *n;
+};
+
+static int body_secret_list(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct secret_list *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    PGresult *r = q(t, S_SECRET_LIST, &p, e);
+    if (!r)
+        return t->fail_rc;
+    size_t n = (size_t)PQntuples(r);
+    *a->names = n ? xcalloc(n, sizeof **a->names) : NULL;
+    for (size_t i = 0; i < n; i++)
+        (*a->names)[i] = col_str(r, (int)i, 0);
+    *a->n = n;
+    PQclear(r);
+    return 0;
+}
+
+static int op_secret_list(struct store *base, const char *ws, char ***names, size_t *n,
+                          struct ifl_err *e)
+{
+    struct secret_list a = {ws, names, n};
+    return run((struct pg *)base, body_secret_list, &a, M_READ, e);
+}
+
+/* ---- executions ------------------------------------------------------------------------ */
+
+static void read_execution(const PGresult *r, int row, struct store_execution *x)
+{
+    col_copy(r, row, 0, x->id, sizeof x->id);
+    x->workspace = col_str(r, row, 1);
+    x->workflow = col_str(r, row, 2);
+    x->workflow_version = (int)col_i64(r, row, 3);
+    x->entry_point = col_str(r, row, 4);
+    x->identity = col_str(r, row, 5);
+    x->payload = col_str(r, row, 6);
+    col_copy(r, row, 7, x->payload_hash, sizeof x->payload_hash);
+    x->test = (int)col_i64(r, row, 8);
+    x->status = col_str(r, row, 9);
+    x->version = col_i64(r, row, 10);
+    x->created_at = col_i64(r, row, 11);
+    x->updated_at = col_i64(r, row, 12);
+    x->started_over_from = col_str(r, row, 13);
+}
+
+/* Reads one execution; `lock` takes its row lock for the transaction. */
+static int exec_get(struct pgtx *t, const char *ws, const char *id, int lock,
+                    struct store_execution *out, struct ifl_err *e)
+{
+    struct args p = {0};
+    arg_s(&p, id);
+    arg_s(&p, ws);
+    PGresult *r = q(t, lock ? S_EXEC_GET_LOCK : S_EXEC_GET, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int rc = 0;
+    if (PQntuples(r) == 1)
+        read_execution(r, 0, out);
+    else
+        rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
+    PQclear(r);
+    return rc;
+}
+
+struct exec_get_args {
+    const char *ws, *id;
+    struct store_execution *out;
+};
+
+static int body_exec_get(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct exec_get_args *a = arg;
+    return exec_get(t, a->ws, a->id, 0, a->out, e);
+}
+
+static int op_execution_get(struct store *base, const char *ws, const char *id,
+                            struct store_execution *out, struct ifl_err *e)
+{
+    struct exec_get_args a = {ws, id, out};
+    return run((struct pg *)base, body_exec_get, &a, M_READ, e);
+}
+
+struct exec_list {
+    const char *ws, *after_id;
+    int64_t after_ts;
+    int limit;
+    struct store_execution **items;
+    size_t *n;
+};
+
+static int body_exec_list(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct exec_list *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_i(&p, a->after_ts);
+    arg_s(&p, a->after_id);
+    arg_i(&p, a->limit);
+    PGresult *r = q(t, S_EXEC_LIST, &p, e);
+    if (!r)
+        return t->fail_rc;
+    size_t n = (size_t)PQntuples(r);
+    *a->items = xcalloc(n ? n : 1, sizeof **a->items);
+    for (size_t i = 0; i < n; i++)
+        read_execution(r, (int)i, &(*a->items)[i]);
+    *a->n = n;
+    PQclear(r);
+    return 0;
+}
+
+static int op_execution_list(struct store *base, const char *ws, int64_t after_ts,
+                             const char *after_id, int limit, struct store_execution **items,
+                             size_t *n, struct ifl_err *e)
+{
+    struct exec_list a = {ws, after_id, after_ts, limit, items, n};
+    return run((struct pg *)base, body_exec_list, &a, M_READ, e);
+}
+
+/* ---- transactions ------------------------------------------------------------------------- */
+
+struct engine_tx {
+    store_tx_fn fn;
+    void *arg;
+};
+
+static int body_engine(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct engine_tx *j = arg;
+    return j->fn(&t->base, j->arg, e);
+}
+
+static int op_tx_run(struct store *base, store_tx_fn fn, void *arg, struct ifl_err *e)
+{
+    struct engine_tx j = {fn, arg};
+    return run((struct pg *)base, body_engine, &j, M_TX, e);
+}
+
+/* Locks the execution row: the transaction's later reads of its steps see
+ * everything committed by whoever held it before (see the file header). */
+static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
+                            struct store_execution *out, struct ifl_err *e)
+{
+    return exec_get(ptx(tx), ws, id, 1, out, e);
+}
+
+static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x,
+                               int *created, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    int64_t now = clock_now_ms();
+    struct args p = {0};
+    arg_s(&p, x->id);
+    arg_s(&p, x->workspace);
+    arg_s(&p, x->workflow);
+    arg_i(&p, x->workflow_version);
+    arg_s(&p, x->entry_point);
+    arg_s(&p, x->identity);
+    arg_s(&p, x->payload);
+    arg_s(&p, x->payload_hash);
+    arg_i(&p, x->test);
+    arg_s(&p, x->status ? x->status : "running");
+    arg_i(&p, now);
+    arg_i(&p, now);
+    arg_s(&p, x->started_over_from);
+    PGresult *r = q(t, S_EXEC_INSERT, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *created = PQntuples(r) == 1;
+    PQclear(r);
+    return 0;
+}
+
+static int tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
+                                   struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, status);
+    arg_i(&p, clock_now_ms());
+    arg_s(&p, id);
+    PGresult *r = q(t, S_EXEC_STATUS, &p, e);
+    if (!r)
+        return t->fail_rc;
+    PQclear(r);
+    return 0;
+}
+
+static void read_step(const PGresult *r, int row, struct store_step *x)
+{
+    col_copy(r, row, 0, x->execution_id, sizeof x->execution_id);
+    x->vertex = col_str(r, row, 1);
+    x->workspace = col_str(r, row, 2);
+    x->kind = col_str(r, row, 3);
+    int parsed = store_step_state_parse(PQgetvalue(r, row, 4));
+    x->state = parsed < 0 ? STEP_FAILED : (enum step_state)parsed;
+    x->attempts = (int)col_i64(r, row, 5);
+    x->epoch = col_i64(r, row, 6);
+    x->lease_owner = col_str(r, row, 7);
+    x->lease_expires_at = col_i64(r, row, 8);
+    x->next_run_at = col_i64(r, row, 9);
+    x->in_decided = (int)col_i64(r, row, 10);
+    x->in_taken = (int)col_i64(r, row, 11);
+    x->output = col_str(r, row, 12);
+    x->error = col_str(r, row, 13);
+    x->updated_at = col_i64(r, row, 14);
+}
+
+/* Runs a step query and collects its rows into a heap array. */
+static int steps_query(struct pgtx *t, enum stmt id, const struct args *p,
+                       struct store_step **items, size_t *n, struct ifl_err *e)
+{
+    PGresult *r = q(t, id, p, e);
+    if (!r)
+        return t->fail_rc;
+    size_t k = (size_t)PQntuples(r);
+    *items = k ? xcalloc(k, sizeof **items) : NULL;
+    for (size_t i = 0; i < k; i++)
+        read_step(r, (int)i, &(*items)[i]);
+    *n = k;
+    PQclear(r);
+    return 0;
+}
+
+static int tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
+                        size_t *n, struct ifl_err *e)
+{
+    struct args p = {0};
+    arg_s(&p, execution_id);
+    return steps_query(ptx(tx), S_STEPS_OF, &p, items, n, e);
+}
+
+static void step_mutables(struct args *p, const struct store_step *x, int64_t now)
+{
+    arg_s(p, store_step_state_name(x->state));
+    arg_i(p, x->attempts);
+    arg_i(p, x->epoch);
+    arg_s(p, x->lease_owner);
+    arg_i(p, x->lease_expires_at);
+    arg_i(p, x->next_run_at);
+    arg_i(p, x->in_decided);
+    arg_i(p, x->in_taken);
+    arg_s(p, x->output);
+    arg_s(p, x->error);
+    arg_i(p, now);
+}
+
+static int tx_step_insert(struct store_tx *tx, const struct store_step *x, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    step_mutables(&p, x, clock_now_ms());
+    arg_s(&p, x->execution_id);
+    arg_s(&p, x->vertex);
+    arg_s(&p, x->workspace);
+    arg_s(&p, x->kind);
+    PGresult *r = q(t, S_STEP_INSERT, &p, e);
+    if (!r)
+        return t->fail_rc;
+    PQclear(r);
+    if (x->state == STEP_DISPATCHED)
+        t->notify = 1;
+    return 0;
+}
+
+static int tx_step_update(struct store_tx *tx, const struct store_step *x,
+                          enum step_state expect_state, int64_t expect_epoch, int *changed,
+                          struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    step_mutables(&p, x, clock_now_ms());
+    arg_s(&p, x->execution_id);
+    arg_s(&p, x->vertex);
+    arg_s(&p, store_step_state_name(expect_state));
+    arg_i(&p, expect_epoch);
+    PGresult *r = q(t, S_STEP_UPDATE, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *changed = strcmp(PQcmdTuples(r), "1") == 0;
+    PQclear(r);
+    if (*changed && x->state == STEP_DISPATCHED)
+        t->notify = 1;
+    return 0;
+}
+
+static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, const char *outcome, const char *error,
+                             struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_i(&p, clock_now_ms());
+    arg_s(&p, outcome);
+    arg_s(&p, error);
+    arg_s(&p, execution_id);
+    arg_s(&p, vertex);
+    arg_i(&p, epoch);
+    PGresult *r = q(t, S_ATTEMPT_FINISH, &p, e);
+    if (!r)
+        return t->fail_rc;
+    PQclear(r);
+    return 0;
+}
+
+/* The version bump is an UPDATE of the execution row: its row lock
+ * serializes appends per execution, so aggregate versions are gapless. */
+static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    if (!ev->id[0] && crypto_random_hex32(ev->id))
+        return err_set(e, IFL_EIO, "random generator failed");
+    ev->created_at = clock_now_ms();
+    ev->aggregate_version = 0;
+    PGresult *r;
+    if (ev->execution_id[0]) {
+        struct args b = {0};
+        arg_i(&b, ev->created_at);
+        arg_s(&b, ev->execution_id);
+        if (!(r = q(t, S_EXEC_BUMP, &b, e)))
+            return t->fail_rc;
+        int found = PQntuples(r) == 1;
+        if (found)
+            ev->aggregate_version = col_i64(r, 0, 0);
+        PQclear(r);
+        if (!found)
+            return err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
+    }
+    struct args p = {0};
+    arg_s(&p, ev->id);
+    arg_s(&p, ev->workspace);
+    arg_s(&p, ev->execution_id[0] ? ev->execution_id : NULL);
+    arg_i(&p, ev->aggregate_version);
+    arg_s(&p, ev->type);
+    arg_s(&p, ev->data ? ev->data : "{}");
+    arg_i(&p, ev->created_at);
+    if (!(r = q(t, S_EVENT_INSERT, &p, e)))
+        return t->fail_rc;
+    ev->seq = col_i64(r, 0, 0);
+    PQclear(r);
+    if (t->mark == S_NONE) { /* the transaction's marker: this exact event row */
+        t->mark = S_EVENT_MARK;
+        t->mark_args = (struct args){0};
+        arg_i(&t->mark_args, ev->seq);
+        arg_copy(&t->mark_args, ev->id);
+    }
+    return 0;
+}
+
+static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                       const struct store_idem *rec, int *created, struct store_idem *existing,
+                       struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, ws);
+    arg_s(&p, scope);
+    arg_s(&p, key);
+    arg_s(&p, rec->fingerprint);
+    arg_i(&p, rec->status);
+    arg_s(&p, rec->response);
+    arg_i(&p, clock_now_ms());
+    PGresult *r = q(t, S_IDEM_PUT, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *created = PQntuples(r) == 1;
+    PQclear(r);
+    if (*created || !existing)
+        return 0;
+    p.n = 3;
+    if (!(r = q(t, S_IDEM_GET, &p, e)))
+        return t->fail_rc;
+    int rc = 0;
+    if (PQntuples(r) == 1) {
+        existing->fingerprint = col_str(r, 0, 0);
+        existing->status = (int)col_i64(r, 0, 1);
+        existing->response = col_str(r, 0, 2);
+    } else {
+        rc = err_set(e, IFL_ESTORE, "idempotency record vanished");
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* ---- step reads, claims, leases ------------------------------------------------------------- */
+
+struct steps_read {
+    enum stmt id;
+    struct args p;
+    struct store_step **items;
+    size_t *n;
+};
+
+static int body_steps_read(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct steps_read *a = arg;
+    return steps_query(t, a->id, &a->p, a->items, a->n, e);
+}
+
+static int op_steps_get(struct store *base, const char *execution_id, struct store_step **items,
+                        size_t *n, struct ifl_err *e)
+{
+    struct steps_read a = {.id = S_STEPS_OF, .items = items, .n = n};
+    arg_s(&a.p, execution_id);
+    return run((struct pg *)base, body_steps_read, &a, M_READ, e);
+}
+
+struct attempts_read {
+    const char *id;
+    struct store_attempt **items;
+    size_t *n;
+};
+
+static int body_attempts(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct attempts_read *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->id);
+    PGresult *r = q(t, S_ATTEMPTS_OF, &p, e);
+    if (!r)
+        return t->fail_rc;
+    size_t n = (size_t)PQntuples(r);
+    *a->items = n ? xcalloc(n, sizeof **a->items) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct store_attempt *at = &(*a->items)[i];
+        int row = (int)i;
+        col_copy(r, row, 0, at->execution_id, sizeof at->execution_id);
+        at->vertex = col_str(r, row, 1);
+        at->epoch = col_i64(r, row, 2);
+        at->worker = col_str(r, row, 3);
+        at->started_at = col_i64(r, row, 4);
+        at->finished_at = col_i64(r, row, 5);
+        at->outcome = col_str(r, row, 6);
+        at->error = col_str(r, row, 7);
+    }
+    *a->n = n;
+    PQclear(r);
+    return 0;
+}
+
+static int op_attempts_get(struct store *base, const char *execution_id,
+                           struct store_attempt **items, size_t *n, struct ifl_err *e)
+{
+    struct attempts_read a = {execution_id, items, n};
+    return run((struct pg *)base, body_attempts, &a, M_READ, e);
+}
+
+struct claim_args {
+    const char *worker;
+    int limit;
+    int64_t now, lease_ms;
+    struct store_claim *items;
+    size_t n;
+};
+
+static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct claim_args *a = arg;
+    store_claims_free(a->items, a->n);
+    a->items = NULL;
+    a->n = 0;
+    struct args p = {0};
+    arg_s(&p, a->worker);
+    arg_i(&p, a->now + a->lease_ms);
+    arg_i(&p, a->now);
+    arg_i(&p, a->limit);
+    PGresult *r = q(t, S_CLAIM, &p, e);
+    if (!r)
+        return t->fail_rc;
+    size_t n = (size_t)PQntuples(r);
+    a->items = n ? xcalloc(n, sizeof *a->items) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct store_claim *cl = &a->items[i];
+        int row = (int)i;
+        col_copy(r, row, 0, cl->execution_id, sizeof cl->execution_id);
+        cl->vertex = col_str(r, row, 1);
+        cl->workspace = col_str(r, row, 2);
+        cl->kind = col_str(r, row, 3);
+        cl->epoch = col_i64(r, row, 4);
+        cl->attempts = (int)col_i64(r, row, 5);
+    }
+    a->n = n;
+    if (n) {
+        /* A data-modifying WITH reports "SELECT n": say it wrote. */
+        t->wrote = 1;
+        t->mark = S_CLAIM_MARK;
+        t->mark_args = (struct args){0};
+        arg_i(&t->mark_args, col_i64(r, 0, 6));
+        arg_s(&t->mark_args, a->items[0].vertex);
+        arg_i(&t->mark_args, a->items[0].epoch);
+        arg_s(&t->mark_args, a->worker);
+    }
+    PQclear(r);
+    return 0;
+}
+
+static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
+                    int64_t lease_ms, struct store_claim **items, size_t *n, struct ifl_err *e)
+{
+    struct claim_args a = {worker, limit, now, lease_ms, NULL, 0};
+    int rc = run((struct pg *)base, body_claim, &a, M_TX, e);
+    if (rc) {
+        store_claims_free(a.items, a.n);
+        return rc;
+    }
+    *items = a.items;
+    *n = a.n;
+    return 0;
+}
+
+struct renew_args {
+    const char *id, *vertex;
+    int64_t epoch, until;
+    int ok;
+};
+
+/* Guarded by state and epoch; setting the same expiry again is harmless,
+ * so an unknown commit is simply run again. */
+static int body_renew(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct renew_args *a = arg;
+    struct args p = {0};
+    arg_i(&p, a->until);
+    arg_s(&p, a->id);
+    arg_s(&p, a->vertex);
+    arg_i(&p, a->epoch);
+    PGresult *r = q(t, S_RENEW, &p, e);
+    if (!r)
+        return t->fail_rc;
+    a->ok = strcmp(PQcmdTuples(r), "1") == 0;
+    PQclear(r);
+    return 0;
+}
+
+static int op_lease_renew(struct store *base, const char *execution_id, const char *vertex,
+                          int64_t epoch, int64_t until, int *ok, struct ifl_err *e)
+{
+    struct renew_args a = {execution_id, vertex, epoch, until, 0};
+    int rc = run((struct pg *)base, body_renew, &a, M_WRITE, e);
+    *ok = rc ? 0 : a.ok;
+    return rc;
+}
+
+/* A plain read (no locks): every process's sweeper may run it at once;
+ * recovery itself is a guarded transaction, so a step recovered twice is
+ * recovered once and fenced once. */
+static int op_expired(struct store *base, int64_t now, int limit, struct store_step **items,
+                      size_t *n, struct ifl_err *e)
+{
+    struct steps_read a = {.id = now < 0 ? S_EXPIRED_ALL : S_EXPIRED, .items = items, .n = n};
+    if (now >= 0)
+        arg_i(&a.p, now);
+    arg_i(&a.p, limit);
+    return run((struct pg *)base, body_steps_read, &a, M_READ, e);
+}
+
+static int body_next_due(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    PGresult *r = q(t, S_NEXT_DUE, NULL, e);
+    if (!r)
+        return t->fail_rc;
+    if (!PQgetisnull(r, 0, 0))
+        *(int64_t *)arg = col_i64(r, 0, 0);
+    PQclear(r);
+    return 0;
+}
+
+static int op_next_due(struct store *base, int64_t *when, struct ifl_err *e)
+{
+    return run((struct pg *)base, body_next_due, when, M_READ, e);
+}
+
+static int op_dead_letters(struct store *base, const char *ws, int limit,
+                           struct store_step **items, size_t *n, struct ifl_err *e)
+{
+    struct steps_read a = {.id = S_DEAD, .items = items, .n = n};
+    arg_s(&a.p, ws);
+    arg_i(&a.p, limit);
+    return run((struct pg *)base, body_steps_read, &a, M_READ, e);
+}
+
+struct events_read {
+    const char *ws;
+    int64_t after;
+    int limit;
+    struct store_event **items;
+    size_t *n;
+};
+
+static int body_events(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct events_read *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_i(&p, a->after);
+    arg_i(&p, a->limit);
+    PGresult *r = q(t, S_EVENTS, &p, e);
+    if (!r)
+        return t->fail_rc;
+    size_t n = (size_t)PQntuples(r);
+    *a->items = n ? xcalloc(n, sizeof **a->items) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct store_event *ev = &(*a->items)[i];
+        int row = (int)i;
+        ev->seq = col_i64(r, row, 0);
+        col_copy(r, row, 1, ev->id, sizeof ev->id);
+        ev->workspace = col_str(r, row, 2);
+        col_copy(r, row, 3, ev->execution_id, sizeof ev->execution_id);
+        ev->aggregate_version = col_i64(r, row, 4);
+        ev->type = col_str(r, row, 5);
+        ev->data = col_str(r, row, 6);
+        ev->created_at = col_i64(r, row, 7);
+    }
+    *a->n = n;
+    PQclear(r);
+    return 0;
+}
+
+/* In seq order.  Sequence order is not commit order under concurrency
+ * (docs/postgres.md): a cursor may pass a lower seq that commits later. */
+static int op_events_list(struct store *base, const char *ws, int64_t after_seq, int limit,
+                          struct store_event **items, size_t *n, struct ifl_err *e)
+{
+    struct events_read a = {ws, after_seq, limit, items, n};
+    return run((struct pg *)base, body_events, &a, M_READ, e);
+}
+
+/* ---- wake-ups: LISTEN / NOTIFY ------------------------------------------------------------- */
+
+/* Waits on the listener connection until a notification, `deadline`, or a
+ * failure.  1: notified or (re)connected; 0: timeout; IFL_ESTORE: no
+ * connection until the deadline.  Only one thread at a time (s->polling). */
+static int listen_poll(struct pg *s, int64_t deadline)
+{
+    int64_t pause = 50;
+    for (;;) {
+        if (!s->listener) {
+            PGconn *pg = connect_once(s->conninfo);
+            if (pg && PQstatus(pg) == CONNECTION_OK) {
+                PGresult *r = PQexec(pg, "LISTEN " CHANNEL);
+                int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+                PQclear(r);
+                if (ok) {
+                    s->listener = pg;
+                    return 1; /* anything sent while we were away is lost: re-check */
+                }
+            }
+            if (pg)
+                PQfinish(pg);
+            int64_t left = deadline - clock_mono_ms();
+            if (left <= 0)
+                return IFL_ESTORE;
+            sleep_ms(pause < left ? pause : left);
+            pause = pause * 2 > 1000 ? 1000 : pause * 2;
+            continue;
+        }
+        if (!PQconsumeInput(s->listener)) {
+            log_warn("store.pg_listen_lost", "the LISTEN connection failed; reconnecting");
+            PQfinish(s->listener);
+            s->listener = NULL;
+            continue;
+        }
+        int got = 0;
+        PGnotify *nt;
+        while ((nt = PQnotifies(s->listener))) {
+            got = 1;
+            PQfreemem(nt);
+        }
+        if (got)
+            return 1;
+        int64_t left = deadline - clock_mono_ms();
+        if (left <= 0)
+            return 0;
+        struct pollfd pfd = {.fd = PQsocket(s->listener), .events = POLLIN};
+        if (poll(&pfd, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR) {
+            PQfinish(s->listener);
+            s->listener = NULL;
+        }
+    }
+}
+
+static int op_wait_work(struct store *base, int64_t timeout_ms)
+{
+    struct pg *s = (struct pg *)base;
+    int64_t deadline = clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    pthread_mutex_lock(&s->lmu);
+    uint64_t gen = s->gen;
+    int rc = 0;
+    for (;;) {
+        if (s->gen != gen) {
+            rc = 1;
+            break;
+        }
+        if (clock_mono_ms() >= deadline)
+            break;
+        if (!s->polling) {
+            s->polling = 1;
+            pthread_mutex_unlock(&s->lmu);
+            int r = listen_poll(s, deadline);
+            pthread_mutex_lock(&s->lmu);
+            s->polling = 0;
+            if (r == 1)
+                s->gen++;
+            pthread_cond_broadcast(&s->lcv); /* wakes waiters, or hands over polling */
+            if (r < 0) {
+                rc = r;
+                break;
+            }
+            continue;
+        }
+        struct timespec ts;
+        deadline_ts(deadline, &ts);
+        pthread_cond_timedwait(&s->lcv, &s->lmu, &ts);
+    }
+    pthread_mutex_unlock(&s->lmu);
+    return rc;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------- */
+
+static void pg_free(struct pg *s)
+{
+    for (int i = 0; i < POOL_SIZE; i++)
+        if (s->conns[i].pg)
+            PQfinish(s->conns[i].pg);
+    if (s->listener)
+        PQfinish(s->listener);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->lmu);
+    pthread_cond_destroy(&s->lcv);
+    free(s->conninfo);
+    free(s);
+}
+
+static void op_close(struct store *base)
+{
+    pg_free((struct pg *)base);
+}
+
+static const struct store_ops pg_ops = {
+    .name = "postgres",
+    .close = op_close,
+    .schema_version = op_schema_version,
+    .ping = op_ping,
+    .workspace_put = op_workspace_put,
+    .workspace_exists = op_workspace_exists,
+    .workflow_put = op_workflow_put,
+    .workflow_get = op_workflow_get,
+    .secret_put = op_secret_put,
+    .secret_get = op_secret_get,
+    .secret_list = op_secret_list,
+    .execution_get = op_execution_get,
+    .execution_list = op_execution_list,
+    .steps_get = op_steps_get,
+    .attempts_get = op_attempts_get,
+    .claim = op_claim,
+    .lease_renew = op_lease_renew,
+    .expired = op_expired,
+    .next_due = op_next_due,
+    .dead_letters = op_dead_letters,
+    .events_list = op_events_list,
+    .tx_run = op_tx_run,
+    .tx_run_many = NULL, /* store.c runs them one by one; the server group-commits */
+    .tx_execution_get = tx_execution_get,
+    .tx_execution_insert = tx_execution_insert,
+    .tx_execution_set_status = tx_execution_set_status,
+    .tx_steps_get = tx_steps_get,
+    .tx_step_insert = tx_step_insert,
+    .tx_step_update = tx_step_update,
+    .tx_attempt_finish = tx_attempt_finish,
+    .tx_event_append = tx_event_append,
+    .tx_idem_put = tx_idem_put,
+    .wait_work = op_wait_work,
+};
+
+static int body_check_settings(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    (void)arg;
+    PGresult *r = PQexec(t->c->pg, "SELECT current_setting('fsync'),"
+                                   " current_setting('server_version_num')::int");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        int rc = fail(t, r, "settings", e);
+        PQclear(r);
+        return rc;
+    }
+    int rc = 0;
+    if (strcmp(PQgetvalue(r, 0, 0), "on") != 0)
+        log_warn("store.pg_fsync_off",
+                 "the PostgreSQL server runs with fsync=off: acknowledged writes can be lost "
+                 "if it crashes");
+    if (col_i64(r, 0, 1) < 130000)
+        rc = err_set(e, IFL_EUNSUPPORTED, "PostgreSQL %s is too old: idemflow needs 13 or later",
+                     PQgetvalue(r, 0, 1));
+    PQclear(r);
+    return rc;
+}
+
+int store_pg_open(const char *conninfo, struct store **out, struct ifl_err *e)
+{
+    *out = NULL;
+    struct pg *s = xcalloc(1, sizeof *s);
+    s->base.ops = &pg_ops;
+    s->conninfo = xstrdup(conninfo);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_mutex_init(&s->lmu, NULL);
+    pthread_cond_init(&s->lcv, &ca);
+    pthread_condattr_destroy(&ca);
+    for (int i = POOL_SIZE - 1; i >= 0; i--) {
+        s->conns[i].broken = 1;
+        s->conns[i].next = s->free;
+        s->free = &s->conns[i];
+    }
+    struct migrate_args m = {0};
+    int rc = run_w(s, body_check_settings, NULL, M_READ, OPEN_WINDOW_MS, e);
+    if (!rc)
+        rc = run_w(s, body_migrate, &m, M_TX, OPEN_WINDOW_MS, e);
+    if (rc) {
+        pg_free(s);
+        return rc;
+    }
+    *out = &s->base;
+    return 0;
+}

@@ -121,7 +121,16 @@ def new_db(tmp):
         name = "t_" + uuid.uuid4().hex[:12]
         subprocess.run(["psql", base, "-qc", f"CREATE DATABASE {name}"], check=True,
                        stdout=subprocess.DEVNULL)
-        return base.rsplit("/", 1)[0] + "/" + name if base.startswith("postgres") else f"{base} dbname={name}"
+        # Every process on one PostgreSQL database must seal secrets with one
+        # key, so it comes from the environment (there is no file beside a
+        # PostgreSQL database to keep it in).
+        os.environ.setdefault("IDEMFLOW_SECRETS_KEY", "5" * 64)
+        if base.startswith(("postgres://", "postgresql://")):
+            # postgresql://user@host:port/dbname[?params] -> another dbname
+            head, _, query = base.partition("?")
+            url = head.rsplit("/", 1)[0] + "/" + name
+            return url + ("?" + query if query else "")
+        return f"{base} dbname={name}"
     return "sqlite:" + os.path.join(tmp, "idemflow.db")
 
 

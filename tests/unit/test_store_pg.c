@@ -1,0 +1,1005 @@
+/*
+ * test_store_pg — the PostgreSQL backend through the public store interface:
+ * the checks of test_store.c and test_claims.c, plus what only several
+ * processes on one database can break: two store handles (as two processes
+ * would have) racing for claims and for one execution id, migrations run
+ * from four handles at once, per-execution serialization of read-decide-
+ * write transactions, gapless aggregate versions, LISTEN/NOTIFY wake-ups,
+ * and connections killed under load.
+ *
+ * Needs IDEMFLOW_TEST_PG (a conninfo, e.g. from `tests/pg.sh start`); every
+ * test skips without it.  Each test gets a fresh database.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/mem.h"
+#include "store/store.h"
+
+static const char XID[] = "1111111111111111111111111111111111111111111111111111111111111111";
+
+struct fixture {
+    char url[512];
+    char db[32];
+    struct store *s;
+};
+
+/* Runs one SQL command against the database named by url. */
+static int sql(const char *url, const char *cmd)
+{
+    PGconn *pg = PQconnectdb(url);
+    int rc = -1;
+    if (PQstatus(pg) == CONNECTION_OK) {
+        PGresult *r = PQexec(pg, cmd);
+        rc = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK
+                 ? 0
+                 : -1;
+        if (rc)
+            fprintf(stderr, "sql: %s: %s", cmd, PQresultErrorMessage(r));
+        PQclear(r);
+    } else {
+        fprintf(stderr, "sql: %s", PQerrorMessage(pg));
+    }
+    PQfinish(pg);
+    return rc;
+}
+
+/* One integer from a query. */
+static long long sql_int(const char *url, const char *cmd)
+{
+    PGconn *pg = PQconnectdb(url);
+    long long v = -1;
+    PGresult *r = PQexec(pg, cmd);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+        v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    PQfinish(pg);
+    return v;
+}
+
+/* A fresh database on the cluster of IDEMFLOW_TEST_PG; fills f->url. */
+static int fresh_db(struct fixture *f)
+{
+    const char *base = getenv("IDEMFLOW_TEST_PG");
+    static int counter;
+    snprintf(f->db, sizeof f->db, "u_%d_%d_%lld", (int)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST),
+             (long long)(clock_now_ms() % 100000));
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "CREATE DATABASE %s", f->db);
+    if (sql(base, cmd))
+        return -1;
+    if (strncmp(base, "postgres://", 11) == 0 || strncmp(base, "postgresql://", 13) == 0) {
+        const char *q = strchr(base, '?');
+        const char *slash = NULL;
+        for (const char *p = strstr(base, "://") + 3; *p && p != q; p++)
+            if (*p == '/')
+                slash = p;
+        int head = (int)((slash ? slash : (q ? q : base + strlen(base))) - base);
+        snprintf(f->url, sizeof f->url, "%.*s/%s%s", head, base, f->db, q ? q : "");
+    } else {
+        snprintf(f->url, sizeof f->url, "%s dbname=%s", base, f->db);
+    }
+    return 0;
+}
+
+static int setup_bare(void **state)
+{
+    if (!getenv("IDEMFLOW_TEST_PG") || !*getenv("IDEMFLOW_TEST_PG")) {
+        *state = NULL;
+        return 0;
+    }
+    struct fixture *f = xcalloc(1, sizeof *f);
+    assert_int_equal(fresh_db(f), 0);
+    *state = f;
+    return 0;
+}
+
+static int setup(void **state)
+{
+    setup_bare(state);
+    struct fixture *f = *state;
+    if (!f)
+        return 0;
+    struct ifl_err e = {0};
+    if (store_open(f->url, &f->s, &e) != 0) {
+        fprintf(stderr, "store_open: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    if (!f)
+        return 0;
+    store_close(f->s);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->db);
+    int rc = sql(getenv("IDEMFLOW_TEST_PG"), cmd);
+    free(f);
+    return rc;
+}
+
+#define NEED_PG(state)                                                                          \
+    do {                                                                                        \
+        if (!*(state))                                                                          \
+            skip();                                                                             \
+    } while (0)
+
+static struct store *S(void **state)
+{
+    return ((struct fixture *)*state)->s;
+}
+
+/* ---- the checks of test_store.c ----------------------------------------------- */
+
+static void test_migrations_and_second_handle(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    int v = 0;
+    assert_int_equal(store_schema_version(f->s, &v, NULL), 0);
+    assert_true(v >= 2);
+    assert_string_equal(store_backend(f->s), "postgres");
+    assert_int_equal(store_ping(f->s, NULL), 0);
+    /* Unlike SQLite, several processes share one database. */
+    struct store *second = NULL;
+    assert_int_equal(store_open(f->url, &second, NULL), 0);
+    int v2 = 0;
+    assert_int_equal(store_schema_version(second, &v2, NULL), 0);
+    assert_int_equal(v2, v);
+    store_close(second);
+}
+
+static void test_workspace_and_workflows(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    int created = -1, version = 0;
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    assert_int_equal(created, 1);
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    assert_int_equal(created, 0);
+    assert_int_equal(store_workspace_exists(s, "ws", NULL), 0);
+    assert_int_equal(store_workspace_exists(s, "nope", NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_workflow_put(s, "nope", "wf", "{}", &version, NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_workflow_put(s, "ws", "wf", "{\"v\":1}", &version, NULL), 0);
+    assert_int_equal(version, 1);
+    assert_int_equal(store_workflow_put(s, "ws", "wf", "{\"v\":2}", &version, NULL), 0);
+    assert_int_equal(version, 2);
+    struct store_workflow w;
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 0, &w, NULL), 0);
+    assert_int_equal(w.version, 2);
+    assert_string_equal(w.definition, "{\"v\":2}");
+    store_workflow_clear(&w);
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 1, &w, NULL), 0);
+    assert_string_equal(w.definition, "{\"v\":1}");
+    store_workflow_clear(&w);
+    assert_int_equal(store_workflow_get(s, "ws", "wf", 3, &w, NULL), IFL_ENOTFOUND);
+}
+
+struct wf_racer {
+    struct store *s;
+    int version, rc;
+};
+
+static void *wf_race(void *arg)
+{
+    struct wf_racer *r = arg;
+    r->rc = store_workflow_put(r->s, "ws", "wf", "{}", &r->version, NULL);
+    return NULL;
+}
+
+/* max+1 stays atomic across handles: 8 concurrent puts make versions 1..8. */
+static void test_concurrent_workflow_versions(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *other = NULL;
+    assert_int_equal(store_open(f->url, &other, NULL), 0);
+    int created;
+    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &created, NULL), 0);
+    enum { N = 8 };
+    pthread_t t[N];
+    struct wf_racer r[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (struct wf_racer){.s = i % 2 ? other : f->s};
+        pthread_create(&t[i], NULL, wf_race, &r[i]);
+    }
+    int seen[N + 1] = {0};
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(r[i].rc, 0);
+        assert_in_range(r[i].version, 1, N);
+        seen[r[i].version]++;
+    }
+    for (int v = 1; v <= N; v++)
+        assert_int_equal(seen[v], 1);
+    store_close(other);
+}
+
+static void test_secrets(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    assert_int_equal(store_secret_put(s, "ws", "b", "v1:bbb", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "B", "v1:BBB", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aaa", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aa2", NULL), 0);
+    assert_int_equal(store_secret_put(s, "ghost", "A", "x", NULL), IFL_ENOTFOUND);
+    char **names;
+    size_t n;
+    assert_int_equal(store_secret_list(s, "ws", &names, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    /* binary order, as on SQLite, whatever the database's locale */
+    assert_string_equal(names[0], "A");
+    assert_string_equal(names[1], "B");
+    assert_string_equal(names[2], "b");
+    store_strv_free(names, n);
+    char *sealed;
+    assert_int_equal(store_secret_get(s, "ws", "A", &sealed, NULL), 0);
+    assert_string_equal(sealed, "v1:aa2");
+    free(sealed);
+    assert_int_equal(store_secret_get(s, "ws", "Z", &sealed, NULL), IFL_ENOTFOUND);
+}
+
+static void fill(struct store_execution *x, const char *id, const char *payload)
+{
+    memset(x, 0, sizeof *x);
+    snprintf(x->id, sizeof x->id, "%s", id);
+    x->workspace = "ws";
+    x->workflow = "wf";
+    x->workflow_version = 1;
+    x->entry_point = "start";
+    x->identity = "{\"mode\":\"payload\"}";
+    x->payload = (char *)payload;
+    snprintf(x->payload_hash, sizeof x->payload_hash, "%064d", (int)strlen(payload));
+}
+
+struct racer {
+    struct store *s;
+    int created;
+    int rc;
+};
+
+static void *race_create(void *arg)
+{
+    struct racer *r = arg;
+    struct store_execution x, existing;
+    fill(&x, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "{\"n\":1}");
+    r->rc = store_execution_create(r->s, &x, &r->created, &existing, NULL);
+    if (!r->rc && !r->created) {
+        if (strcmp(existing.payload, "{\"n\":1}") != 0)
+            r->rc = -100;
+        store_execution_clear(&existing);
+    }
+    return NULL;
+}
+
+/* n threads spread over the handles create one id: one winner. */
+static void create_race(struct store **handles, int nh, int n)
+{
+    pthread_t *t = xcalloc((size_t)n, sizeof *t);
+    struct racer *r = xcalloc((size_t)n, sizeof *r);
+    for (int i = 0; i < n; i++) {
+        r[i].s = handles[i % nh];
+        pthread_create(&t[i], NULL, race_create, &r[i]);
+    }
+    int winners = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(r[i].rc, 0);
+        winners += r[i].created;
+    }
+    assert_int_equal(winners, 1);
+    struct store_execution *items;
+    size_t k;
+    char *next;
+    assert_int_equal(store_execution_list(handles[0], "ws", NULL, 100, &items, &k, &next, NULL),
+                     0);
+    assert_int_equal(k, 1);
+    assert_null(next);
+    assert_string_equal(items[0].status, "running");
+    assert_int_equal(items[0].version, 0);
+    store_execution_list_free(items, k);
+    free(t);
+    free(r);
+}
+
+static void test_concurrent_create_has_one_winner(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    create_race(&s, 1, 32);
+}
+
+static void test_create_over_two_handles_has_one_winner(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h[2] = {f->s, NULL};
+    assert_int_equal(store_open(f->url, &h[1], NULL), 0);
+    int created;
+    store_workspace_put(f->s, "ws", "{}", &created, NULL);
+    create_race(h, 2, 16);
+    store_close(h[1]);
+}
+
+static void test_existing_row_returned_and_unknown_workspace(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    struct store_execution x, existing;
+    const char *id = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    fill(&x, id, "{\"first\":true}");
+    assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), 0);
+    assert_int_equal(created, 1);
+    fill(&x, id, "{\"second\":true}");
+    assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), 0);
+    assert_int_equal(created, 0);
+    assert_string_equal(existing.payload, "{\"first\":true}");
+    store_execution_clear(&existing);
+    fill(&x, "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc", "{}");
+    x.workspace = "ghost";
+    assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), IFL_ENOTFOUND);
+    struct store_execution got;
+    assert_int_equal(store_execution_get(s, "ws", id, &got, NULL), 0);
+    assert_string_equal(got.payload, "{\"first\":true}");
+    assert_null(got.started_over_from);
+    store_execution_clear(&got);
+    assert_int_equal(store_execution_get(s, "other", id, &got, NULL), IFL_ENOTFOUND);
+}
+
+static void test_paging(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    for (int i = 0; i < 10; i++) {
+        struct store_execution x;
+        char id[65];
+        snprintf(id, sizeof id, "%064x", i + 1);
+        fill(&x, id, "{}");
+        assert_int_equal(store_execution_create(s, &x, &created, NULL, NULL), 0);
+        assert_int_equal(created, 1);
+    }
+    char *after = NULL;
+    int total = 0, pages = 0;
+    do {
+        struct store_execution *items;
+        size_t n;
+        char *next;
+        assert_int_equal(store_execution_list(s, "ws", after, 4, &items, &n, &next, NULL), 0);
+        total += (int)n;
+        pages++;
+        store_execution_list_free(items, n);
+        free(after);
+        after = next;
+    } while (after);
+    assert_int_equal(total, 10);
+    assert_int_equal(pages, 3);
+    struct store_execution *items;
+    size_t n;
+    char *next;
+    assert_int_equal(store_execution_list(s, "ws", "bogus", 4, &items, &n, &next, NULL),
+                     IFL_EINVAL);
+    assert_int_equal(store_execution_list(s, "ws", NULL, 0, &items, &n, &next, NULL), IFL_EINVAL);
+}
+
+static void test_reopen_keeps_data(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    int created, version;
+    store_workspace_put(f->s, "ws", "{}", &created, NULL);
+    store_workflow_put(f->s, "ws", "wf", "{}", &version, NULL);
+    store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(store_open(f->url, &f->s, NULL), 0);
+    assert_int_equal(store_workspace_exists(f->s, "ws", NULL), 0);
+    struct store_workflow w;
+    assert_int_equal(store_workflow_get(f->s, "ws", "wf", 0, &w, NULL), 0);
+    assert_int_equal(w.version, 1);
+    store_workflow_clear(&w);
+}
+
+/* ---- migrations from four handles at once --------------------------------------- */
+
+struct opener {
+    const char *url;
+    int rc, version;
+    char msg[IFL_ERR_MSG_MAX];
+};
+
+static void *open_one(void *arg)
+{
+    struct opener *o = arg;
+    struct store *s = NULL;
+    struct ifl_err e = {0};
+    o->rc = store_open(o->url, &s, &e);
+    if (!o->rc)
+        o->rc = store_schema_version(s, &o->version, &e);
+    snprintf(o->msg, sizeof o->msg, "%s", e.msg);
+    store_close(s);
+    return NULL;
+}
+
+static void test_concurrent_migrations(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state; /* a fresh, empty database */
+    enum { N = 4 };
+    pthread_t t[N];
+    struct opener o[N];
+    for (int i = 0; i < N; i++) {
+        o[i] = (struct opener){.url = f->url};
+        pthread_create(&t[i], NULL, open_one, &o[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        if (o[i].rc)
+            fprintf(stderr, "open %d: %s\n", i, o[i].msg);
+        assert_int_equal(o[i].rc, 0);
+        assert_true(o[i].version >= 2);
+        assert_int_equal(o[i].version, o[0].version);
+    }
+    /* each migration recorded exactly once */
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM schema_migrations"), o[0].version);
+    assert_int_equal(sql_int(f->url, "SELECT count(DISTINCT version) FROM schema_migrations"),
+                     o[0].version);
+}
+
+/* ---- claims (test_claims.c) and across handles --------------------------------------- */
+
+#define STEPS 1000
+
+struct seed {
+    int n;
+    enum step_state state;
+};
+
+static int tx_seed(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct seed *sd = arg;
+    struct store_execution x = {0};
+    snprintf(x.id, sizeof x.id, "%s", XID);
+    x.workspace = "ws";
+    x.workflow = "wf";
+    x.workflow_version = 1;
+    x.entry_point = "start";
+    x.identity = "{}";
+    x.payload = "null";
+    x.status = "running";
+    int created;
+    int rc = store_tx_execution_insert(tx, &x, &created, e);
+    for (int i = 0; !rc && i < sd->n; i++) {
+        struct store_step st = {0};
+        snprintf(st.execution_id, sizeof st.execution_id, "%s", XID);
+        char name[16];
+        snprintf(name, sizeof name, "v%04d", i);
+        st.vertex = name;
+        st.workspace = "ws";
+        st.kind = "TRANSFORM";
+        st.state = sd->state;
+        rc = store_tx_step_insert(tx, &st, e);
+    }
+    return rc;
+}
+
+static void seed(struct store *s, int n, enum step_state state)
+{
+    int created;
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    struct seed sd = {n, state};
+    assert_int_equal(store_tx_run(s, tx_seed, &sd, NULL), 0);
+}
+
+struct claimer {
+    struct store *s;
+    char name[16];
+    int claimed[STEPS];
+    int64_t epoch[STEPS];
+    int total, rc;
+};
+
+static void *race_claim(void *arg)
+{
+    struct claimer *r = arg;
+    for (;;) {
+        struct store_claim *c = NULL;
+        size_t n = 0;
+        struct ifl_err e = {0};
+        r->rc = store_claim(r->s, r->name, 7, clock_now_ms(), 60000, &c, &n, &e);
+        if (r->rc || n == 0) {
+            store_claims_free(c, n);
+            return NULL;
+        }
+        for (size_t i = 0; i < n; i++) {
+            int k = (int)strtol(c[i].vertex + 1, NULL, 10);
+            r->claimed[k]++;
+            r->epoch[k] = c[i].epoch;
+            r->total++;
+        }
+        store_claims_free(c, n);
+    }
+}
+
+/* nw claimers spread over the handles race for STEPS steps. */
+static void claim_race(struct store **h, int nh, int nw)
+{
+    struct claimer **w = xcalloc((size_t)nw, sizeof *w);
+    pthread_t *t = xcalloc((size_t)nw, sizeof *t);
+    for (int i = 0; i < nw; i++) {
+        w[i] = xcalloc(1, sizeof **w);
+        w[i]->s = h[i % nh];
+        snprintf(w[i]->name, sizeof w[i]->name, "worker-%d", i);
+        pthread_create(&t[i], NULL, race_claim, w[i]);
+    }
+    int total = 0;
+    for (int i = 0; i < nw; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(w[i]->rc, 0);
+        total += w[i]->total;
+    }
+    assert_int_equal(total, STEPS);
+    for (int k = 0; k < STEPS; k++) {
+        int times = 0;
+        for (int i = 0; i < nw; i++) {
+            times += w[i]->claimed[k];
+            if (w[i]->claimed[k])
+                assert_int_equal(w[i]->epoch[k], 1);
+        }
+        assert_int_equal(times, 1);
+    }
+    struct store_attempt *at = NULL;
+    size_t na = 0;
+    assert_int_equal(store_attempts_get(h[0], XID, &at, &na, NULL), 0);
+    assert_int_equal(na, STEPS);
+    store_attempts_free(at, na);
+    for (int i = 0; i < nw; i++)
+        free(w[i]);
+    free(w);
+    free(t);
+}
+
+static void test_two_workers_race_for_1000_steps(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    seed(s, STEPS, STEP_DISPATCHED);
+    claim_race(&s, 1, 2);
+}
+
+static void test_two_handles_race_for_1000_steps(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h[2] = {f->s, NULL};
+    assert_int_equal(store_open(f->url, &h[1], NULL), 0);
+    seed(f->s, STEPS, STEP_DISPATCHED);
+    claim_race(h, 2, 6);
+    int64_t due = 0;
+    assert_int_equal(store_next_due(h[1], &due, NULL), 0);
+    assert_true(due == INT64_MAX);
+    store_close(h[1]);
+}
+
+struct guarded {
+    int64_t epoch;
+    int changed;
+};
+
+static int tx_complete(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct guarded *g = arg;
+    struct store_step st = {0};
+    snprintf(st.execution_id, sizeof st.execution_id, "%s", XID);
+    st.vertex = "v0000";
+    st.workspace = "ws";
+    st.kind = "TRANSFORM";
+    st.state = STEP_COMPLETED;
+    st.epoch = g->epoch;
+    st.output = "\"done\"";
+    return store_tx_step_update(tx, &st, STEP_EXECUTING, g->epoch, &g->changed, e);
+}
+
+static void test_stale_epoch_is_fenced(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    seed(s, 1, STEP_DISPATCHED);
+    struct store_claim *c = NULL;
+    size_t n = 0;
+    assert_int_equal(store_claim(s, "w", 1, clock_now_ms(), 60000, &c, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    int64_t epoch = c[0].epoch;
+    int ok = 0;
+    assert_int_equal(store_lease_renew(s, XID, c[0].vertex, epoch + 1, 1, &ok, NULL), 0);
+    assert_false(ok);
+    assert_int_equal(
+        store_lease_renew(s, XID, c[0].vertex, epoch, clock_now_ms() + 1000, &ok, NULL), 0);
+    assert_true(ok);
+    struct guarded stale = {epoch - 1, -1}, fresh = {epoch, -1}, again = {epoch, -1};
+    assert_int_equal(store_tx_run(s, tx_complete, &stale, NULL), 0);
+    assert_int_equal(stale.changed, 0);
+    assert_int_equal(store_tx_run(s, tx_complete, &fresh, NULL), 0);
+    assert_int_equal(fresh.changed, 1);
+    assert_int_equal(store_tx_run(s, tx_complete, &again, NULL), 0);
+    assert_int_equal(again.changed, 0);
+    store_claims_free(c, n);
+}
+
+/* Leases: only expired ones are reported (never all at once), without locks. */
+static void test_expired_waits_for_the_lease(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    seed(s, 3, STEP_DISPATCHED);
+    struct store_claim *c = NULL;
+    size_t n = 0;
+    int64_t now = clock_now_ms();
+    assert_int_equal(store_claim(s, "w", 3, now, 10000, &c, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    int ok;
+    assert_int_equal(store_lease_renew(s, XID, c[1].vertex, c[1].epoch, now + 1000, &ok, NULL),
+                     0);
+    struct store_step *rows = NULL;
+    size_t k = 0;
+    assert_int_equal(store_expired(s, now + 5000, 10, &rows, &k, NULL), 0);
+    assert_int_equal(k, 1);
+    assert_string_equal(rows[0].vertex, c[1].vertex);
+    assert_int_equal(rows[0].state, STEP_EXECUTING);
+    assert_string_equal(rows[0].lease_owner, "w");
+    store_steps_free(rows, k);
+    assert_int_equal(store_expired(s, now + 20000, 10, &rows, &k, NULL), 0);
+    assert_int_equal(k, 3);
+    store_steps_free(rows, k);
+    assert_int_equal(store_expired(s, now, 10, &rows, &k, NULL), 0);
+    assert_int_equal(k, 0);
+    store_claims_free(c, n);
+}
+
+/* ---- per-execution serialization ------------------------------------------------------ */
+
+/* A read-decide-write like steps_apply's join rule: reads every step of the
+ * execution, increments the join row's in_decided, writes it back guarded
+ * by state only.  Without the execution row lock two writers would both
+ * read the same count and one increment would be lost. */
+static int tx_join_tick(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    (void)arg;
+    struct store_execution x;
+    int rc = store_tx_execution_get(tx, "ws", XID, &x, e);
+    if (rc)
+        return rc;
+    store_execution_clear(&x);
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    if ((rc = store_tx_steps_get(tx, XID, &rows, &n, e)))
+        return rc;
+    rows[0].in_decided++;
+    int changed = 0;
+    rc = store_tx_step_update(tx, &rows[0], STEP_PENDING, -1, &changed, e);
+    if (!rc && !changed)
+        rc = err_set(e, IFL_ECONFLICT, "changed concurrently");
+    store_steps_free(rows, n);
+    return rc;
+}
+
+struct ticker {
+    struct store *s;
+    int rc;
+};
+
+static void *tick(void *arg)
+{
+    struct ticker *t = arg;
+    for (int i = 0; i < 50 && !t->rc; i++)
+        t->rc = store_tx_run(t->s, tx_join_tick, NULL, NULL);
+    return NULL;
+}
+
+static void test_join_decisions_serialize_per_execution(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h[2] = {f->s, NULL};
+    assert_int_equal(store_open(f->url, &h[1], NULL), 0);
+    seed(f->s, 1, STEP_PENDING);
+    enum { N = 8 };
+    pthread_t t[N];
+    struct ticker tk[N];
+    for (int i = 0; i < N; i++) {
+        tk[i] = (struct ticker){h[i % 2], 0};
+        pthread_create(&t[i], NULL, tick, &tk[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(tk[i].rc, 0);
+    }
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    assert_int_equal(store_steps_get(f->s, XID, &rows, &n, NULL), 0);
+    assert_int_equal(rows[0].in_decided, N * 50);
+    store_steps_free(rows, n);
+    store_close(h[1]);
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+
+static int tx_event(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    (void)arg;
+    struct store_event ev = {0};
+    ev.workspace = "ws";
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", XID);
+    ev.type = "test.tick";
+    ev.data = "{\"a\":1}";
+    return store_tx_event_append(tx, &ev, e);
+}
+
+struct appender {
+    struct store *s;
+    int rc;
+};
+
+static void *append_events(void *arg)
+{
+    struct appender *a = arg;
+    for (int i = 0; i < 25 && !a->rc; i++)
+        a->rc = store_tx_run(a->s, tx_event, NULL, NULL);
+    return NULL;
+}
+
+static void test_aggregate_versions_are_gapless(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h[2] = {f->s, NULL};
+    assert_int_equal(store_open(f->url, &h[1], NULL), 0);
+    seed(f->s, 1, STEP_PENDING);
+    enum { N = 8 };
+    pthread_t t[N];
+    struct appender ap[N];
+    for (int i = 0; i < N; i++) {
+        ap[i] = (struct appender){h[i % 2], 0};
+        pthread_create(&t[i], NULL, append_events, &ap[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(ap[i].rc, 0);
+    }
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(store_events_list(f->s, "ws", 0, 1000, &ev, &n, NULL), 0);
+    assert_int_equal(n, N * 25);
+    char *seen = xcalloc(N * 25 + 1, 1);
+    for (size_t i = 0; i < n; i++) {
+        assert_in_range(ev[i].aggregate_version, 1, N * 25);
+        assert_int_equal(seen[ev[i].aggregate_version]++, 0);
+        assert_string_equal(ev[i].execution_id, XID);
+        assert_string_equal(ev[i].data, "{\"a\":1}");
+        if (i)
+            assert_true(ev[i].seq > ev[i - 1].seq);
+    }
+    free(seen);
+    store_events_free(ev, n);
+    struct store_execution x;
+    assert_int_equal(store_execution_get(f->s, "ws", XID, &x, NULL), 0);
+    assert_int_equal(x.version, N * 25);
+    store_execution_clear(&x);
+    store_close(h[1]);
+}
+
+/* ---- wake-ups ----------------------------------------------------------------------------- */
+
+struct waiter {
+    struct store *s;
+    int rc;
+    int64_t waited;
+};
+
+static void *wait_once(void *arg)
+{
+    struct waiter *w = arg;
+    int64_t t0 = clock_mono_ms();
+    w->rc = store_wait_work(w->s, 5000);
+    w->waited = clock_mono_ms() - t0;
+    return NULL;
+}
+
+static int tx_dispatch_one(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct store_step st = {0};
+    snprintf(st.execution_id, sizeof st.execution_id, "%s", XID);
+    st.vertex = (char *)arg;
+    st.workspace = "ws";
+    st.kind = "TRANSFORM";
+    st.state = STEP_DISPATCHED;
+    return store_tx_step_insert(tx, &st, e);
+}
+
+static void test_notify_wakes_another_handle(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *other = NULL;
+    assert_int_equal(store_open(f->url, &other, NULL), 0);
+    seed(f->s, 1, STEP_PENDING);
+    /* The first call connects the listener and reports it (anything sent
+     * before may have been missed). */
+    assert_int_equal(store_wait_work(other, 1000), 1);
+    assert_int_equal(store_wait_work(other, 100), 0); /* quiet: times out */
+    struct waiter w[2] = {{other, -1, 0}, {other, -1, 0}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&t[i], NULL, wait_once, &w[i]);
+    usleep(200 * 1000);
+    assert_int_equal(store_tx_run(f->s, tx_dispatch_one, "late", NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(w[i].rc, 1);
+        assert_true(w[i].waited < 4000);
+    }
+    /* a transaction that dispatches nothing does not notify */
+    assert_int_equal(store_tx_run(f->s, tx_event, NULL, NULL), 0);
+    assert_int_equal(store_wait_work(other, 300), 0);
+    store_close(other);
+}
+
+/* ---- connections killed under load ------------------------------------------------------ */
+
+struct killer {
+    const char *url, *db;
+    volatile int stop;
+    int kills;
+};
+
+static void *kill_loop(void *arg)
+{
+    struct killer *k = arg;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '%s'"
+             " AND application_name = 'idemflow'",
+             k->db);
+    while (!k->stop) {
+        usleep(15 * 1000);
+        if (sql(k->url, cmd) == 0)
+            k->kills++;
+    }
+    return NULL;
+}
+
+struct creator {
+    struct store *s;
+    int base, n, rc, created;
+    int with_event; /* like the engine's trigger: the event is the marker */
+};
+
+struct create_tx {
+    const struct store_execution *x;
+    int created;
+};
+
+static int tx_create_with_event(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct create_tx *a = arg;
+    a->created = 0;
+    int rc = store_tx_execution_insert(tx, a->x, &a->created, e);
+    if (rc || !a->created)
+        return rc;
+    struct store_event ev = {0};
+    ev.workspace = "ws";
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", a->x->id);
+    ev.type = "execution.created";
+    return store_tx_event_append(tx, &ev, e);
+}
+
+static void *create_many(void *arg)
+{
+    struct creator *c = arg;
+    for (int i = 0; i < c->n && !c->rc; i++) {
+        char id[65];
+        snprintf(id, sizeof id, "%064x", c->base + i);
+        struct store_execution x, existing;
+        fill(&x, id, "{}");
+        int created = 0;
+        struct ifl_err e = {0};
+        if (c->with_event) {
+            struct create_tx a = {&x, 0};
+            c->rc = store_tx_run(c->s, tx_create_with_event, &a, &e);
+            created = a.created;
+        } else {
+            c->rc = store_execution_create(c->s, &x, &created, &existing, &e);
+            if (!c->rc && !created)
+                store_execution_clear(&existing); /* a re-run after an unknown commit */
+        }
+        if (c->rc)
+            fprintf(stderr, "create: %s\n", e.msg);
+        c->created += created;
+    }
+    return NULL;
+}
+
+static void test_survives_killed_connections(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    int created;
+    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &created, NULL), 0);
+    struct killer k = {getenv("IDEMFLOW_TEST_PG"), f->db, 0, 0};
+    pthread_t kt;
+    pthread_create(&kt, NULL, kill_loop, &k);
+    enum { N = 4, PER = 150 };
+    pthread_t t[N];
+    struct creator c[N];
+    for (int i = 0; i < N; i++) {
+        c[i] = (struct creator){.s = f->s, .base = 1 + i * PER, .n = PER, .with_event = i % 2};
+        pthread_create(&t[i], NULL, create_many, &c[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(c[i].rc, 0);
+        /* with a marker the answer is exact even when a commit's reply was
+         * lost; without one a re-run may answer "existed" */
+        if (c[i].with_event)
+            assert_int_equal(c[i].created, PER);
+        else
+            assert_true(c[i].created <= PER);
+    }
+    k.stop = 1;
+    pthread_join(kt, NULL);
+    assert_true(k.kills > 0);
+    /* every create committed exactly once, each marked one with its event */
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM executions"), N * PER);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM events"), N / 2 * PER);
+    assert_int_equal(store_ping(f->s, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_migrations_and_second_handle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_workspace_and_workflows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_workflow_versions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secrets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_create_has_one_winner, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_create_over_two_handles_has_one_winner, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_existing_row_returned_and_unknown_workspace, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_migrations, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_two_workers_race_for_1000_steps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_handles_race_for_1000_steps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_epoch_is_fenced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expired_waits_for_the_lease, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_join_decisions_serialize_per_execution, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_aggregate_versions_are_gapless, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_notify_wakes_another_handle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_survives_killed_connections, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("store_pg", tests, NULL, NULL);
+}

@@ -383,6 +383,24 @@ static void *sweeper_main(void *arg)
     return NULL;
 }
 
+/* Shared stores (PostgreSQL): other processes' commits arrive as
+ * notifications; each one wakes this process's idle workers. */
+static void *listener_main(void *arg)
+{
+    struct engine *g = arg;
+    for (;;) {
+        pthread_mutex_lock(&g->wmu);
+        int stop = g->stopping;
+        pthread_mutex_unlock(&g->wmu);
+        if (stop)
+            break;
+        int rc = store_wait_work(g->store, 250);
+        if (rc == 1)
+            engine_wake(g);
+    }
+    return NULL;
+}
+
 int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_err *e)
 {
     if (g->started)
@@ -430,6 +448,13 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         return err_set(e, IFL_EIO, "cannot start the sweeper thread");
     }
     g->started = 1;
+    if (store_wait_work(g->store, 0) != IFL_EUNSUPPORTED) {
+        if (pthread_create(&g->listener, NULL, listener_main, g) != 0) {
+            engine_stop(g);
+            return err_set(e, IFL_EIO, "cannot start the listener thread");
+        }
+        g->has_listener = 1;
+    }
     return 0;
 }
 
@@ -445,6 +470,9 @@ void engine_stop(struct engine *g)
         pthread_join(g->workers[i], NULL);
     if (g->started)
         pthread_join(g->sweeper, NULL);
+    if (g->has_listener)
+        pthread_join(g->listener, NULL);
+    g->has_listener = 0;
     free(g->workers);
     g->workers = NULL;
     g->started = 0;

@@ -57,19 +57,18 @@
 #define RETRY_WINDOW_MS 20000 /* how long an operation rides out an outage */
 #define OPEN_WINDOW_MS 5000   /* … at open: a wrong address should fail fast */
 #define PING_WINDOW_MS 2000
-#define MAX_CONFLICT_RETRIES 10 /* 40001 / 40P01 */
+#define MAX_CONFLICT_RETRIES 10           /* 40001 / 40P01 */
 #define MIGRATION_LOCK "7370704346299592" /* pg_advisory_xact_lock key */
 #define CHANNEL "idemflow_work"
 
 /* ---- statements --------------------------------------------------------------- */
 
-#define EXEC_COLS                                                                          \
-    "id, workspace, workflow, workflow_version, entry_point, identity, payload,"          \
+#define EXEC_COLS                                                                                  \
+    "id, workspace, workflow, workflow_version, entry_point, identity, payload,"                   \
     " payload_hash, test, status, version, created_at, updated_at, started_over_from"
-#define STEP_COLS                                                                          \
-    "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"         \
+#define STEP_COLS                                                                                  \
+    "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"                  \
     " lease_expires_at, next_run_at, in_decided, in_taken, output, error, updated_at"
-#define SEQ_OF(p) "(SELECT seq FROM executions WHERE id = " p ")"
 
 enum stmt {
     S_NONE,
@@ -150,33 +149,36 @@ static const struct {
     [S_EXEC_GET_LOCK] = {"ifl_exec_get_lock", "SELECT " EXEC_COLS " FROM executions"
                                               " WHERE id = $1 AND workspace = $2"
                                               " FOR NO KEY UPDATE"},
-    [S_EXEC_LIST] = {"ifl_exec_list",
-                     "SELECT " EXEC_COLS " FROM executions WHERE workspace = $1"
-                     " AND (created_at, id) < ($2::bigint, $3::text)"
-                     " ORDER BY created_at DESC, id DESC LIMIT $4"},
+    [S_EXEC_LIST] = {"ifl_exec_list", "SELECT " EXEC_COLS " FROM executions WHERE workspace = $1"
+                                      " AND (created_at, id) < ($2::bigint, $3::text)"
+                                      " ORDER BY created_at DESC, id DESC LIMIT $4"},
     [S_EXEC_INSERT] = {"ifl_exec_insert",
                        "INSERT INTO executions (" EXEC_COLS ")"
                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13)"
                        " ON CONFLICT (id) DO NOTHING RETURNING seq"},
     [S_EXEC_STATUS] = {"ifl_exec_status",
                        "UPDATE executions SET status = $1, updated_at = $2 WHERE id = $3"},
-    [S_STEPS_OF] = {"ifl_steps_of", "SELECT " STEP_COLS " FROM steps WHERE execution_seq = "
-                                    SEQ_OF("$1") " ORDER BY vertex"},
+    [S_STEPS_OF] = {"ifl_steps_of",
+                    "SELECT " STEP_COLS " FROM steps"
+                    " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
+                    " ORDER BY vertex"},
     [S_STEP_INSERT] = {"ifl_step_insert",
                        "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at,"
                        " next_run_at, in_decided, in_taken, output, error, updated_at,"
                        " execution_id, vertex, workspace, kind, execution_seq)"
                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
-                       " $15, " SEQ_OF("$12") ")"},
+                       " $15, (SELECT seq FROM executions WHERE id = $12))"},
     [S_STEP_UPDATE] = {"ifl_step_update",
                        "UPDATE steps SET state = $1, attempts = $2, epoch = $3, lease_owner = $4,"
                        " lease_expires_at = $5, next_run_at = $6, in_decided = $7, in_taken = $8,"
                        " output = $9, error = $10, updated_at = $11"
-                       " WHERE execution_seq = " SEQ_OF("$12") " AND vertex = $13 AND state = $14"
+                       " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $12)"
+                       " AND vertex = $13 AND state = $14"
                        " AND ($15::bigint < 0 OR epoch = $15::bigint)"},
     [S_ATTEMPT_FINISH] = {"ifl_attempt_finish",
                           "UPDATE step_attempts SET finished_at = $1, outcome = $2, error = $3"
-                          " WHERE execution_seq = " SEQ_OF("$4") " AND vertex = $5"
+                          " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $4)"
+                          " AND vertex = $5"
                           " AND epoch = $6 AND finished_at IS NULL"},
     [S_EXEC_BUMP] = {"ifl_exec_bump", "UPDATE executions SET version = version + 1,"
                                       " updated_at = $1 WHERE id = $2 RETURNING version"},
@@ -192,7 +194,8 @@ static const struct {
                                     " WHERE workspace = $1 AND scope = $2 AND key = $3"},
     [S_ATTEMPTS_OF] = {"ifl_attempts_of",
                        "SELECT execution_id, vertex, epoch, worker, started_at, finished_at,"
-                       " outcome, error FROM step_attempts WHERE execution_seq = " SEQ_OF("$1")
+                       " outcome, error FROM step_attempts"
+                       " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
                        " ORDER BY started_at, vertex, epoch"},
     /* The claim in one statement: pick due rows, skipping any another
      * claimant holds, flip them, and record the attempts. */
@@ -213,9 +216,9 @@ static const struct {
     [S_CLAIM_MARK] = {"ifl_claim_mark",
                       "SELECT 1 FROM step_attempts WHERE execution_seq = $1 AND vertex = $2"
                       " AND epoch = $3 AND worker = $4"},
-    [S_RENEW] = {"ifl_renew", "UPDATE steps SET lease_expires_at = $1 WHERE execution_seq = "
-                              SEQ_OF("$2") " AND vertex = $3 AND state = 'EXECUTING'"
-                              " AND epoch = $4"},
+    [S_RENEW] = {"ifl_renew", "UPDATE steps SET lease_expires_at = $1"
+                              " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $2)"
+                              " AND vertex = $3 AND state = 'EXECUTING' AND epoch = $4"},
     [S_EXPIRED] = {"ifl_expired", "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING'"
                                   " AND lease_expires_at < $1 ORDER BY lease_expires_at"
                                   " LIMIT $2"},
@@ -269,10 +272,10 @@ static void arg_copy(struct args *a, const char *s)
 
 struct conn {
     PGconn *pg;
-    int broken;         /* failed: reopen before the next use */
-    int pid;            /* server process, and when it and the postmaster */
-    int64_t be_start;   /* started (µs): tell whether an old process may */
-    int64_t pm_start;   /* still run, or the server restarted */
+    int broken;       /* failed: reopen before the next use */
+    int pid;          /* server process, and when it and the postmaster */
+    int64_t be_start; /* started (µs): tell whether an old process may */
+    int64_t pm_start; /* still run, or the server restarted */
     unsigned char prepared[S_COUNT];
     struct conn *next;
 };
@@ -340,9 +343,14 @@ static PGconn *connect_once(const char *conninfo)
 {
     /* Our defaults come first; the user's conninfo (expanded from
      * "dbname") overrides any of them. */
-    static const char *const keys[] = {"connect_timeout", "keepalives_idle",
-                                       "keepalives_interval", "keepalives_count",
-                                       "tcp_user_timeout", "application_name", "dbname", NULL};
+    static const char *const keys[] = {"connect_timeout",
+                                       "keepalives_idle",
+                                       "keepalives_interval",
+                                       "keepalives_count",
+                                       "tcp_user_timeout",
+                                       "application_name",
+                                       "dbname",
+                                       NULL};
     const char *vals[] = {"5", "15", "5", "3", "30000", "idemflow", conninfo, NULL};
     PGconn *pg = PQconnectdbParams(keys, vals, 1);
     if (pg)
@@ -490,8 +498,8 @@ static int fail(struct pgtx *t, const PGresult *r, const char *what, struct ifl_
     trim_copy(msg, sizeof msg, r ? PQresultErrorMessage(r) : PQerrorMessage(t->c->pg));
     int rc;
     enum fail kind;
-    if (!t->c->pg || PQstatus(t->c->pg) != CONNECTION_OK || !code ||
-        strncmp(code, "08", 2) == 0 || strncmp(code, "57P", 3) == 0) {
+    if (!t->c->pg || PQstatus(t->c->pg) != CONNECTION_OK || !code || strncmp(code, "08", 2) == 0 ||
+        strncmp(code, "57P", 3) == 0) {
         kind = FAIL_CONN;
         rc = err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed: %s", what, msg);
     } else if (strcmp(code, "26000") == 0 ||
@@ -525,8 +533,7 @@ static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct if
 {
     struct conn *c = t->c;
     if (t->fail == FAIL_CONN || !c->pg) {
-        int rc = err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed",
-                         stmts[id].name);
+        int rc = err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed", stmts[id].name);
         if (t->fail == FAIL_NONE) {
             t->fail = FAIL_CONN;
             t->fail_rc = rc;
@@ -543,8 +550,8 @@ static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct if
         PQclear(r);
         c->prepared[id] = 1;
     }
-    PGresult *r = PQexecPrepared(c->pg, stmts[id].name, a ? a->n : 0, a ? a->v : NULL, NULL,
-                                 NULL, 0);
+    PGresult *r =
+        PQexecPrepared(c->pg, stmts[id].name, a ? a->n : 0, a ? a->v : NULL, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
         const char *n = PQcmdTuples(r);
@@ -649,8 +656,7 @@ static enum outcome run_once(struct pgtx *t, body_fn body, void *arg, enum mode 
  * still runs (its transaction, if still open, aborts) and waits until it is
  * gone, so nothing it was doing can commit after we look.  Unneeded when
  * the server restarted (no process survives a restart). */
-static int settle(struct pgtx *t, int pid, int64_t be_start, int64_t deadline,
-                  struct ifl_err *e)
+static int settle(struct pgtx *t, int pid, int64_t be_start, int64_t deadline, struct ifl_err *e)
 {
     struct args a = {0};
     arg_i(&a, pid);
@@ -736,8 +742,7 @@ static int run_w(struct pg *s, body_fn body, void *arg, enum mode mode, int64_t 
                 return 0;
             break;
         }
-        if (t.fail == FAIL_RETRY ? ++conflicts > MAX_CONFLICT_RETRIES
-                                 : clock_mono_ms() >= deadline)
+        if (t.fail == FAIL_RETRY ? ++conflicts > MAX_CONFLICT_RETRIES : clock_mono_ms() >= deadline)
             break;
         log_warn("store.pg_retry", "%s; running the operation again", le.msg);
         backoff_sleep(pause);
@@ -863,8 +868,8 @@ static int body_ws_put(struct pgtx *t, void *arg, struct ifl_err *e)
     return 0;
 }
 
-static int op_workspace_put(struct store *base, const char *ws, const char *settings,
-                            int *created, struct ifl_err *e)
+static int op_workspace_put(struct store *base, const char *ws, const char *settings, int *created,
+                            struct ifl_err *e)
 {
     struct ws_put a = {ws, settings, 0};
     int rc = run((struct pg *)base, body_ws_put, &a, M_WRITE, e);
@@ -1192,8 +1197,8 @@ static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
     return exec_get(ptx(tx), ws, id, 1, out, e);
 }
 
-static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x,
-                               int *created, struct ifl_err *e)
+static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x, int *created,
+                               struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
     int64_t now = clock_now_ms();
@@ -1618,8 +1623,8 @@ static int op_next_due(struct store *base, int64_t *when, struct ifl_err *e)
     return run((struct pg *)base, body_next_due, when, M_READ, e);
 }
 
-static int op_dead_letters(struct store *base, const char *ws, int limit,
-                           struct store_step **items, size_t *n, struct ifl_err *e)
+static int op_dead_letters(struct store *base, const char *ws, int limit, struct store_step **items,
+                           size_t *n, struct ifl_err *e)
 {
     struct steps_read a = {.id = S_DEAD, .items = items, .n = n};
     arg_s(&a.p, ws);

@@ -18,6 +18,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,9 +43,7 @@ static int sql(const char *url, const char *cmd)
     int rc = -1;
     if (PQstatus(pg) == CONNECTION_OK) {
         PGresult *r = PQexec(pg, cmd);
-        rc = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK
-                 ? 0
-                 : -1;
+        rc = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK ? 0 : -1;
         if (rc)
             fprintf(stderr, "sql: %s: %s", cmd, PQresultErrorMessage(r));
         PQclear(r);
@@ -73,7 +72,8 @@ static int fresh_db(struct fixture *f)
 {
     const char *base = getenv("IDEMFLOW_TEST_PG");
     static int counter;
-    snprintf(f->db, sizeof f->db, "u_%d_%d_%lld", (int)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST),
+    snprintf(f->db, sizeof f->db, "u_%d_%d_%lld", (int)getpid(),
+             __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST),
              (long long)(clock_now_ms() % 100000));
     char cmd[96];
     snprintf(cmd, sizeof cmd, "CREATE DATABASE %s", f->db);
@@ -132,10 +132,10 @@ static int teardown(void **state)
     return rc;
 }
 
-#define NEED_PG(state)                                                                          \
-    do {                                                                                        \
-        if (!*(state))                                                                          \
-            skip();                                                                             \
+#define NEED_PG(state)                                                                             \
+    do {                                                                                           \
+        if (!*(state))                                                                             \
+            skip();                                                                                \
     } while (0)
 
 static struct store *S(void **state)
@@ -309,8 +309,7 @@ static void create_race(struct store **handles, int nh, int n)
     struct store_execution *items;
     size_t k;
     char *next;
-    assert_int_equal(store_execution_list(handles[0], "ws", NULL, 100, &items, &k, &next, NULL),
-                     0);
+    assert_int_equal(store_execution_list(handles[0], "ws", NULL, 100, &items, &k, &next, NULL), 0);
     assert_int_equal(k, 1);
     assert_null(next);
     assert_string_equal(items[0].status, "running");
@@ -660,8 +659,7 @@ static void test_expired_waits_for_the_lease(void **state)
     assert_int_equal(store_claim(s, "w", 3, now, 10000, &c, &n, NULL), 0);
     assert_int_equal(n, 3);
     int ok;
-    assert_int_equal(store_lease_renew(s, XID, c[1].vertex, c[1].epoch, now + 1000, &ok, NULL),
-                     0);
+    assert_int_equal(store_lease_renew(s, XID, c[1].vertex, c[1].epoch, now + 1000, &ok, NULL), 0);
     struct store_step *rows = NULL;
     size_t k = 0;
     assert_int_equal(store_expired(s, now + 5000, 10, &rows, &k, NULL), 0);
@@ -870,7 +868,7 @@ static void test_notify_wakes_another_handle(void **state)
 
 struct killer {
     const char *url, *db;
-    volatile int stop;
+    atomic_int stop;
     int kills;
 };
 
@@ -882,7 +880,7 @@ static void *kill_loop(void *arg)
              "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '%s'"
              " AND application_name = 'idemflow'",
              k->db);
-    while (!k->stop) {
+    while (!atomic_load(&k->stop)) {
         usleep(15 * 1000);
         if (sql(k->url, cmd) == 0)
             k->kills++;
@@ -947,7 +945,7 @@ static void test_survives_killed_connections(void **state)
     struct fixture *f = *state;
     int created;
     assert_int_equal(store_workspace_put(f->s, "ws", "{}", &created, NULL), 0);
-    struct killer k = {getenv("IDEMFLOW_TEST_PG"), f->db, 0, 0};
+    struct killer k = {.url = getenv("IDEMFLOW_TEST_PG"), .db = f->db};
     pthread_t kt;
     pthread_create(&kt, NULL, kill_loop, &k);
     enum { N = 4, PER = 150 };
@@ -967,7 +965,7 @@ static void test_survives_killed_connections(void **state)
         else
             assert_true(c[i].created <= PER);
     }
-    k.stop = 1;
+    atomic_store(&k.stop, 1);
     pthread_join(kt, NULL);
     assert_true(k.kills > 0);
     /* every create committed exactly once, each marked one with its event */

@@ -1,0 +1,633 @@
+/*
+ * gateway — see gateway.h.
+ */
+#include "gateway/gateway.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "crypto/crypto.h"
+#include "json/json.h"
+
+#include <ctype.h>
+#include <curl/curl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define SENTINEL_OPEN "\x01idemflow-secret:"
+#define SENTINEL_CLOSE '\x02'
+#define MAX_RESPONSE_BODY (4u << 20)
+
+/* ---- policy ------------------------------------------------------------------ */
+
+static int num_member(json_t *o, const char *key, double lo, double hi, double *out,
+                      const char *ptr, struct ifl_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v)
+        return 0;
+    double d = json_is_number(v) ? json_num(v) : NAN;
+    if (!(d >= lo && d <= hi))
+        return err_setp(e, IFL_EVALIDATION, ptr, "%s must be a number from %g to %g", key, lo,
+                        hi);
+    *out = d;
+    return 0;
+}
+
+static int choice(json_t *o, const char *key, const char *const *names, int *out,
+                  const char *ptr, struct ifl_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v)
+        return 0;
+    for (int i = 0; names[i]; i++)
+        if (json_is_string(v) && strcmp(json_string_value(v), names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    return err_setp(e, IFL_EVALIDATION, ptr, "%s has an unknown value", key);
+}
+
+int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
+{
+    *p = (struct gw_policy){
+        .timeout_ms = 10000,
+        .max_attempts = 5,
+        .initial_interval_ms = 200,
+        .backoff_coefficient = 2,
+        .max_interval_ms = 30000,
+        .deadline_ms = 300000,
+    };
+    json_t *headers = json_object_get(config, "headers");
+    const char *k;
+    json_t *v;
+    json_object_foreach(headers, k, v) if (strcasecmp(k, "Idempotency-Key") == 0)
+        p->has_idempotency_key = 1;
+    double d;
+    int rc;
+    d = (double)p->timeout_ms;
+    if ((rc = num_member(config, "timeoutMs", 1, 3600000, &d, "/timeoutMs", e)))
+        return rc;
+    p->timeout_ms = (long)d;
+    d = (double)p->deadline_ms;
+    if ((rc = num_member(config, "deadlineMs", 1, 30.0 * 86400000, &d, "/deadlineMs", e)))
+        return rc;
+    p->deadline_ms = (long)d;
+    json_t *retry = json_object_get(config, "retry");
+    if (retry && !json_is_object(retry))
+        return err_setp(e, IFL_EVALIDATION, "/retry", "retry must be an object");
+    if (retry) {
+        d = p->max_attempts;
+        if ((rc = num_member(retry, "maxAttempts", 1, 1000, &d, "/retry/maxAttempts", e)))
+            return rc;
+        p->max_attempts = (int)d;
+        d = (double)p->initial_interval_ms;
+        if ((rc = num_member(retry, "initialIntervalMs", 0, 86400000, &d,
+                             "/retry/initialIntervalMs", e)))
+            return rc;
+        p->initial_interval_ms = (long)d;
+        if ((rc = num_member(retry, "backoffCoefficient", 1, 100, &p->backoff_coefficient,
+                             "/retry/backoffCoefficient", e)))
+            return rc;
+        d = (double)p->max_interval_ms;
+        if ((rc = num_member(retry, "maxIntervalMs", 0, 86400000, &d, "/retry/maxIntervalMs",
+                             e)))
+            return rc;
+        p->max_interval_ms = (long)d;
+    }
+    static const char *const cem[] = {"fail", "complete", NULL};
+    static const char *const onc[] = {"fail", "complete", NULL};
+    static const char *const amb[] = {"retry", "verify", "reconcile", NULL};
+    p->conflict_complete = p->has_idempotency_key;
+    p->ambiguous = p->has_idempotency_key ? GW_AMB_RETRY : GW_AMB_RECONCILE;
+    int x = p->client_error_complete;
+    if ((rc = choice(config, "clientErrorMode", cem, &x, "/clientErrorMode", e)))
+        return rc;
+    p->client_error_complete = x;
+    x = p->conflict_complete;
+    if ((rc = choice(config, "onConflict", onc, &x, "/onConflict", e)))
+        return rc;
+    p->conflict_complete = x;
+    x = (int)p->ambiguous;
+    if ((rc = choice(config, "ambiguous", amb, &x, "/ambiguous", e)))
+        return rc;
+    p->ambiguous = (enum gw_ambiguous)x;
+    json_t *verify = json_object_get(config, "verify");
+    if (verify) {
+        if (!json_is_object(verify) || !json_is_string(json_object_get(verify, "url")))
+            return err_setp(e, IFL_EVALIDATION, "/verify/url", "verify needs a url");
+        if (!json_is_string(json_object_get(verify, "doneWhen")))
+            return err_setp(e, IFL_EVALIDATION, "/verify/doneWhen",
+                            "verify needs doneWhen (an expression over response)");
+        p->has_verify = 1;
+    }
+    if (p->ambiguous == GW_AMB_VERIFY && !p->has_verify)
+        return err_setp(e, IFL_EVALIDATION, "/ambiguous",
+                        "ambiguous \"verify\" needs a verify request");
+    return 0;
+}
+
+/* ---- requests ---------------------------------------------------------------- */
+
+char *gw_secret_sentinel(const char *name)
+{
+    return xasprintf(SENTINEL_OPEN "%s%c", name, SENTINEL_CLOSE);
+}
+
+/* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
+ * Returns a new heap string, or NULL with *rc set on a resolver error. */
+static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *rc)
+{
+    struct buf b;
+    buf_init(&b, 0);
+    *rc = 0;
+    const char *p = s;
+    for (;;) {
+        const char *open = strstr(p, SENTINEL_OPEN);
+        if (!open) {
+            buf_puts(&b, p);
+            break;
+        }
+        const char *name = open + strlen(SENTINEL_OPEN);
+        const char *close = strchr(name, SENTINEL_CLOSE);
+        if (!close) {
+            buf_puts(&b, p);
+            break;
+        }
+        buf_append(&b, p, (size_t)(open - p));
+        if (!fn) {
+            buf_puts(&b, "****");
+        } else {
+            char *n = xstrndup(name, (size_t)(close - name)), *val = NULL;
+            *rc = fn(ctx, n, &val);
+            free(n);
+            if (*rc) {
+                crypto_wipe(b.p, b.len);
+                buf_free(&b);
+                return NULL;
+            }
+            buf_puts(&b, val);
+            crypto_wipe(val, strlen(val));
+            free(val);
+        }
+        p = close + 1;
+    }
+    return buf_steal(&b);
+}
+
+static void wipe_free(char *s)
+{
+    if (s) {
+        crypto_wipe(s, strlen(s));
+        free(s);
+    }
+}
+
+void gw_request_clear(struct gw_request *r)
+{
+    if (!r)
+        return;
+    free(r->method);
+    wipe_free(r->url);
+    for (size_t i = 0; i < r->nheaders; i++) {
+        free(r->headers[i].name);
+        wipe_free(r->headers[i].value);
+    }
+    free(r->headers);
+    wipe_free(r->body);
+    free(r->masked_url);
+    json_decref(r->masked);
+    free(r->idempotency_key);
+    memset(r, 0, sizeof *r);
+}
+
+static char *scalar_text(json_t *v)
+{
+    if (json_is_string(v))
+        return xstrdup(json_string_value(v));
+    if (json_is_null(v))
+        return xstrdup("");
+    char *s = json_to_string(v);
+    return s ? s : xstrdup("");
+}
+
+int gw_request_build(const char *method, json_t *rendered, struct gw_request *out,
+                     struct ifl_err *e)
+{
+    memset(out, 0, sizeof *out);
+    json_t *url = json_object_get(rendered, "url");
+    const char *u = json_string_value(url);
+    if (!u || !(strncmp(u, "http://", 7) == 0 || strncmp(u, "https://", 8) == 0))
+        return err_setp(e, IFL_EINVAL, "/url", "the url must render to an http(s) URL");
+    struct buf ub;
+    buf_init(&ub, 0);
+    buf_puts(&ub, u);
+    json_t *query = json_object_get(rendered, "query");
+    const char *k;
+    json_t *v;
+    int first = strchr(u, '?') == NULL;
+    json_object_foreach(query, k, v) {
+        char *val = scalar_text(v);
+        char *ek = curl_easy_escape(NULL, k, 0), *ev = curl_easy_escape(NULL, val, 0);
+        buf_printf(&ub, "%c%s=%s", first ? '?' : '&', ek ? ek : "", ev ? ev : "");
+        first = 0;
+        curl_free(ek);
+        curl_free(ev);
+        wipe_free(val);
+    }
+    out->url = buf_steal(&ub);
+    json_t *body = json_object_get(rendered, "body");
+    if (body)
+        out->body = json_to_string(body);
+    out->method = xstrdup(method ? method : body ? "POST" : "GET");
+    json_t *headers = json_object_get(rendered, "headers");
+    out->headers = xcalloc(json_object_size(headers) + 2, sizeof *out->headers);
+    int has_ct = 0;
+    json_t *mh = json_object();
+    json_object_foreach(headers, k, v) {
+        char *val = scalar_text(v);
+        if (strcasecmp(k, "Content-Type") == 0)
+            has_ct = 1;
+        int rc = 0;
+        char *masked = replace_sentinels(val, NULL, NULL, &rc);
+        if (strcasecmp(k, "Idempotency-Key") == 0)
+            out->idempotency_key = xstrdup(masked);
+        json_object_set_new(mh, k, json_string(masked));
+        free(masked);
+        out->headers[out->nheaders].name = xstrdup(k);
+        out->headers[out->nheaders].value = val;
+        out->nheaders++;
+    }
+    if (out->body && !has_ct) {
+        out->headers[out->nheaders].name = xstrdup("Content-Type");
+        out->headers[out->nheaders].value = xstrdup("application/json");
+        out->nheaders++;
+    }
+    int rc = 0;
+    out->masked_url = replace_sentinels(out->url, NULL, NULL, &rc);
+    out->masked = json_object();
+    json_object_set_new(out->masked, "method", json_string(out->method));
+    json_object_set_new(out->masked, "url", json_string(out->masked_url));
+    json_object_set_new(out->masked, "headers", mh);
+    if (out->body) {
+        char *mb = replace_sentinels(out->body, NULL, NULL, &rc);
+        json_t *pb = NULL;
+        json_object_set_new(out->masked, "body",
+                            json_parse(mb, strlen(mb), NULL, &pb, NULL) == 0 ? pb
+                                                                             : json_string(mb));
+        free(mb);
+    }
+    return 0;
+}
+
+int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct ifl_err *e)
+{
+    int rc = 0;
+    char *s;
+    if (strstr(r->url, SENTINEL_OPEN)) {
+        if (!(s = replace_sentinels(r->url, fn, ctx, &rc)))
+            return err_set(e, rc, "a secret in the url cannot be resolved");
+        wipe_free(r->url);
+        r->url = s;
+    }
+    for (size_t i = 0; i < r->nheaders; i++)
+        if (strstr(r->headers[i].value, SENTINEL_OPEN)) {
+            if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc)))
+                return err_set(e, rc, "a secret in header %s cannot be resolved",
+                               r->headers[i].name);
+            wipe_free(r->headers[i].value);
+            r->headers[i].value = s;
+        }
+    if (r->body && strstr(r->body, SENTINEL_OPEN)) {
+        if (!(s = replace_sentinels(r->body, fn, ctx, &rc)))
+            return err_set(e, rc, "a secret in the body cannot be resolved");
+        wipe_free(r->body);
+        r->body = s;
+    }
+    return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+void gw_response_clear(struct gw_response *r)
+{
+    if (!r)
+        return;
+    json_decref(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+int64_t gw_http_date_ms(const char *s)
+{
+    static const char *const fmts[] = {"%a, %d %b %Y %H:%M:%S GMT", "%A, %d-%b-%y %H:%M:%S GMT",
+                                       "%a %b %e %H:%M:%S %Y", NULL};
+    for (int i = 0; fmts[i]; i++) {
+        struct tm tm;
+        memset(&tm, 0, sizeof tm);
+        const char *end = strptime(s, fmts[i], &tm);
+        if (end && *end == '\0')
+            return (int64_t)timegm(&tm) * 1000;
+    }
+    return -1;
+}
+
+static int64_t retry_after(const struct gw_response *r, int64_t now_ms)
+{
+    const char *h = json_string_value(json_object_get(r->headers, "retry-after"));
+    if (!h)
+        return 0;
+    while (*h == ' ')
+        h++;
+    if (isdigit((unsigned char)*h)) {
+        char *end = NULL;
+        long long secs = strtoll(h, &end, 10);
+        if (*end == '\0' && secs >= 0 && secs < 86400LL * 365)
+            return secs * 1000;
+        return 0;
+    }
+    int64_t at = gw_http_date_ms(h);
+    return at > now_ms ? at - now_ms : 0;
+}
+
+enum gw_class gw_classify(const struct gw_response *r, int64_t now_ms, int64_t *retry_after_ms)
+{
+    *retry_after_ms = 0;
+    if (r->transport == GW_T_NOT_SENT)
+        return GW_RETRY;
+    if (r->transport == GW_T_AMBIGUOUS)
+        return GW_AMBIGUOUS;
+    long s = r->status;
+    if (s >= 200 && s < 400)
+        return GW_SUCCESS;
+    if (s == 408 || s == 429 || s == 503) {
+        *retry_after_ms = retry_after(r, now_ms);
+        return GW_RETRY;
+    }
+    if (s == 409)
+        return GW_CONFLICT;
+    if (s >= 400 && s < 500)
+        return GW_CLIENT_ERROR;
+    return GW_AMBIGUOUS; /* 500, 502, 504 and every other 5xx */
+}
+
+const char *gw_class_name(enum gw_class c)
+{
+    static const char *const n[] = {"success", "retry", "ambiguous", "conflict", "client_error"};
+    return (unsigned)c < 5 ? n[c] : "?";
+}
+
+json_t *gw_output(const struct gw_response *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_integer(r->status));
+    json_object_set(o, "headers", r->headers ? r->headers : json_object());
+    if (!r->headers)
+        json_decref(json_object_get(o, "headers"));
+    json_t *body = NULL;
+    if (r->body && r->body_len &&
+        json_parse(r->body, r->body_len, &(struct json_limits){.max_depth = 256}, &body, NULL))
+        body = json_stringn(r->body, r->body_len);
+    json_object_set_new(o, "body", body ? body : json_null());
+    return o;
+}
+
+int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retry_after_ms,
+                      double rnd)
+{
+    double cap = (double)p->initial_interval_ms * pow(p->backoff_coefficient, attempts_made - 1);
+    if (cap > (double)p->max_interval_ms)
+        cap = (double)p->max_interval_ms;
+    int64_t wait = (int64_t)(rnd * cap);
+    return wait < retry_after_ms ? retry_after_ms : wait;
+}
+
+/* ---- libcurl plumbing --------------------------------------------------------- */
+
+struct xfer {
+    CURL *h;
+    struct curl_slist *hdrs;
+    struct buf body;
+    json_t *resp_headers;
+    const struct gw_request *req;
+    gw_done_fn done;
+    void *ctx;
+    int64_t started;
+    struct xfer *next;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+static void curl_init_once(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    struct xfer *x = ud;
+    size_t n = size * nmemb;
+    return buf_append(&x->body, ptr, n) ? 0 : n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    struct xfer *x = ud;
+    size_t n = size * nmemb;
+    const char *colon = memchr(ptr, ':', n);
+    if (!colon)
+        return n;
+    if (strncmp(ptr, "HTTP/", 5) == 0)
+        return n;
+    size_t kl = (size_t)(colon - ptr);
+    char *k = xstrndup(ptr, kl);
+    for (char *p = k; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    const char *v = colon + 1;
+    size_t vl = n - kl - 1;
+    while (vl && (*v == ' ' || *v == '\t'))
+        v++, vl--;
+    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+        vl--;
+    json_object_set_new(x->resp_headers, k, json_stringn(v, vl));
+    free(k);
+    return n;
+}
+
+static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
+{
+    pthread_once(&curl_once, curl_init_once);
+    struct xfer *x = xcalloc(1, sizeof *x);
+    x->h = curl_easy_init();
+    x->req = req;
+    x->resp_headers = json_object();
+    buf_init(&x->body, MAX_RESPONSE_BODY);
+    for (size_t i = 0; i < req->nheaders; i++) {
+        char *line = xasprintf("%s: %s", req->headers[i].name, req->headers[i].value);
+        x->hdrs = curl_slist_append(x->hdrs, line);
+        crypto_wipe(line, strlen(line));
+        free(line);
+    }
+    x->hdrs = curl_slist_append(x->hdrs, "Expect:");
+    CURL *h = x->h;
+    curl_easy_setopt(h, CURLOPT_URL, req->url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, x->hdrs);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms < 5000 ? timeout_ms : 5000L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_PRIVATE, x);
+    if (strcmp(req->method, "HEAD") == 0)
+        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    if (req->body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, req->body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(req->body));
+    }
+    x->started = clock_mono_ms();
+    return x;
+}
+
+/* Turns a finished transfer into a response; frees the transfer. */
+static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
+{
+    memset(r, 0, sizeof *r);
+    r->elapsed_ms = clock_mono_ms() - x->started;
+    r->headers = x->resp_headers;
+    x->resp_headers = NULL;
+    if (cc == CURLE_OK) {
+        r->transport = GW_T_OK;
+        curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &r->status);
+        r->body_len = x->body.len;
+        r->body = buf_steal(&x->body);
+    } else {
+        long req_size = 0;
+        curl_easy_getinfo(x->h, CURLINFO_REQUEST_SIZE, &req_size);
+        int never_connected = cc == CURLE_COULDNT_RESOLVE_HOST ||
+                              cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_COULDNT_CONNECT ||
+                              cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT;
+        /* Not sent only when libcurl proves no request byte left. */
+        r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
+        snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));
+        buf_free(&x->body);
+    }
+    curl_slist_free_all(x->hdrs);
+    curl_easy_cleanup(x->h);
+    json_decref(x->resp_headers);
+    free(x);
+}
+
+int gw_call(const struct gw_request *req, long timeout_ms, struct gw_response *out)
+{
+    struct xfer *x = xfer_new(req, timeout_ms);
+    CURLcode cc = curl_easy_perform(x->h);
+    xfer_finish(x, cc, out);
+    return 0;
+}
+
+struct gw_client {
+    CURLM *multi;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    struct xfer *queue;
+    int stopping;
+    int max_inflight;
+};
+
+static void *client_main(void *arg)
+{
+    struct gw_client *c = arg;
+    int inflight = 0;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        int stop = c->stopping;
+        while (c->queue && inflight < c->max_inflight) {
+            struct xfer *x = c->queue;
+            c->queue = x->next;
+            curl_multi_add_handle(c->multi, x->h);
+            inflight++;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (stop && inflight == 0)
+            break;
+        int running = 0;
+        curl_multi_perform(c->multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(c->multi, &left))) {
+            if (m->msg != CURLMSG_DONE)
+                continue;
+            struct xfer *x = NULL;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+            CURLcode cc = m->data.result;
+            curl_multi_remove_handle(c->multi, m->easy_handle);
+            inflight--;
+            gw_done_fn done = x->done;
+            void *ctx = x->ctx;
+            struct gw_response *r = xmalloc(sizeof *r);
+            xfer_finish(x, cc, r);
+            done(ctx, r);
+        }
+        if (!stop)
+            curl_multi_poll(c->multi, NULL, 0, 1000, NULL);
+        else
+            curl_multi_poll(c->multi, NULL, 0, 50, NULL);
+    }
+    return NULL;
+}
+
+int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
+{
+    pthread_once(&curl_once, curl_init_once);
+    struct gw_client *c = xcalloc(1, sizeof *c);
+    c->multi = curl_multi_init();
+    c->max_inflight = max_inflight > 0 ? max_inflight : 256;
+    curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->max_inflight);
+    pthread_mutex_init(&c->mu, NULL);
+    if (!c->multi || pthread_create(&c->thread, NULL, client_main, c) != 0) {
+        if (c->multi)
+            curl_multi_cleanup(c->multi);
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return err_set(e, IFL_EIO, "cannot start the gateway client");
+    }
+    *out = c;
+    return 0;
+}
+
+void gw_client_submit(struct gw_client *c, const struct gw_request *req, long timeout_ms,
+                      gw_done_fn done, void *ctx)
+{
+    struct xfer *x = xfer_new(req, timeout_ms);
+    x->done = done;
+    x->ctx = ctx;
+    pthread_mutex_lock(&c->mu);
+    struct xfer **tail = &c->queue;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = x;
+    pthread_mutex_unlock(&c->mu);
+    curl_multi_wakeup(c->multi);
+}
+
+void gw_client_free(struct gw_client *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->stopping = 1;
+    pthread_mutex_unlock(&c->mu);
+    curl_multi_wakeup(c->multi);
+    pthread_join(c->thread, NULL);
+    curl_multi_cleanup(c->multi);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}

@@ -1,0 +1,149 @@
+/*
+ * gateway — GATEWAY steps (spec §6, layer 3): the policy of a step, the
+ * rendering of its request, the classification of what came back, the
+ * backoff between attempts, and a client that keeps many calls in flight on
+ * libcurl's multi interface (one thread, no thread per call).
+ *
+ * The rules that keep money from moving twice live here:
+ *  - an outcome is "not sent" only when libcurl proves no request byte left
+ *    (connect/resolve failures, nothing uploaded); anything else that fails
+ *    after sending is "ambiguous";
+ *  - ambiguous outcomes are re-sent only under the `retry` policy (the
+ *    request carries an Idempotency-Key), verified first under `verify`, and
+ *    parked under `reconcile`;
+ *  - rendered secrets never leave this module unmasked except on the wire:
+ *    `struct gw_request` holds the real request and a masked twin for
+ *    storage and logs.
+ */
+#ifndef IFL_GATEWAY_GATEWAY_H
+#define IFL_GATEWAY_GATEWAY_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "base/err.h"
+
+enum gw_ambiguous { GW_AMB_RETRY, GW_AMB_VERIFY, GW_AMB_RECONCILE };
+
+struct gw_policy {
+    long timeout_ms;              /* default 10000 */
+    int max_attempts;             /* default 5 */
+    long initial_interval_ms;     /* default 200 */
+    double backoff_coefficient;   /* default 2 */
+    long max_interval_ms;         /* default 30000 */
+    long deadline_ms;             /* default 300000, across attempts */
+    int client_error_complete;    /* clientErrorMode: 0 fail (default), 1 complete */
+    int conflict_complete;        /* onConflict: default 1 with an Idempotency-Key */
+    enum gw_ambiguous ambiguous;  /* default retry with a key, else reconcile */
+    int has_idempotency_key;      /* an Idempotency-Key header is configured */
+    int has_verify;               /* a verify request is configured */
+};
+
+/* Reads a GATEWAY config (borrowed) with the spec's defaults.  Validation
+ * errors name the member with err->pointer relative to the config
+ * ("/retry/maxAttempts").  Used at workflow PUT time and at run time. */
+int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e);
+
+/* ---- requests ---------------------------------------------------------------- */
+
+struct gw_header {
+    char *name, *value;
+};
+
+struct gw_request {
+    char *method;
+    char *url;          /* with the query string appended */
+    struct gw_header *headers;
+    size_t nheaders;
+    char *body;         /* NULL for none */
+    /* The same request with every substituted secret replaced by "****":
+     * the only form that may be stored, returned or logged. */
+    char *masked_url;
+    json_t *masked;     /* {"method","url","headers","body"} */
+    char *idempotency_key; /* the Idempotency-Key header value, if any (masked
+                              when it contains a secret) */
+};
+void gw_request_clear(struct gw_request *r);
+
+/* Renders `rendered` (the evaluated {url, headers, query, body} template,
+ * borrowed; strings may contain secret sentinels, see gw_secret_sentinel)
+ * into a request.  method NULL = "GET" without a body, "POST" with one. */
+int gw_request_build(const char *method, json_t *rendered, struct gw_request *out,
+                     struct ifl_err *e);
+
+/* Secret resolution for rendering: the template engine substitutes the
+ * string this returns (a sentinel naming the secret); gw_request_build
+ * replaces sentinels with the real value on the wire copy and "****" in the
+ * masked copy.  The resolver passed to the sentinel step only checks that
+ * the secret exists. */
+char *gw_secret_sentinel(const char *name);
+typedef int (*gw_secret_fn)(void *ctx, const char *name, char **value);
+/* Replaces sentinels in the wire copy of r using fn (values wiped after
+ * use).  Returns 0 or the resolver's error. */
+int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct ifl_err *e);
+
+/* ---- responses and their class ------------------------------------------------ */
+
+enum gw_transport {
+    GW_T_OK,           /* an HTTP response arrived */
+    GW_T_NOT_SENT,     /* failed before any request byte left */
+    GW_T_AMBIGUOUS,    /* failed after sending (timeout, reset) */
+};
+
+struct gw_response {
+    enum gw_transport transport;
+    long status;
+    json_t *headers;   /* object of lowercase name → value */
+    char *body;        /* raw body (capped) */
+    size_t body_len;
+    char error[256];   /* transport error text */
+    int64_t elapsed_ms;
+};
+void gw_response_clear(struct gw_response *r);
+
+enum gw_class {
+    GW_SUCCESS,        /* 2xx, 3xx → COMPLETED */
+    GW_RETRY,          /* not sent, or refused (408/429/503): retry */
+    GW_AMBIGUOUS,      /* outcome unknown: the `ambiguous` policy */
+    GW_CONFLICT,       /* 409: onConflict */
+    GW_CLIENT_ERROR,   /* other 4xx: clientErrorMode */
+};
+
+/* Classifies per the spec's table.  *retry_after_ms receives Retry-After
+ * (seconds or HTTP-date, relative to now_ms) or 0. */
+enum gw_class gw_classify(const struct gw_response *r, int64_t now_ms, int64_t *retry_after_ms);
+const char *gw_class_name(enum gw_class c);
+
+/* The output of a step: {status, headers, body} with JSON bodies parsed
+ * (new reference). */
+json_t *gw_output(const struct gw_response *r);
+
+/* Full-jitter backoff before attempt n+1 (n >= 1 attempts made):
+ * random(0, min(max, initial × coefficient^(n-1))), never below
+ * retry_after_ms.  `rnd` in [0, 1). */
+int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retry_after_ms,
+                      double rnd);
+
+/* Parses an HTTP-date (IMF-fixdate, RFC 850, asctime) to Unix ms; -1 if
+ * malformed. */
+int64_t gw_http_date_ms(const char *s);
+
+/* ---- the client: many calls in flight on one thread --------------------------- */
+
+struct gw_client;
+typedef void (*gw_done_fn)(void *ctx, struct gw_response *resp /* callee owns */);
+
+/* max_inflight: concurrent transfers (default 256). *out owned by caller. */
+int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e);
+/* Stops the thread; in-flight calls complete with GW_T_AMBIGUOUS ("shutdown")
+ * unless nothing was sent. */
+void gw_client_free(struct gw_client *c);
+/* Queues a call; `done` runs on the client's thread when it ends (keep it
+ * short: hand the response to another thread).  The request must stay
+ * valid until done runs. */
+void gw_client_submit(struct gw_client *c, const struct gw_request *req, long timeout_ms,
+                      gw_done_fn done, void *ctx);
+/* Performs one call synchronously (verify requests, tests). */
+int gw_call(const struct gw_request *req, long timeout_ms, struct gw_response *out);
+
+#endif

@@ -1,0 +1,173 @@
+/*
+ * test_gateway — the GATEWAY rules that need no network: the spec's
+ * outcome table, Retry-After in both forms, full-jitter backoff bounds,
+ * policy defaults, and secret masking in rendered requests.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/gateway.h"
+#include "json/json.h"
+
+static json_t *parse(const char *s)
+{
+    json_t *v = NULL;
+    assert_int_equal(json_parse(s, strlen(s), NULL, &v, NULL), 0);
+    return v;
+}
+
+static enum gw_class cls(enum gw_transport t, long status, const char *retry_after,
+                         int64_t *ra)
+{
+    struct gw_response r = {.transport = t, .status = status, .headers = json_object()};
+    if (retry_after)
+        json_object_set_new(r.headers, "retry-after", json_string(retry_after));
+    enum gw_class c = gw_classify(&r, 1700000000000LL, ra);
+    json_decref(r.headers);
+    return c;
+}
+
+static void test_outcome_table(void **state)
+{
+    int64_t ra;
+    for (long s = 200; s < 400; s += 37)
+        assert_int_equal(cls(GW_T_OK, s, NULL, &ra), GW_SUCCESS);
+    assert_int_equal(cls(GW_T_NOT_SENT, 0, NULL, &ra), GW_RETRY);
+    assert_int_equal(cls(GW_T_AMBIGUOUS, 0, NULL, &ra), GW_AMBIGUOUS);
+    assert_int_equal(cls(GW_T_OK, 408, NULL, &ra), GW_RETRY);
+    assert_int_equal(cls(GW_T_OK, 429, NULL, &ra), GW_RETRY);
+    assert_int_equal(cls(GW_T_OK, 503, NULL, &ra), GW_RETRY);
+    assert_int_equal(cls(GW_T_OK, 500, NULL, &ra), GW_AMBIGUOUS);
+    assert_int_equal(cls(GW_T_OK, 502, NULL, &ra), GW_AMBIGUOUS);
+    assert_int_equal(cls(GW_T_OK, 504, NULL, &ra), GW_AMBIGUOUS);
+    assert_int_equal(cls(GW_T_OK, 409, NULL, &ra), GW_CONFLICT);
+    assert_int_equal(cls(GW_T_OK, 404, NULL, &ra), GW_CLIENT_ERROR);
+    assert_int_equal(cls(GW_T_OK, 422, NULL, &ra), GW_CLIENT_ERROR);
+}
+
+static void test_retry_after_forms(void **state)
+{
+    int64_t ra = -1;
+    assert_int_equal(cls(GW_T_OK, 429, "3", &ra), GW_RETRY);
+    assert_int_equal(ra, 3000);
+    /* 1700000000 = Tue, 14 Nov 2023 22:13:20 GMT; ten seconds later: */
+    assert_int_equal(cls(GW_T_OK, 503, "Tue, 14 Nov 2023 22:13:30 GMT", &ra), GW_RETRY);
+    assert_int_equal(ra, 10000);
+    assert_int_equal(cls(GW_T_OK, 503, "Tuesday, 14-Nov-23 22:13:30 GMT", &ra), GW_RETRY);
+    assert_int_equal(ra, 10000);
+    assert_int_equal(cls(GW_T_OK, 503, "Tue Nov 14 22:13:30 2023", &ra), GW_RETRY);
+    assert_int_equal(ra, 10000);
+    assert_int_equal(cls(GW_T_OK, 503, "Mon, 13 Nov 2023 00:00:00 GMT", &ra), GW_RETRY);
+    assert_int_equal(ra, 0); /* a date in the past: no wait */
+    assert_int_equal(cls(GW_T_OK, 429, "soon", &ra), GW_RETRY);
+    assert_int_equal(ra, 0);
+}
+
+static void test_backoff_full_jitter(void **state)
+{
+    struct gw_policy p;
+    json_t *cfg = parse("{\"url\":\"http://x\",\"retry\":{\"initialIntervalMs\":100,"
+                        "\"backoffCoefficient\":2,\"maxIntervalMs\":1000}}");
+    assert_int_equal(gw_policy_parse(cfg, &p, NULL), 0);
+    json_decref(cfg);
+    assert_int_equal(gw_backoff_ms(&p, 1, 0, 0.0), 0);
+    assert_int_equal(gw_backoff_ms(&p, 1, 0, 0.999), 99);
+    assert_int_equal(gw_backoff_ms(&p, 3, 0, 0.5), 200);   /* cap 400 */
+    assert_int_equal(gw_backoff_ms(&p, 10, 0, 0.5), 500);  /* capped at maxInterval */
+    assert_int_equal(gw_backoff_ms(&p, 1, 5000, 0.5), 5000); /* never below Retry-After */
+    for (int n = 1; n < 20; n++) {
+        int64_t w = gw_backoff_ms(&p, n, 0, (double)rand() / ((double)RAND_MAX + 1));
+        assert_true(w >= 0 && w <= 1000);
+    }
+}
+
+static void test_policy_defaults(void **state)
+{
+    struct gw_policy p;
+    json_t *with_key = parse("{\"url\":\"http://x\",\"headers\":{\"idempotency-key\":\"= 'k'\"}}");
+    assert_int_equal(gw_policy_parse(with_key, &p, NULL), 0);
+    assert_int_equal(p.timeout_ms, 10000);
+    assert_int_equal(p.max_attempts, 5);
+    assert_int_equal(p.deadline_ms, 300000);
+    assert_int_equal(p.ambiguous, GW_AMB_RETRY);
+    assert_true(p.conflict_complete);
+    assert_false(p.client_error_complete);
+    json_decref(with_key);
+    json_t *no_key = parse("{\"url\":\"http://x\"}");
+    assert_int_equal(gw_policy_parse(no_key, &p, NULL), 0);
+    assert_int_equal(p.ambiguous, GW_AMB_RECONCILE);
+    assert_false(p.conflict_complete);
+    json_decref(no_key);
+    struct ifl_err e = {0};
+    json_t *bad = parse("{\"url\":\"http://x\",\"ambiguous\":\"verify\"}");
+    assert_int_equal(gw_policy_parse(bad, &p, &e), IFL_EVALIDATION);
+    assert_string_equal(e.pointer, "/ambiguous");
+    json_decref(bad);
+    bad = parse("{\"url\":\"http://x\",\"retry\":{\"maxAttempts\":0}}");
+    assert_int_equal(gw_policy_parse(bad, &p, &e), IFL_EVALIDATION);
+    assert_string_equal(e.pointer, "/retry/maxAttempts");
+    json_decref(bad);
+}
+
+static int resolver(void *ctx, const char *name, char **value)
+{
+    if (strcmp(name, "KEY") != 0)
+        return IFL_ENOTFOUND;
+    *value = strdup("sk_live_SECRET");
+    return 0;
+}
+
+static void test_secrets_are_masked(void **state)
+{
+    char *s = gw_secret_sentinel("KEY");
+    json_t *rendered = json_object();
+    char *url = malloc(strlen(s) + 64);
+    strcpy(url, "http://127.0.0.1:9/v1/charges?token=");
+    strcat(url, s);
+    json_object_set_new(rendered, "url", json_string(url));
+    json_t *h = json_object();
+    char *auth = malloc(strlen(s) + 16);
+    strcpy(auth, "Bearer ");
+    strcat(auth, s);
+    json_object_set_new(h, "Authorization", json_string(auth));
+    json_object_set_new(h, "Idempotency-Key", json_string("charge-42"));
+    json_object_set_new(rendered, "headers", h);
+    json_object_set_new(rendered, "query", json_pack("{s:s}", "a b", "c&d"));
+    json_object_set_new(rendered, "body", json_pack("{s:i}", "amount", 5));
+    struct gw_request r;
+    assert_int_equal(gw_request_build(NULL, rendered, &r, NULL), 0);
+    assert_string_equal(r.method, "POST");
+    assert_string_equal(r.idempotency_key, "charge-42");
+    char *masked = json_to_string(r.masked);
+    assert_null(strstr(masked, "sk_live"));
+    assert_non_null(strstr(masked, "Bearer ****"));
+    assert_non_null(strstr(r.masked_url, "token=****&a%20b=c%26d"));
+    free(masked);
+    assert_int_equal(gw_request_unseal(&r, resolver, NULL, NULL), 0);
+    assert_non_null(strstr(r.url, "token=sk_live_SECRET"));
+    int found = 0;
+    for (size_t i = 0; i < r.nheaders; i++)
+        found |= strcmp(r.headers[i].value, "Bearer sk_live_SECRET") == 0;
+    assert_true(found);
+    gw_request_clear(&r);
+    json_decref(rendered);
+    free(url);
+    free(auth);
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_outcome_table),     cmocka_unit_test(test_retry_after_forms),
+        cmocka_unit_test(test_backoff_full_jitter), cmocka_unit_test(test_policy_defaults),
+        cmocka_unit_test(test_secrets_are_masked),
+    };
+    return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
+}

@@ -123,4 +123,4 @@ clean:
 
 .SECONDARY:
 
--include $(OBJ:.o=.d)
+-include $(wildcard $(BUILD)/*/*.d $(BUILD)/*/*/*.d $(BUILD)/*/*/*/*.d)

@@ -46,6 +46,7 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
      * latest version read is trusted for one second. */
     g->latest_ttl_ms = strcmp(store_backend(s), "sqlite") == 0 ? INT64_MAX : 1000;
     pthread_mutex_init(&g->wmu, NULL);
+    pthread_mutex_init(&g->gmu, NULL);
     pthread_cond_init(&g->wcv, NULL);
     g->trace_fd = -1;
     *out = g;
@@ -58,6 +59,7 @@ void engine_free(struct engine *g)
         return;
     engine_stop(g);
     pthread_mutex_destroy(&g->wmu);
+    pthread_mutex_destroy(&g->gmu);
     pthread_cond_destroy(&g->wcv);
     for (int i = 0; i < CACHE_BUCKETS; i++) {
         struct latest *l = g->latest[i];

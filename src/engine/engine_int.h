@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/steps.h"
 #include "engine/workflow.h"
+#include "gateway/gateway.h"
 
 #define CACHE_BUCKETS 256
 
@@ -52,7 +53,27 @@ struct engine {
     char worker_prefix[96];
 
     struct engine_metrics m;
+
+    /* GATEWAY calls (gwstep.c) */
+    struct gw_client *gw;
+    pthread_mutex_t gmu;
+    struct gw_job *gw_done;     /* finished calls waiting for a worker */
+    struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
+    int gw_inflight_n;
 };
+
+struct gw_job;
+#define GW_MAX_INFLIGHT 256
+
+/* Starts a claimed GATEWAY step's call (no outcome yet).  Returns 0, or -1
+ * with *err_text (heap JSON) when the request cannot be rendered. */
+int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
+                    json_t *ctx, const struct store_step *rows, size_t n, char **err_text);
+/* Commits the outcomes of finished calls; returns how many. */
+size_t engine_gw_drain(struct engine *g);
+/* Extends the leases of every call in flight. */
+void engine_gw_renew_leases(struct engine *g);
+int engine_gw_inflight(struct engine *g);
 
 /* Evaluates an edge condition against ctx (borrowed) into *d. */
 void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d);

@@ -165,6 +165,10 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at)
     enum step_state to = STEP_FAILED;
     if (vi < 0) {
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
+    } else if (w->v[vi].type == WF_GATEWAY) {
+        p->ctx = engine_context(&p->x, p->rows, p->n);
+        if (engine_gw_start(g, c, w, vi, p->ctx, p->rows, p->n, &p->err_text) == 0)
+            return; /* in flight: the outcome comes when the call ends */
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
         struct secret_ctx sc = {g, c->workspace};
@@ -179,9 +183,6 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at)
         } else {
             p->err_text = steps_error_json("expression_error", te.msg);
         }
-    } else {
-        p->err_text = steps_error_json("not_implemented",
-                                       "GATEWAY steps are not executed by this version yet");
     }
     if (to == STEP_COMPLETED) {
         json_t *out = p->out ? p->out : json_null();
@@ -277,11 +278,18 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&g->wmu);
         if (stop)
             break;
+        engine_gw_drain(g);
+        int room = GW_MAX_INFLIGHT - engine_gw_inflight(g);
+        int limit = room < g->run.batch ? room : g->run.batch;
         struct store_claim *cl = NULL;
         size_t n = 0;
         struct ifl_err e = {0};
         int64_t now = clock_now_ms();
-        if (store_claim(g->store, name, g->run.batch, now, g->run.lease_ms, &cl, &n, &e)) {
+        if (limit <= 0) {
+            idle_wait(g, seen, now + 1000); /* calls in flight will wake us */
+            continue;
+        }
+        if (store_claim(g->store, name, limit, now, g->run.lease_ms, &cl, &n, &e)) {
             log_error("worker.claim_failed", "%s", e.msg);
             idle_wait(g, seen, now + 500);
             continue;
@@ -325,11 +333,23 @@ static int recover(struct engine *g, int64_t now)
         store_execution_clear(&x);
         if (rc)
             continue;
-        int gateway = strcmp(st->kind, "GATEWAY") == 0;
-        char *err = gateway ? steps_error_json("lease_expired_mid_call",
-                                               "the worker stopped while the call was in flight; "
-                                               "its outcome is unknown")
-                            : NULL;
+        /* A GATEWAY whose worker died mid-call: the outcome is unknown, so
+         * its `ambiguous` policy decides (re-send with the key, verify first,
+         * or park for an operator). */
+        long vi = wf_vertex_index(w, st->vertex);
+        int gateway = vi >= 0 && w->v[vi].type == WF_GATEWAY;
+        enum gw_ambiguous amb = gateway ? w->v[vi].policy.ambiguous : GW_AMB_RETRY;
+        char *err = NULL;
+        if (gateway) {
+            json_t *ej = json_pack("{s:s,s:s}", "code", "lease_expired_mid_call", "message",
+                                   "the worker stopped while the call was in flight; its "
+                                   "outcome is unknown");
+            if (amb == GW_AMB_VERIFY)
+                json_object_set_new(ej, "verifyFirst", json_true());
+            err = json_to_string(ej);
+            json_decref(ej);
+        }
+        int park = gateway && amb == GW_AMB_RECONCILE;
         FAULT("sweeper.before_recover");
         struct step_outcome o = {
             .w = w,
@@ -338,7 +358,7 @@ static int recover(struct engine *g, int64_t now)
             .vertex = st->vertex,
             .epoch = st->epoch,
             .from = STEP_EXECUTING,
-            .to = gateway ? STEP_REQUIRES_RECONCILIATION : STEP_DISPATCHED,
+            .to = park ? STEP_REQUIRES_RECONCILIATION : STEP_DISPATCHED,
             .error = err,
             .attempt_outcome = "lease_expired",
             .now = clock_now_ms(),
@@ -348,7 +368,7 @@ static int recover(struct engine *g, int64_t now)
             atomic_fetch_add(&g->m.steps_recovered, 1);
             log_warn("step.recovered", "%s/%s epoch %lld: lease expired; %s", st->execution_id,
                      st->vertex, (long long)st->epoch,
-                     gateway ? "parked for reconciliation" : "re-dispatched");
+                     park ? "parked for reconciliation" : "re-dispatched");
         }
         free(err);
     }
@@ -378,6 +398,7 @@ static void *sweeper_main(void *arg)
         pthread_mutex_unlock(&g->wmu);
         if (stop)
             break;
+        engine_gw_renew_leases(g);
         recover(g, clock_now_ms());
     }
     return NULL;
@@ -431,6 +452,8 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
             log_info("engine.recovered", "recovered %d steps left executing", total);
     }
     g->stopping = 0;
+    if (gw_client_new(GW_MAX_INFLIGHT, &g->gw, e))
+        return IFL_EIO;
     g->workers = xcalloc((size_t)g->run.workers, sizeof *g->workers);
     for (int i = 0; i < g->run.workers; i++) {
         struct worker_arg *wa = xmalloc(sizeof *wa);
@@ -468,6 +491,11 @@ void engine_stop(struct engine *g)
     pthread_mutex_unlock(&g->wmu);
     for (int i = 0; i < g->run.workers; i++)
         pthread_join(g->workers[i], NULL);
+    /* Calls in flight finish (the client waits for them), then their
+     * outcomes are committed here. */
+    gw_client_free(g->gw);
+    g->gw = NULL;
+    engine_gw_drain(g);
     if (g->started)
         pthread_join(g->sweeper, NULL);
     if (g->has_listener)

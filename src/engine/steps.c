@@ -294,7 +294,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     if (o->to == STEP_COMPLETED)
         set_text(&st->output, o->output);
     if (o->to == STEP_DISPATCHED) {
-        st->next_run_at = o->now;
+        st->next_run_at = o->run_at ? o->run_at : o->now;
         v.dispatched = 1;
     }
     set_text(&st->error, o->error);

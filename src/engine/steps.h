@@ -54,6 +54,7 @@ struct step_outcome {
     const char *attempt_outcome; /* recorded in the attempt history, e.g. "completed" */
     const struct decision *dec;  /* COMPLETED: one per outgoing edge, in w->v[i].out order */
     int bump_epoch;         /* new epoch (fences any holder of the old one) */
+    int64_t run_at;         /* DISPATCHED: when it may run again (0 = now) */
     int64_t now;
     /* results */
     int fenced;             /* the guard failed: nothing was written */

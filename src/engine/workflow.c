@@ -52,6 +52,8 @@ void wf_free(struct wf *w)
         identity_fields_clear(&v->fields);
         tmpl_free(v->output);
         tmpl_free(v->request);
+        tmpl_free(v->verify);
+        expr_free(v->done_when);
         free(v->in);
         free(v->out);
     }
@@ -83,21 +85,6 @@ static void vptr(char *out, size_t cap, const char *id, const char *rest)
         buf_puts(&b, rest);
     snprintf(out, cap, "%s", b.p);
     buf_free(&b);
-}
-
-static int check_positive_int(json_t *cfg, const char *key, const char *id, struct ifl_err *e)
-{
-    json_t *v = json_object_get(cfg, key);
-    if (!v)
-        return 0;
-    double d = json_is_number(v) ? json_num(v) : -1;
-    if (d < 0 || d != (double)(long long)d || d > 86400000.0 * 30) {
-        char rest[96], p[IFL_ERR_PTR_MAX];
-        snprintf(rest, sizeof rest, "/config/%s", key);
-        vptr(p, sizeof p, id, rest);
-        return err_setp(e, IFL_EVALIDATION, p, "%s must be a non-negative integer", key);
-    }
-    return 0;
 }
 
 static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
@@ -149,11 +136,43 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
             return err_setp(e, IFL_EVALIDATION, p, "%s must be an object", objs[i]);
         }
     }
-    static const char *ints[] = {"timeoutMs", "deadlineMs", NULL};
-    for (int i = 0; ints[i]; i++) {
-        int rc = check_positive_int(cfg, ints[i], v->id, e);
+    int prc = gw_policy_parse(cfg, &v->policy, e);
+    if (prc) {
+        char *rest = xasprintf("/config%s", e ? e->pointer : "");
+        vptr(p, sizeof p, v->id, rest);
+        free(rest);
+        if (e)
+            memcpy(e->pointer, p, sizeof e->pointer);
+        return prc;
+    }
+    v->method = m ? json_string_value(m) : NULL;
+    json_t *verify = json_object_get(cfg, "verify");
+    if (verify) {
+        json_t *vm = json_object_get(verify, "method");
+        v->verify_method = vm ? json_string_value(vm) : "GET";
+        json_t *vreq = json_object();
+        static const char *vparts[] = {"url", "headers", "query", NULL};
+        for (int i = 0; vparts[i]; i++) {
+            json_t *x = json_object_get(verify, vparts[i]);
+            if (x)
+                json_object_set(vreq, vparts[i], x);
+        }
+        vptr(p, sizeof p, v->id, "/config/verify");
+        int rc = tmpl_compile(vreq, p, &v->verify, e);
+        json_decref(vreq);
         if (rc)
             return rc;
+        const char *src = json_string_value(json_object_get(verify, "doneWhen"));
+        if (*src == '=')
+            src++;
+        while (*src == ' ' || *src == '\t')
+            src++;
+        struct expr_error xe;
+        if (expr_compile(src, strlen(src), &v->done_when, &xe)) {
+            vptr(p, sizeof p, v->id, "/config/verify/doneWhen");
+            return err_setp(e, IFL_EVALIDATION, p, "%s: %s (at position %d)", xe.code, xe.msg,
+                            xe.position);
+        }
     }
     json_t *req = json_object();
     static const char *parts[] = {"url", "headers", "query", "body", NULL};

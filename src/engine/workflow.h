@@ -16,6 +16,7 @@
 
 #include "base/err.h"
 #include "engine/identity.h"
+#include "gateway/gateway.h"
 
 struct expr;
 struct tmpl;
@@ -30,6 +31,11 @@ struct wf_vertex {
     struct id_fields fields;  /* ENTRY_POINT */
     struct tmpl *output;      /* TRANSFORM: compiled "output" template */
     struct tmpl *request;     /* GATEWAY: compiled {url, headers, query, body} */
+    const char *method;       /* GATEWAY: borrowed from config, or NULL */
+    struct gw_policy policy;  /* GATEWAY: timeouts, retries, outcome policies */
+    struct tmpl *verify;      /* GATEWAY: compiled verify {url, headers, query}, or NULL */
+    const char *verify_method;
+    struct expr *done_when;   /* GATEWAY: verify's doneWhen */
     size_t *in, n_in;         /* indexes of incoming edges */
     size_t *out, n_out;       /* indexes of outgoing edges */
 };

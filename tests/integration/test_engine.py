@@ -189,13 +189,18 @@ def test_start_over_needs_a_key_and_is_idempotent(server):
     assert c.status == 422
 
 
-def test_gateway_steps_fail_clearly_until_supported(server):
+def test_gateway_not_sent_is_retried_until_attempts_run_out(server):
     put_workflow(server, "gw", {
         "vertices": {"start": {"type": "ENTRY_POINT"},
-                     "call": {"type": "GATEWAY", "config": {"url": "http://127.0.0.1:9/x"}}},
+                     "call": {"type": "GATEWAY", "config": {
+                         "url": "http://127.0.0.1:9/x",
+                         "retry": {"maxAttempts": 3, "initialIntervalMs": 10, "maxIntervalMs": 20}}}},
         "edges": [{"from": "start", "to": "call"}]})
     x = finished(server, run(server, "gw", {}))
-    assert steps_of(x)["call"]["error"]["code"] == "not_implemented"
+    call = steps_of(x)["call"]
+    assert call["state"] == "FAILED" and call["error"]["code"] == "attempts_exhausted"
+    assert call["attempts"] == 3
+    assert [h["outcome"] for h in call["history"]] == ["not_sent", "not_sent", "attempts_exhausted"]
 
 
 def test_operator_cli(server):

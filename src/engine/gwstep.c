@@ -1,0 +1,525 @@
+/*
+ * gwstep — running GATEWAY steps inside the engine (spec §6).
+ *
+ * A worker that claims a GATEWAY step renders its request (secrets as
+ * sentinels, then unsealed on the wire copy only), hands it to the engine's
+ * gateway client (libcurl multi: many calls in flight on one thread) and
+ * moves on.  When the call ends, the client's thread queues the job and
+ * wakes the workers; a worker classifies the response and turns it into a
+ * step outcome, committed like any other (guarded by state and epoch).
+ * The sweeper renews the leases of calls in flight.
+ *
+ * Decisions:
+ *  - success → COMPLETED with {status, headers, body};
+ *  - not sent / refused → DISPATCHED again after full-jitter backoff (never
+ *    below Retry-After), or FAILED attempts_exhausted / deadline_exceeded;
+ *  - ambiguous → `retry` as above; `verify` → DISPATCHED with verifyFirst
+ *    (the next attempt asks the verify request before any re-send);
+ *    `reconcile` → REQUIRES_RECONCILIATION;
+ *  - 409 → onConflict; other 4xx → clientErrorMode.
+ * The Idempotency-Key comes from the step's template, so every attempt —
+ * after a restart or an operator retry too — sends the same value.
+ */
+#include "base/clock.h"
+#include "base/fault.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "crypto/crypto.h"
+#include "engine/engine_int.h"
+#include "expr/template.h"
+#include "json/json.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct gw_job {
+    struct engine *g;
+    char execution_id[65];
+    char *vertex, *workspace;
+    int64_t epoch;
+    int attempts;
+    const struct wf *w;
+    long vi;
+    json_t *ctx;
+    struct gw_request req, vreq;
+    int phase; /* 0: the call, 1: the verify request */
+    int64_t first_attempt_ms;
+    struct gw_response *resp;
+    struct gw_job *next;  /* done queue */
+    struct gw_job *inext; /* in-flight list */
+};
+
+static void job_free(struct gw_job *j)
+{
+    if (!j)
+        return;
+    free(j->vertex);
+    free(j->workspace);
+    json_decref(j->ctx);
+    gw_request_clear(&j->req);
+    gw_request_clear(&j->vreq);
+    if (j->resp) {
+        gw_response_clear(j->resp);
+        free(j->resp);
+    }
+    free(j);
+}
+
+/* ---- secrets ---------------------------------------------------------------- */
+
+struct sec {
+    struct engine *g;
+    const char *ws;
+};
+
+/* Template resolver: checks the secret exists, substitutes a sentinel. */
+static int sentinel_secret(void *ctx, const char *name, char **value)
+{
+    struct sec *s = ctx;
+    char *v = NULL;
+    int rc = engine_secret_get(s->g, s->ws, name, &v, NULL);
+    engine_secret_release(v);
+    if (rc)
+        return rc;
+    *value = gw_secret_sentinel(name);
+    return 0;
+}
+
+static int real_secret(void *ctx, const char *name, char **value)
+{
+    struct sec *s = ctx;
+    return engine_secret_get(s->g, s->ws, name, value, NULL);
+}
+
+static int render(struct engine *g, const char *ws, const struct tmpl *t, const char *method,
+                  json_t *ctx, struct gw_request *out, struct ifl_err *e)
+{
+    struct sec s = {g, ws};
+    json_t *rendered = NULL;
+    int rc = tmpl_eval(t, ctx, sentinel_secret, &s, &rendered, e);
+    if (!rc)
+        rc = gw_request_build(method, rendered, out, e);
+    json_decref(rendered);
+    if (!rc)
+        rc = gw_request_unseal(out, real_secret, &s, e);
+    return rc;
+}
+
+/* ---- in flight ---------------------------------------------------------------- */
+
+static void on_done(void *ctx, struct gw_response *resp)
+{
+    struct gw_job *j = ctx;
+    struct engine *g = j->g;
+    j->resp = resp;
+    pthread_mutex_lock(&g->gmu);
+    j->next = g->gw_done;
+    g->gw_done = j;
+    pthread_mutex_unlock(&g->gmu);
+    engine_wake(g);
+}
+
+static void submit(struct gw_job *j, const struct gw_request *r)
+{
+    struct engine *g = j->g;
+    FAULT("gateway.before_send");
+    gw_client_submit(g->gw, r, j->w->v[j->vi].policy.timeout_ms, on_done, j);
+}
+
+int engine_gw_inflight(struct engine *g)
+{
+    pthread_mutex_lock(&g->gmu);
+    int n = g->gw_inflight_n;
+    pthread_mutex_unlock(&g->gmu);
+    return n;
+}
+
+static void inflight_add(struct gw_job *j)
+{
+    struct engine *g = j->g;
+    pthread_mutex_lock(&g->gmu);
+    j->inext = g->gw_inflight;
+    g->gw_inflight = j;
+    g->gw_inflight_n++;
+    pthread_mutex_unlock(&g->gmu);
+}
+
+static void inflight_remove(struct gw_job *j)
+{
+    struct engine *g = j->g;
+    pthread_mutex_lock(&g->gmu);
+    for (struct gw_job **p = &g->gw_inflight; *p; p = &(*p)->inext)
+        if (*p == j) {
+            *p = j->inext;
+            g->gw_inflight_n--;
+            break;
+        }
+    pthread_mutex_unlock(&g->gmu);
+}
+
+void engine_gw_renew_leases(struct engine *g)
+{
+    struct renew {
+        char id[65];
+        char *vertex;
+        int64_t epoch;
+    } *r = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&g->gmu);
+    for (struct gw_job *j = g->gw_inflight; j; j = j->inext) {
+        r = xrealloc(r, (n + 1) * sizeof *r);
+        memcpy(r[n].id, j->execution_id, sizeof r[n].id);
+        r[n].vertex = xstrdup(j->vertex);
+        r[n].epoch = j->epoch;
+        n++;
+    }
+    pthread_mutex_unlock(&g->gmu);
+    for (size_t i = 0; i < n; i++) {
+        int ok = 0;
+        store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch,
+                          clock_now_ms() + g->run.lease_ms, &ok, NULL);
+        free(r[i].vertex);
+    }
+    free(r);
+}
+
+/* ---- starting a call ------------------------------------------------------------ */
+
+static int verify_first(const struct store_step *rows, size_t n, const char *vertex)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(rows[i].vertex, vertex) != 0 || !rows[i].error)
+            continue;
+        json_t *err = NULL;
+        int v = 0;
+        if (json_parse(rows[i].error, strlen(rows[i].error), NULL, &err, NULL) == 0)
+            v = json_is_true(json_object_get(err, "verifyFirst"));
+        json_decref(err);
+        return v;
+    }
+    return 0;
+}
+
+static int64_t first_attempt(struct engine *g, const char *xid, const char *vertex, int64_t dflt)
+{
+    struct store_attempt *a = NULL;
+    size_t n = 0;
+    int64_t first = dflt;
+    if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0)
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(a[i].vertex, vertex) == 0 && a[i].started_at < first)
+                first = a[i].started_at;
+    store_attempts_free(a, n);
+    return first;
+}
+
+int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
+                    json_t *ctx, const struct store_step *rows, size_t n, char **err_text)
+{
+    const struct wf_vertex *v = &w->v[vi];
+    struct gw_job *j = xcalloc(1, sizeof *j);
+    j->g = g;
+    memcpy(j->execution_id, c->execution_id, sizeof j->execution_id);
+    j->vertex = xstrdup(c->vertex);
+    j->workspace = xstrdup(c->workspace);
+    j->epoch = c->epoch;
+    j->attempts = c->attempts;
+    j->w = w;
+    j->vi = vi;
+    j->ctx = json_incref(ctx);
+    j->first_attempt_ms = first_attempt(g, c->execution_id, c->vertex, clock_now_ms());
+    struct ifl_err e = {0};
+    if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
+        (verify_first(rows, n, c->vertex) && v->verify &&
+         render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
+        *err_text = steps_error_json("request_error", e.msg);
+        job_free(j);
+        return -1;
+    }
+    j->phase = j->vreq.url ? 1 : 0;
+    inflight_add(j);
+    submit(j, j->phase ? &j->vreq : &j->req);
+    return 0;
+}
+
+/* ---- finishing a call ------------------------------------------------------------ */
+
+static double rnd01(void)
+{
+    uint64_t r = 0;
+    if (crypto_random(&r, sizeof r))
+        return 0.5;
+    return (double)(r >> 11) / (double)(1ULL << 53);
+}
+
+static char *class_error(const char *code, const struct gw_job *j, const struct gw_response *r,
+                         int verify_first_next)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "code", json_string(code));
+    char msg[400];
+    if (r->transport == GW_T_OK)
+        snprintf(msg, sizeof msg, "%s %s answered %ld", j->req.method, j->req.masked_url,
+                 r->status);
+    else
+        snprintf(msg, sizeof msg, "%s %s: %s (%s)", j->req.method, j->req.masked_url, r->error,
+                 r->transport == GW_T_NOT_SENT ? "not sent" : "sent; outcome unknown");
+    json_object_set_new(o, "message", json_string(msg));
+    if (r->transport == GW_T_OK)
+        json_object_set_new(o, "status", json_integer(r->status));
+    json_object_set_new(o, "attempt", json_integer(j->attempts));
+    json_object_set(o, "request", j->req.masked);
+    if (verify_first_next)
+        json_object_set_new(o, "verifyFirst", json_true());
+    char *s = json_to_string(o);
+    json_decref(o);
+    return s;
+}
+
+/* Schedules another attempt, or fails the step when attempts or the deadline
+ * run out.  Fills o (to, run_at, error text). */
+static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t retry_after,
+                          const char *why, int verify_next, struct step_outcome *o,
+                          char **err_text)
+{
+    const struct gw_policy *p = &j->w->v[j->vi].policy;
+    int64_t now = clock_now_ms();
+    if (j->attempts >= p->max_attempts) {
+        o->to = STEP_FAILED;
+        *err_text = class_error("attempts_exhausted", j, r, 0);
+        o->attempt_outcome = "attempts_exhausted";
+        return;
+    }
+    int64_t wait = gw_backoff_ms(p, j->attempts, retry_after, rnd01());
+    if (now + wait > j->first_attempt_ms + p->deadline_ms) {
+        o->to = STEP_FAILED;
+        *err_text = class_error("deadline_exceeded", j, r, 0);
+        o->attempt_outcome = "deadline_exceeded";
+        return;
+    }
+    o->to = STEP_DISPATCHED;
+    o->run_at = now + wait;
+    *err_text = class_error(why, j, r, verify_next);
+    o->attempt_outcome = why;
+}
+
+static int truthy(json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_TRUE:
+        return 1;
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return json_num(v) != 0;
+    case JSON_STRING:
+        return json_string_length(v) > 0;
+    case JSON_OBJECT:
+        return json_object_size(v) > 0;
+    case JSON_ARRAY:
+        return json_array_size(v) > 0;
+    default:
+        return 0;
+    }
+}
+
+/* Turns a finished call into an outcome.  Returns 1 when an outcome is ready
+ * in *o (with texts in *out_text / *err_text), 0 when another call was
+ * started instead (verify said "not done": re-send). */
+static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, char **err_text)
+{
+    const struct wf_vertex *v = &j->w->v[j->vi];
+    const struct gw_policy *p = &v->policy;
+    struct gw_response *r = j->resp;
+    int64_t ra = 0;
+    enum gw_class cls = gw_classify(r, clock_now_ms(), &ra);
+    o->attempt_outcome = gw_class_name(cls);
+    if (j->phase == 1) {
+        /* The verify request: has the ambiguous call already taken effect? */
+        if (cls == GW_SUCCESS || cls == GW_CLIENT_ERROR) {
+            json_t *out = gw_output(r);
+            json_object_set(j->ctx, "response", out);
+            json_t *res = NULL;
+            struct expr_error xe = {0};
+            int done = expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe) == 0 && res &&
+                       truthy(res);
+            json_decref(res);
+            json_object_del(j->ctx, "response");
+            if (done) {
+                json_object_set_new(out, "verified", json_true());
+                *out_text = json_to_string(out);
+                json_decref(out);
+                o->to = STEP_COMPLETED;
+                o->attempt_outcome = "verified";
+                return 1;
+            }
+            json_decref(out);
+            pthread_mutex_lock(&j->g->wmu);
+            int stopping = j->g->stopping;
+            pthread_mutex_unlock(&j->g->wmu);
+            if (stopping) {
+                /* Shutting down: no new call now; the next attempt verifies again. */
+                o->to = STEP_DISPATCHED;
+                *err_text = class_error("verified_not_done", j, r, 1);
+                o->attempt_outcome = "verified_not_done";
+                return 1;
+            }
+            gw_response_clear(r);
+            free(r);
+            j->resp = NULL;
+            j->phase = 0; /* not done: now (and only now) re-send */
+            submit(j, &j->req);
+            return 0;
+        }
+        retry_or_fail(j, r, ra, "verify_failed", 1, o, err_text);
+        return 1;
+    }
+    switch (cls) {
+    case GW_SUCCESS:
+        break;
+    case GW_RETRY:
+        retry_or_fail(j, r, ra, r->transport == GW_T_NOT_SENT ? "not_sent" : "refused", 0, o,
+                      err_text);
+        return 1;
+    case GW_AMBIGUOUS:
+        if (p->ambiguous == GW_AMB_RECONCILE) {
+            o->to = STEP_REQUIRES_RECONCILIATION;
+            *err_text = class_error("ambiguous_outcome", j, r, 0);
+            return 1;
+        }
+        retry_or_fail(j, r, 0, "ambiguous_outcome", p->ambiguous == GW_AMB_VERIFY, o,
+                      err_text);
+        return 1;
+    case GW_CONFLICT:
+        if (!p->conflict_complete) {
+            o->to = STEP_FAILED;
+            *err_text = class_error("conflict", j, r, 0);
+            return 1;
+        }
+        break;
+    case GW_CLIENT_ERROR:
+        if (!p->client_error_complete) {
+            o->to = STEP_FAILED;
+            *err_text = class_error("client_error", j, r, 0);
+            return 1;
+        }
+        break;
+    }
+    json_t *out = gw_output(r);
+    *out_text = json_to_string(out);
+    json_decref(out);
+    o->to = STEP_COMPLETED;
+    return 1;
+}
+
+/* A finished job's outcome, with everything it needs to commit. */
+struct gw_outcome {
+    struct gw_job *job;
+    struct step_outcome o;
+    char *out_text, *err_text;
+    struct decision *d;
+    size_t nd;
+};
+
+static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    return steps_apply(tx, &((struct gw_outcome *)arg)->o, e);
+}
+
+size_t engine_gw_drain(struct engine *g)
+{
+    pthread_mutex_lock(&g->gmu);
+    struct gw_job *list = g->gw_done;
+    g->gw_done = NULL;
+    pthread_mutex_unlock(&g->gmu);
+    size_t cap = 0, n = 0;
+    for (struct gw_job *j = list; j; j = j->next)
+        cap++;
+    if (!cap)
+        return 0;
+    struct gw_outcome *outs = xcalloc(cap, sizeof *outs);
+    for (struct gw_job *j = list, *next; j; j = next) {
+        next = j->next;
+        struct gw_outcome *go = &outs[n];
+        go->o = (struct step_outcome){0};
+        if (!decide(j, &go->o, &go->out_text, &go->err_text))
+            continue; /* another call is in flight for this job */
+        inflight_remove(j);
+        FAULT("gateway.after_response");
+        go->job = j;
+        go->o.w = j->w;
+        go->o.workspace = j->workspace;
+        go->o.execution_id = j->execution_id;
+        go->o.vertex = j->vertex;
+        go->o.epoch = j->epoch;
+        go->o.from = STEP_EXECUTING;
+        go->o.output = go->out_text;
+        go->o.error = go->err_text;
+        go->o.now = clock_now_ms();
+        if (go->o.to == STEP_COMPLETED) {
+            json_t *out = NULL;
+            json_parse(go->out_text, strlen(go->out_text), NULL, &out, NULL);
+            const struct wf_vertex *v = &j->w->v[j->vi];
+            json_object_set(json_object_get(j->ctx, "steps"), j->vertex, out);
+            json_object_set(j->ctx, "response", out);
+            go->nd = v->n_out;
+            go->d = xcalloc(go->nd + 1, sizeof *go->d);
+            for (size_t k = 0; k < go->nd; k++)
+                engine_decide(j->w->e[v->out[k]].cond, j->ctx, &go->d[k]);
+            go->o.dec = go->d;
+            json_decref(out);
+        }
+        n++;
+    }
+    void **args = xcalloc(n + 1, sizeof *args);
+    int *rcs = xcalloc(n + 1, sizeof *rcs);
+    struct ifl_err *errs = xcalloc(n + 1, sizeof *errs);
+    for (size_t i = 0; i < n; i++)
+        args[i] = &outs[i];
+    store_tx_run_many(g->store, apply_one, args, n, rcs, errs);
+    int wake = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct gw_outcome *go = &outs[i];
+        if (rcs[i] == IFL_ECONFLICT)
+            rcs[i] = store_tx_run(g->store, apply_one, go, &errs[i]);
+        if (rcs[i])
+            log_error("gateway.complete_failed", "%s/%s: %s", go->o.execution_id, go->o.vertex,
+                      errs[i].msg);
+        else if (go->o.fenced) {
+            atomic_fetch_add(&g->m.fenced_writes, 1);
+            log_warn("step.fenced",
+                     "%s/%s epoch %lld: the lease was taken over; this late outcome changed "
+                     "nothing",
+                     go->o.execution_id, go->o.vertex, (long long)go->o.epoch);
+        } else {
+            if (go->o.to == STEP_COMPLETED)
+                atomic_fetch_add(&g->m.steps_completed, 1);
+            else if (go->o.to != STEP_DISPATCHED)
+                atomic_fetch_add(&g->m.steps_failed, 1);
+            wake |= go->o.dispatched;
+            if (g->trace_fd >= 0 && (go->o.to == STEP_COMPLETED || go->o.to == STEP_FAILED)) {
+                char line[256];
+                int len = snprintf(line, sizeof line, "%s %s %s %lld\n",
+                                   go->o.to == STEP_COMPLETED ? "completed" : "failed",
+                                   go->o.execution_id, go->o.vertex, (long long)go->o.epoch);
+                if (len > 0 && write(g->trace_fd, line, (size_t)len) != len)
+                    log_warn("trace.write", "cannot write the trace file");
+            }
+        }
+        if (go->d)
+            for (size_t k = 0; k < go->nd; k++)
+                free(go->d[k].error);
+        free(go->d);
+        free(go->out_text);
+        free(go->err_text);
+        job_free(go->job);
+    }
+    if (wake)
+        engine_wake(g);
+    free(outs);
+    free(args);
+    free(rcs);
+    free(errs);
+    return n;
+}

@@ -174,7 +174,9 @@ static long long flag_int(const char *v, long long lo, long long hi)
 }
 
 /* The secrets key: IDEMFLOW_SECRETS_KEY (64 hex chars or base64 of 32 bytes),
- * else a 0600 key file beside the database, created on first start. */
+ * else the key file IDEMFLOW_SECRETS_KEY_FILE, else (SQLite) a 0600 key file
+ * beside the database, created on first start.  With PostgreSQL every
+ * process must share one key, so it must be given explicitly. */
 static int secrets_key(const char *db, uint8_t key[CRYPTO_KEY_LEN], struct ifl_err *e)
 {
     const char *env = getenv("IDEMFLOW_SECRETS_KEY");
@@ -204,10 +206,18 @@ static int secrets_key(const char *db, uint8_t key[CRYPTO_KEY_LEN], struct ifl_e
         free(raw);
         return 0;
     }
-    const char *path = db;
-    if (strncmp(path, "sqlite:", 7) == 0)
-        path += 7;
-    char *kp = xasprintf("%s.key", path);
+    const char *kf = getenv("IDEMFLOW_SECRETS_KEY_FILE");
+    char *kp;
+    if (kf && *kf) {
+        kp = xstrdup(kf);
+    } else if (store_url_is_sqlite(db)) {
+        const char *path = strncmp(db, "sqlite:", 7) == 0 ? db + 7 : db;
+        kp = xasprintf("%s.key", path);
+    } else {
+        return err_set(e, IFL_EINVAL,
+                       "a shared database needs a shared secrets key: set IDEMFLOW_SECRETS_KEY "
+                       "(64 hex chars) or IDEMFLOW_SECRETS_KEY_FILE on every engine process");
+    }
     int rc = 0;
     int fd = open(kp, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {

@@ -201,13 +201,18 @@ const struct store_migration store_migrations[] = {
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
+int store_url_is_sqlite(const char *url)
+{
+    return !(strncmp(url, "postgres://", 11) == 0 || strncmp(url, "postgresql://", 13) == 0 ||
+             strstr(url, "dbname=") || strstr(url, "host="));
+}
+
 int store_open(const char *url, struct store **out, struct ifl_err *e)
 {
     *out = NULL;
     if (!url || !*url)
         return err_set(e, IFL_EINVAL, "empty database url");
-    if (strncmp(url, "postgres://", 11) == 0 || strncmp(url, "postgresql://", 13) == 0 ||
-        strstr(url, "dbname=") || strstr(url, "host="))
+    if (!store_url_is_sqlite(url))
         return store_pg_open(url, out, e);
     if (strncmp(url, "sqlite:", 7) == 0)
         url += 7;

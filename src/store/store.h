@@ -33,6 +33,8 @@ struct store;
  * conninfo naming dbname= or host= (docs/postgres.md).  Applies pending
  * schema migrations.  On success *out is owned by the caller (store_close). */
 int store_open(const char *url, struct store **out, struct ifl_err *e);
+/* 1 when url names the embedded SQLite store (a path or "sqlite:PATH"). */
+int store_url_is_sqlite(const char *url);
 void store_close(struct store *s); /* NULL ok */
 /* "sqlite" / "postgres". */
 const char *store_backend(const struct store *s);

@@ -47,6 +47,9 @@ class Server:
         self.db = db
         self.workdir = workdir
         self.env = dict(os.environ, **(env or {}))
+        if not db.startswith("sqlite:"):
+            # processes sharing a database share the secrets key
+            self.env.setdefault("IDEMFLOW_SECRETS_KEY", "7" * 64)
         self.extra = list(extra)
         self.proc = None
         self.port = None

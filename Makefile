@@ -36,7 +36,7 @@ SRC := $(sort $(wildcard src/*/*.c))
 OBJ := $(SRC:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libidemflow.a
 
-PROGS := $(BUILD)/idemflow $(BUILD)/mockpay
+PROGS := $(BUILD)/idemflow $(BUILD)/idemflow-mockpay
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
@@ -72,9 +72,11 @@ $(LIB): $(OBJ)
 $(BUILD)/idemflow: $(BUILD)/programs/idemflow/main.o $(LIB)
 	$(call say,LINK  $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
-$(BUILD)/mockpay: $(BUILD)/programs/mockpay/main.o $(LIB)
+MOCKPAY_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard programs/mockpay/*.c)))
+$(BUILD)/idemflow-mockpay: $(MOCKPAY_OBJ) $(LIB)
 	$(call say,LINK  $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+-include $(MOCKPAY_OBJ:.o=.d)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -9,7 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export IDEMFLOW_BIN="$PWD/$BUILD/idemflow"
-export IDEMFLOW_MOCKPAY="$PWD/$BUILD/mockpay"
+export IDEMFLOW_MOCKPAY="$PWD/$BUILD/idemflow-mockpay"
 export IDEMFLOW_CONFORMANCE_DIR=${IDEMFLOW_CONFORMANCE_DIR:-$PWD/../shared/conformance}
 export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
 export ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}"

@@ -90,8 +90,8 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 # `make run`: packages, build, then the engine on ./idemflow.db with examples/ loaded.
 run:
 	@scripts/deps.sh build
-	@$(MAKE) --no-print-directory $(BUILD)/idemflow
-	@scripts/run.sh $(BUILD)/idemflow
+	@$(MAKE) --no-print-directory $(BUILD)/idemflow $(BUILD)/idemflow-mockpay
+	@scripts/run.sh $(BUILD)/idemflow $(BUILD)/idemflow-mockpay
 
 # `make test`: packages, build, unit + integration + conformance, one summary line.
 test:

@@ -1,21 +1,38 @@
-#!/bin/sh
-# `make run`: the engine on embedded SQLite (./idemflow.db) with examples/ loaded.
+#!/bin/bash
+# `make run`: the engine on embedded SQLite (./idemflow.db) with examples/
+# loaded, and the mock payment provider on 127.0.0.1:9090 for the GATEWAY
+# examples.  Ctrl-C stops both.
 set -eu
 BIN=${1:-build/idemflow}
+MOCK=${2:-build/idemflow-mockpay}
 LISTEN=${IDEMFLOW_LISTEN:-127.0.0.1:8080}
 DB=${IDEMFLOW_DB:-sqlite:./idemflow.db}
+U=http://$LISTEN/v1/workspaces/demo/workflows
+"$MOCK" --listen 127.0.0.1:9090 --quiet >/dev/null &
+MOCK_PID=$!
+trap 'kill $MOCK_PID 2>/dev/null || true' EXIT INT TERM
 cat <<MSG
-idemflow: starting on http://$LISTEN with $DB and the workflow examples/demo/orders.json.
-Trigger it from another terminal (a repeat is deduplicated by order.id):
+idemflow: engine on http://$LISTEN ($DB), mock payment provider on http://127.0.0.1:9090.
+Workflows loaded from examples/demo: orders, charge, charge_verified, refund_lookup.
+From another terminal:
 
-  curl -si -X POST http://$LISTEN/v1/workspaces/demo/workflows/orders/entry-points/order_received/trigger \\
+  # a charge; send it twice: one execution, one charge (the key is 'charge-' & order.id)
+  curl -s -X POST $U/charge/entry-points/order_received/trigger \\
        -H 'Content-Type: application/json' --data @examples/order.json
+  # the execution id, computed offline
+  $BIN id demo charge order_received --fields order.id < examples/order.json
+  curl -s http://$LISTEN/v1/workspaces/demo/executions/\$($BIN id demo charge order_received --fields order.id < examples/order.json)
+  curl -s http://127.0.0.1:9090/stats          # charges_per_order
 
-  # the id it will get, computed offline:
-  $BIN id demo orders order_received --fields order.id < examples/order.json
+  # make the provider drop its response after charging, then charge another order:
+  curl -s -X POST http://127.0.0.1:9090/faults -d 'drop_after_commit:count=1'
+  curl -s -X POST $U/charge/entry-points/order_received/trigger \\
+       -H 'Content-Type: application/json' -d '{"order":{"id":"ord-2","items":[{"price":10,"qty":1}]}}'
 
-  curl -s http://$LISTEN/v1/workspaces/demo/executions
+  # 4xx as data: route on the lookup's 404
+  curl -s -X POST $U/refund_lookup/entry-points/refund_requested/trigger \\
+       -H 'Content-Type: application/json' --data @examples/refund.json
 
 Stop with Ctrl-C.
 MSG
-exec "$BIN" serve --listen "$LISTEN" --db "$DB" --load examples
+"$BIN" serve --listen "$LISTEN" --db "$DB" --load examples

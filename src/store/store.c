@@ -55,17 +55,19 @@ const struct store_migration store_migrations[] = {
      " updated_at BIGINT NOT NULL,"
      " started_over_from TEXT);"
      "CREATE INDEX executions_by_ws ON executions (workspace, created_at, id);",
-     /* PostgreSQL: identity sequence; key text columns use the "C" collation
-      * so ordering matches SQLite's binary comparison and indexes stay cheap. */
+     /* PostgreSQL: an identity sequence; key text columns use the "C"
+      * collation, so ordering is SQLite's byte order and indexes stay cheap;
+      * JSON text is stored as `json` (kept verbatim, and reachable from SQL
+      * as data->>'key', like SQLite's JSON operators on text). */
      "CREATE TABLE workspaces ("
      " name TEXT COLLATE \"C\" PRIMARY KEY,"
-     " settings TEXT NOT NULL,"
+     " settings JSON NOT NULL,"
      " created_at BIGINT NOT NULL);"
      "CREATE TABLE workflows ("
      " workspace TEXT COLLATE \"C\" NOT NULL REFERENCES workspaces(name),"
      " name TEXT COLLATE \"C\" NOT NULL,"
      " version INTEGER NOT NULL,"
-     " definition TEXT NOT NULL,"
+     " definition JSON NOT NULL,"
      " created_at BIGINT NOT NULL,"
      " PRIMARY KEY (workspace, name, version));"
      "CREATE TABLE secrets ("
@@ -81,8 +83,8 @@ const struct store_migration store_migrations[] = {
      " workflow TEXT COLLATE \"C\" NOT NULL,"
      " workflow_version INTEGER NOT NULL,"
      " entry_point TEXT COLLATE \"C\" NOT NULL,"
-     " identity TEXT NOT NULL,"
-     " payload TEXT NOT NULL,"
+     " identity JSON NOT NULL,"
+     " payload JSON NOT NULL,"
      " payload_hash TEXT NOT NULL,"
      " test INTEGER NOT NULL,"
      " status TEXT NOT NULL,"
@@ -160,8 +162,8 @@ const struct store_migration store_migrations[] = {
      " next_run_at BIGINT NOT NULL,"
      " in_decided INTEGER NOT NULL,"
      " in_taken INTEGER NOT NULL,"
-     " output TEXT,"
-     " error TEXT,"
+     " output JSON,"
+     " error JSON,"
      " updated_at BIGINT NOT NULL,"
      " PRIMARY KEY (execution_seq, vertex));"
      "CREATE INDEX steps_due ON steps (next_run_at) WHERE state = 'DISPATCHED';"
@@ -177,7 +179,7 @@ const struct store_migration store_migrations[] = {
      " started_at BIGINT NOT NULL,"
      " finished_at BIGINT,"
      " outcome TEXT,"
-     " error TEXT,"
+     " error JSON,"
      " PRIMARY KEY (execution_seq, vertex, epoch));"
      "CREATE TABLE events ("
      " seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
@@ -186,7 +188,7 @@ const struct store_migration store_migrations[] = {
      " execution_id TEXT COLLATE \"C\","
      " aggregate_version BIGINT,"
      " type TEXT NOT NULL,"
-     " data TEXT NOT NULL,"
+     " data JSON NOT NULL,"
      " created_at BIGINT NOT NULL);"
      "CREATE INDEX events_by_ws ON events (workspace, seq);"
      "CREATE TABLE idempotency_keys ("
@@ -195,7 +197,7 @@ const struct store_migration store_migrations[] = {
      " key TEXT COLLATE \"C\" NOT NULL,"
      " fingerprint TEXT NOT NULL,"
      " status INTEGER NOT NULL,"
-     " response TEXT NOT NULL,"
+     " response JSON NOT NULL,"
      " created_at BIGINT NOT NULL,"
      " PRIMARY KEY (workspace, scope, key));"},
 };

@@ -93,7 +93,7 @@ enum stmt {
     S_STEP_INSERT,
     S_STEP_UPDATE,
     S_ATTEMPT_FINISH,
-    S_EXEC_BUMP,
+    S_EVENT_APPEND,
     S_EVENT_INSERT,
     S_EVENT_MARK,
     S_IDEM_PUT,
@@ -127,7 +127,7 @@ static const struct {
     [S_WS_LOCK] = {"ifl_ws_lock", "SELECT 1 FROM workspaces WHERE name = $1 FOR NO KEY UPDATE"},
     [S_WF_PUT] = {"ifl_wf_put",
                   "INSERT INTO workflows (workspace, name, version, definition, created_at)"
-                  " SELECT $1::text, $2::text, COALESCE(MAX(version), 0) + 1, $3::text, $4::bigint"
+                  " SELECT $1::text, $2::text, COALESCE(MAX(version), 0) + 1, $3::json, $4::bigint"
                   " FROM workflows WHERE workspace = $1 AND name = $2 RETURNING version"},
     [S_WF_MARK] = {"ifl_wf_mark", "SELECT 1 FROM workflows WHERE workspace = $1 AND name = $2"
                                   " AND version = $3 AND created_at = $4"},
@@ -180,8 +180,14 @@ static const struct {
                           " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $4)"
                           " AND vertex = $5"
                           " AND epoch = $6 AND finished_at IS NULL"},
-    [S_EXEC_BUMP] = {"ifl_exec_bump", "UPDATE executions SET version = version + 1,"
-                                      " updated_at = $1 WHERE id = $2 RETURNING version"},
+    /* An execution's event: bumps its version (the row lock serializes
+     * appends per execution) and stamps it, in one round trip. */
+    [S_EVENT_APPEND] = {"ifl_event_append",
+                        "WITH v AS (UPDATE executions SET version = version + 1,"
+                        " updated_at = $6::bigint WHERE id = $3::text RETURNING version)"
+                        " INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
+                        " data, created_at) SELECT $1::text, $2::text, $3::text, v.version,"
+                        " $4::text, $5::json, $6::bigint FROM v RETURNING seq, aggregate_version"},
     [S_EVENT_INSERT] = {"ifl_event_insert",
                         "INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
                         " data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"},
@@ -1357,7 +1363,8 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
 }
 
 /* The version bump is an UPDATE of the execution row: its row lock
- * serializes appends per execution, so aggregate versions are gapless. */
+ * serializes appends per execution, so aggregate versions are gapless and
+ * follow commit order. */
 static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
@@ -1365,32 +1372,36 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         return err_set(e, IFL_EIO, "random generator failed");
     ev->created_at = clock_now_ms();
     ev->aggregate_version = 0;
-    PGresult *r;
-    if (ev->execution_id[0]) {
-        struct args b = {0};
-        arg_i(&b, ev->created_at);
-        arg_s(&b, ev->execution_id);
-        if (!(r = q(t, S_EXEC_BUMP, &b, e)))
-            return t->fail_rc;
-        int found = PQntuples(r) == 1;
-        if (found)
-            ev->aggregate_version = col_i64(r, 0, 0);
-        PQclear(r);
-        if (!found)
-            return err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
-    }
     struct args p = {0};
     arg_s(&p, ev->id);
     arg_s(&p, ev->workspace);
-    arg_s(&p, ev->execution_id[0] ? ev->execution_id : NULL);
-    arg_i(&p, ev->aggregate_version);
-    arg_s(&p, ev->type);
-    arg_s(&p, ev->data ? ev->data : "{}");
-    arg_i(&p, ev->created_at);
-    if (!(r = q(t, S_EVENT_INSERT, &p, e)))
-        return t->fail_rc;
-    ev->seq = col_i64(r, 0, 0);
-    PQclear(r);
+    PGresult *r;
+    if (ev->execution_id[0]) {
+        arg_s(&p, ev->execution_id);
+        arg_s(&p, ev->type);
+        arg_s(&p, ev->data ? ev->data : "{}");
+        arg_i(&p, ev->created_at);
+        if (!(r = q(t, S_EVENT_APPEND, &p, e)))
+            return t->fail_rc;
+        int found = PQntuples(r) == 1;
+        if (found) {
+            ev->seq = col_i64(r, 0, 0);
+            ev->aggregate_version = col_i64(r, 0, 1);
+        }
+        PQclear(r);
+        if (!found)
+            return err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
+    } else {
+        arg_s(&p, NULL);
+        arg_i(&p, 0);
+        arg_s(&p, ev->type);
+        arg_s(&p, ev->data ? ev->data : "{}");
+        arg_i(&p, ev->created_at);
+        if (!(r = q(t, S_EVENT_INSERT, &p, e)))
+            return t->fail_rc;
+        ev->seq = col_i64(r, 0, 0);
+        PQclear(r);
+    }
     if (t->mark == S_NONE) { /* the transaction's marker: this exact event row */
         t->mark = S_EVENT_MARK;
         t->mark_args = (struct args){0};

@@ -124,10 +124,6 @@ def new_db(tmp):
         name = "t_" + uuid.uuid4().hex[:12]
         subprocess.run(["psql", base, "-qc", f"CREATE DATABASE {name}"], check=True,
                        stdout=subprocess.DEVNULL)
-        # Every process on one PostgreSQL database must seal secrets with one
-        # key, so it comes from the environment (there is no file beside a
-        # PostgreSQL database to keep it in).
-        os.environ.setdefault("IDEMFLOW_SECRETS_KEY", "5" * 64)
         if base.startswith(("postgres://", "postgresql://")):
             # postgresql://user@host:port/dbname[?params] -> another dbname
             head, _, query = base.partition("?")

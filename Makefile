@@ -96,7 +96,7 @@ run:
 # `make test`: packages, build, unit + integration + conformance, one summary line.
 test:
 	@scripts/deps.sh test
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$$(nproc) all
 	@BUILD=$(BUILD) SANITIZER=$(SANITIZER) tests/run.sh
 
 bench:

@@ -491,9 +491,10 @@ struct pgtx {
     struct conn *c;
     enum fail fail; /* how the first failed statement failed */
     int fail_rc;
-    int wrote;      /* some statement changed a row */
-    int notify;     /* a step became DISPATCHED: NOTIFY at commit */
-    enum stmt mark; /* finds a row only this unit can have written */
+    int begin_pending; /* M_TX: BEGIN goes out with the first statement */
+    int wrote;         /* some statement changed a row */
+    int notify;        /* a step became DISPATCHED: NOTIFY at commit */
+    enum stmt mark;    /* finds a row only this unit can have written */
     struct args mark_args;
 };
 
@@ -533,6 +534,72 @@ static int fail(struct pgtx *t, const PGresult *r, const char *what, struct ifl_
     return rc;
 }
 
+/* A transaction's BEGIN travels with its first statement (and that
+ * statement's preparation, when this connection lacks it) in one round trip,
+ * through libpq's pipeline mode.  Returns the statement's result or NULL
+ * with *e and t->fail set. */
+static PGresult *begin_and_exec(struct pgtx *t, enum stmt id, const struct args *a,
+                                struct ifl_err *e)
+{
+    struct conn *c = t->c;
+    PGconn *pg = c->pg;
+    int prep = !c->prepared[id];
+    if (!PQenterPipelineMode(pg) || !PQsendQueryParams(pg, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) ||
+        (prep && !PQsendPrepare(pg, stmts[id].name, stmts[id].sql, 0, NULL)) ||
+        !PQsendQueryPrepared(pg, stmts[id].name, a ? a->n : 0, a ? a->v : NULL, NULL, NULL, 0) ||
+        !PQpipelineSync(pg)) {
+        fail(t, NULL, stmts[id].name, e);
+        c->broken = 1;
+        return NULL;
+    }
+    PGresult *out = NULL;
+    int queries = prep ? 3 : 2, failed = 0;
+    for (int k = 0; k < queries; k++) {
+        PGresult *r = PQgetResult(pg);
+        if (!r || PQstatus(pg) != CONNECTION_OK) {
+            if (!failed)
+                fail(t, r, stmts[id].name, e);
+            PQclear(r);
+            c->broken = 1;
+            PQclear(out);
+            return NULL;
+        }
+        ExecStatusType st = PQresultStatus(r);
+        if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+            if (k == queries - 1)
+                out = r;
+            else
+                PQclear(r);
+            if (prep && k == 1)
+                c->prepared[id] = 1;
+        } else {
+            /* the first error explains; the queries after it report
+             * PGRES_PIPELINE_ABORTED */
+            if (!failed && st != PGRES_PIPELINE_ABORTED)
+                fail(t, r, stmts[id].name, e);
+            failed = 1;
+            PQclear(r);
+        }
+        PGresult *end = PQgetResult(pg); /* each query's results end with NULL */
+        if (end) {
+            PQclear(end);
+            failed = 1;
+            c->broken = 1;
+        }
+    }
+    PGresult *sync = PQgetResult(pg);
+    if (PQresultStatus(sync) != PGRES_PIPELINE_SYNC || !PQexitPipelineMode(pg))
+        c->broken = 1;
+    PQclear(sync);
+    if (!failed && c->broken)
+        fail(t, NULL, stmts[id].name, e);
+    if (failed || c->broken) {
+        PQclear(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* Runs prepared statement `id` (prepared on this connection on first use).
  * Returns the result (PQclear it) or NULL with *e and t->fail set. */
 static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct ifl_err *e)
@@ -546,34 +613,46 @@ static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct if
         }
         return NULL;
     }
-    if (!c->prepared[id]) {
-        PGresult *r = PQprepare(c->pg, stmts[id].name, stmts[id].sql, 0, NULL);
-        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+    PGresult *r;
+    if (t->begin_pending) {
+        t->begin_pending = 0;
+        if (!(r = begin_and_exec(t, id, a, e)))
+            return NULL;
+    } else {
+        if (!c->prepared[id]) {
+            r = PQprepare(c->pg, stmts[id].name, stmts[id].sql, 0, NULL);
+            if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                fail(t, r, stmts[id].name, e);
+                PQclear(r);
+                return NULL;
+            }
+            PQclear(r);
+            c->prepared[id] = 1;
+        }
+        r = PQexecPrepared(c->pg, stmts[id].name, a ? a->n : 0, a ? a->v : NULL, NULL, NULL, 0);
+        ExecStatusType st = PQresultStatus(r);
+        if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
             fail(t, r, stmts[id].name, e);
             PQclear(r);
             return NULL;
         }
-        PQclear(r);
-        c->prepared[id] = 1;
     }
-    PGresult *r =
-        PQexecPrepared(c->pg, stmts[id].name, a ? a->n : 0, a ? a->v : NULL, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(r);
-    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
-        const char *n = PQcmdTuples(r);
-        if (*n && strcmp(n, "0") != 0 && strncmp(PQcmdStatus(r), "SELECT", 6) != 0)
-            t->wrote = 1;
-        return r;
-    }
-    fail(t, r, stmts[id].name, e);
-    PQclear(r);
-    return NULL;
+    const char *n = PQcmdTuples(r);
+    if (*n && strcmp(n, "0") != 0 && strncmp(PQcmdStatus(r), "SELECT", 6) != 0)
+        t->wrote = 1;
+    return r;
 }
 
-/* A simple-protocol command (BEGIN, migrations). */
+/* A simple-protocol command (migrations), after the pending BEGIN. */
 static int simple(struct pgtx *t, const char *sql, struct ifl_err *e)
 {
-    PGresult *r = PQexec(t->c->pg, sql);
+    char *text = NULL;
+    if (t->begin_pending) {
+        t->begin_pending = 0;
+        text = xasprintf("BEGIN; %s", sql);
+    }
+    PGresult *r = PQexec(t->c->pg, text ? text : sql);
+    free(text);
     ExecStatusType st = PQresultStatus(r);
     int rc = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : fail(t, r, "sql", e);
     PQclear(r);
@@ -616,13 +695,13 @@ enum outcome { O_DONE, O_RETRY, O_UNKNOWN };
 static enum outcome run_once(struct pgtx *t, body_fn body, void *arg, enum mode mode, int *rc,
                              struct ifl_err *e)
 {
-    if (mode == M_TX && (*rc = simple(t, "BEGIN", e)))
-        return t->fail == FAIL_CONN || t->fail == FAIL_RETRY ? O_RETRY : O_DONE;
+    t->begin_pending = mode == M_TX;
     *rc = body(t, arg, e);
     if (!*rc && t->fail != FAIL_NONE)
         *rc = t->fail_rc; /* a failed statement whose error the body dropped */
+    int begun = mode == M_TX && !t->begin_pending;
     if (*rc) {
-        if (mode == M_TX && t->fail != FAIL_CONN) {
+        if (begun && t->fail != FAIL_CONN) {
             PGresult *r = PQexec(t->c->pg, "ROLLBACK");
             if (PQresultStatus(r) != PGRES_COMMAND_OK)
                 t->c->broken = 1;
@@ -632,8 +711,8 @@ static enum outcome run_once(struct pgtx *t, body_fn body, void *arg, enum mode 
             return mode == M_WRITE ? O_UNKNOWN : O_RETRY;
         return t->fail == FAIL_RETRY ? O_RETRY : O_DONE;
     }
-    if (mode != M_TX)
-        return O_DONE;
+    if (!begun)
+        return O_DONE; /* autocommit, or a transaction that ran no statement */
     /* NOTIFY rides in the COMMIT's round trip; PostgreSQL delivers it only
      * if the transaction commits, and folds duplicates. */
     PGresult *r = PQexec(t->c->pg, t->notify ? "NOTIFY " CHANNEL "; COMMIT" : "COMMIT");
@@ -804,6 +883,7 @@ static int body_migrate(struct pgtx *t, void *arg, struct ifl_err *e)
             continue;
         if ((rc = simple(t, m->pg_sql ? m->pg_sql : m->sql, e)))
             break;
+        t->wrote = 1; /* DDL reports no rows; an unknown commit must be settled */
         char ver[24], now[24];
         snprintf(ver, sizeof ver, "%d", m->version);
         snprintf(now, sizeof now, "%" PRId64, clock_now_ms());

@@ -109,3 +109,22 @@ def test_health_and_metrics(server):
     assert server.get("/readyz").status == 200
     m = server.get("/metrics")
     assert m.status == 200 and b"idemflow_triggers_total" in m.raw
+
+
+def test_admin_token_guards_the_api(make_server):
+    s = make_server(env={"IDEMFLOW_ADMIN_TOKEN": "t0ken-xyz"})
+    s.start()
+    r = s.put("/v1/workspaces/w", {})
+    assert r.status == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert s.put("/v1/workspaces/w", {}, headers={"Authorization": "Bearer wrong"}).status == 401
+    assert s.put("/v1/workspaces/w", {}, headers={"Authorization": "Bearer t0ken-xyz"}).status == 201
+    assert s.get("/healthz").status == 200  # probes stay open
+    assert "t0ken-xyz" not in s.logs()
+
+
+def test_refuses_a_public_listener_without_a_token(make_server):
+    import subprocess
+    from conftest import BIN
+    p = subprocess.run([BIN, "serve", "--listen", "0.0.0.0:0", "--db", "sqlite:/nonexistent/x.db"],
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode != 0 and "IDEMFLOW_ADMIN_TOKEN" in p.stderr

@@ -299,7 +299,7 @@ static void *worker_main(void *arg)
             store_next_due(g->store, &due, NULL);
             int64_t until = now + 1000;
             if (due < until)
-                until = due > now ? due : now + 1;
+                until = due > now ? due : now + 20; /* due but locked elsewhere */
             idle_wait(g, seen, until);
             continue;
         }

@@ -23,7 +23,8 @@ static const char payload[] =
     "\"response\":{\"status\":404,\"headers\":{\"content-type\":\"application/json\"},"
     "\"body\":{\"items\":[],\"error\":{\"code\":\"not_found\"}}},"
     "\"steps\":{\"order_received\":{\"ok\":true}},"
-    "\"execution\":{\"id\":\"exe_1\",\"workspace\":\"acme\",\"workflow\":\"charge\",\"test\":false}}";
+    "\"execution\":{\"id\":\"exe_1\",\"workspace\":\"acme\",\"workflow\":\"charge\",\"test\":false}"
+    "}";
 
 static const char *const exprs[][2] = {
     {"key", "'charge-' & payload.order.id"},

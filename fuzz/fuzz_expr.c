@@ -21,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t elen = nul ? (size_t)(nul - s) : size;
     json_t *input = NULL;
     if (nul && size - elen > 1)
-        input = json_loadb(nul + 1, size - elen - 1, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, NULL);
+        input =
+            json_loadb(nul + 1, size - elen - 1, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, NULL);
     struct expr *x = NULL;
     struct expr_error e;
     if (expr_compile(s, elen, &x, &e) == 0) {

@@ -25,6 +25,22 @@ count() { # cmocka output file -> "passed failed skipped"
   echo "$p $fl $s"
 }
 
+# PostgreSQL: without IDEMFLOW_TEST_PG, a throwaway cluster (tests/pg.sh) for
+# this run, removed on exit; the PostgreSQL unit test and the integration
+# tests run on it.
+if [ -z "${IDEMFLOW_TEST_PG:-}" ] && [ -x /usr/lib/postgresql/15/bin/initdb ]; then
+  IDEMFLOW_PG_DIR=$(mktemp -d /tmp/idemflow-pg.XXXXXX)
+  export IDEMFLOW_PG_DIR
+  trap 'tests/pg.sh stop >/dev/null 2>&1' EXIT
+  echo "== PostgreSQL (tests/pg.sh, $IDEMFLOW_PG_DIR)"
+  if pgenv=$(tests/pg.sh start 2>"$log/pg-start.err"); then
+    eval "$pgenv"
+  else
+    fail=$((fail + 1)); failed_names="$failed_names pg-start"
+    echo "FAIL cannot start a PostgreSQL cluster"; tail -20 "$log/pg-start.err"
+  fi
+fi
+
 echo "== unit tests ($BUILD)"
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
@@ -44,38 +60,8 @@ for t in "$BUILD"/tests/test_*; do
   fi
 done
 
-# Integration tests: pytest over the real server.  Backends: sqlite always,
-# postgres when tests/pg.sh can provide a cluster (IDEMFLOW_TEST_PG=conninfo).
+# Integration tests: pytest over the real server, on each backend.
 backends="sqlite"
-# PostgreSQL: without IDEMFLOW_TEST_PG, a throwaway cluster (tests/pg.sh) for
-# this run, removed on exit; the PostgreSQL unit test, which skipped above
-# for want of one, runs again on it.
-if [ -z "${IDEMFLOW_TEST_PG:-}" ] && [ -x /usr/lib/postgresql/15/bin/initdb ]; then
-  IDEMFLOW_PG_DIR=$(mktemp -d /tmp/idemflow-pg.XXXXXX)
-  export IDEMFLOW_PG_DIR
-  trap 'tests/pg.sh stop >/dev/null 2>&1' EXIT
-  echo "== PostgreSQL (tests/pg.sh, $IDEMFLOW_PG_DIR)"
-  if pgenv=$(tests/pg.sh start 2>"$log/pg-start.err"); then
-    eval "$pgenv"
-    t="$BUILD/tests/test_store_pg"
-    if [ -x "$t" ]; then
-      [ -f "$log/test_store_pg.out" ] && read -r _ _ s < <(count "$log/test_store_pg.out") && skip=$((skip - s))
-      "$t" >"$log/test_store_pg.pg.out" 2>&1
-      rc=$?
-      read -r p fl s < <(count "$log/test_store_pg.pg.out")
-      [ $rc -ne 0 ] && [ "$fl" = 0 ] && fl=1
-      pass=$((pass + p)); fail=$((fail + fl)); skip=$((skip + s))
-      if [ "$fl" != 0 ]; then
-        failed_names="$failed_names test_store_pg"; echo "FAIL test_store_pg"; tail -40 "$log/test_store_pg.pg.out"
-      else
-        echo "ok   test_store_pg on PostgreSQL ($p passed)"
-      fi
-    fi
-  else
-    fail=$((fail + 1)); failed_names="$failed_names pg-start"
-    echo "FAIL cannot start a PostgreSQL cluster"; tail -20 "$log/pg-start.err"
-  fi
-fi
 [ -n "${IDEMFLOW_TEST_PG:-}" ] && backends="$backends postgres"
 if ls tests/integration/test_*.py >/dev/null 2>&1; then
   for be in $backends; do
@@ -95,6 +81,20 @@ if ls tests/integration/test_*.py >/dev/null 2>&1; then
       grep -E '^(FAILED|ERROR)' "$log/pytest-$be.out" | head -40
     fi
   done
+fi
+
+# Style: every C file is as clang-format leaves it (.clang-format).
+if command -v clang-format >/dev/null 2>&1; then
+  bad=""
+  for f in src/*/*.[ch] programs/*/*.[ch] tests/unit/*.c bench/*.c fuzz/*.c; do
+    [ -f "$f" ] || continue
+    clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad="$bad $f"
+  done
+  if [ -z "$bad" ]; then
+    pass=$((pass + 1)); echo "ok   clang-format"
+  else
+    fail=$((fail + 1)); failed_names="$failed_names clang-format"; echo "FAIL clang-format:$bad"
+  fi
 fi
 
 case "${SANITIZER:-}" in

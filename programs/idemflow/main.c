@@ -110,14 +110,13 @@ static int cmd_id(int argc, char **argv)
             return 1;
         }
         size_t k = 0;
-        while (k < in.len && (in.p[k] == ' ' || in.p[k] == '\n' || in.p[k] == '\t' ||
-                              in.p[k] == '\r'))
+        while (k < in.len &&
+               (in.p[k] == ' ' || in.p[k] == '\n' || in.p[k] == '\t' || in.p[k] == '\r'))
             k++;
         if (k == in.len)
             payload = json_null();
         else
-            rc = json_parse(in.p, in.len, &(struct json_limits){.max_depth = 1000}, &payload,
-                            &e);
+            rc = json_parse(in.p, in.len, &(struct json_limits){.max_depth = 1000}, &payload, &e);
         buf_free(&in);
         if (rc) {
             fprintf(stderr, "idemflow id: %s\n", e.msg);
@@ -426,8 +425,8 @@ static int cmd_serve(int argc, char **argv)
         log_error("serve.listen", "%s", e.msg);
         goto out;
     }
-    log_info("serve.ready", "idemflow %s listening on %s port %u, store %s (%s)",
-             IDEMFLOW_VERSION, o.listen, http_server_port(srv), store_backend(st), o.db);
+    log_info("serve.ready", "idemflow %s listening on %s port %u, store %s (%s)", IDEMFLOW_VERSION,
+             o.listen, http_server_port(srv), store_backend(st), o.db);
     int sig = 0;
     sigwait(&sigs, &sig);
     log_info("serve.draining", "signal %d: draining in-flight requests", sig);
@@ -497,8 +496,8 @@ static int cmd_operator(int argc, char **argv)
         method = "GET";
         path = xasprintf("%s/v1/workspaces/%s/dead-letters", url, pos[0]);
     } else {
-        path = xasprintf("%s/v1/workspaces/%s/executions/%s/steps/%s/resolve", url, pos[0],
-                         pos[1], pos[2]);
+        path = xasprintf("%s/v1/workspaces/%s/executions/%s/steps/%s/resolve", url, pos[0], pos[1],
+                         pos[2]);
         if (failed) {
             body = xstrdup("{\"outcome\":\"failed\"}");
         } else {

@@ -490,11 +490,11 @@ static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_er
         json_object_set_new(o, "epoch", json_integer(st->epoch));
         json_object_set_new(o, "output", text_json(st->output));
         json_object_set_new(o, "error", text_json(st->error));
-        json_object_set_new(o, "nextAttemptAt", st->state == STEP_DISPATCHED
-                                                    ? ts_json(st->next_run_at)
-                                                    : json_null());
+        json_object_set_new(o, "nextAttemptAt",
+                            st->state == STEP_DISPATCHED ? ts_json(st->next_run_at) : json_null());
         if (st->state == STEP_EXECUTING) {
-            json_object_set_new(o, "leaseOwner", json_string(st->lease_owner ? st->lease_owner : ""));
+            json_object_set_new(o, "leaseOwner",
+                                json_string(st->lease_owner ? st->lease_owner : ""));
             json_object_set_new(o, "leaseExpiresAt", ts_json(st->lease_expires_at));
         }
         json_t *hist = json_array();
@@ -591,8 +591,8 @@ static void h_resolve(struct call *c)
     }
     char status[32] = "";
     struct ifl_err e = {0};
-    int rc = engine_resolve(c->a->g, ws, id, vx, completed, json_object_get(body, "output"),
-                            status, &e);
+    int rc =
+        engine_resolve(c->a->g, ws, id, vx, completed, json_object_get(body, "output"), status, &e);
     json_decref(body);
     if (rc) {
         api_problem_err(c->res, &e);
@@ -684,8 +684,7 @@ static void h_events(struct call *c)
         return;
     }
     if (lq && (limit = strtoll(lq, &end, 10), end == lq || *end || limit < 1 || limit > 1000)) {
-        api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000",
-                    "/limit");
+        api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000", "/limit");
         return;
     }
     struct store_event *ev = NULL;
@@ -778,49 +777,51 @@ static void h_metrics(struct call *c)
     const struct engine_metrics *m = engine_metrics(a->g);
     struct buf b;
     buf_init(&b, 0);
-    buf_printf(&b,
-               "# HELP idemflow_http_requests_total HTTP requests received.\n"
-               "# TYPE idemflow_http_requests_total counter\n"
-               "idemflow_http_requests_total %llu\n"
-               "# HELP idemflow_http_responses_total HTTP error responses by class.\n"
-               "# TYPE idemflow_http_responses_total counter\n"
-               "idemflow_http_responses_total{class=\"4xx\"} %llu\n"
-               "idemflow_http_responses_total{class=\"5xx\"} %llu\n"
-               "# HELP idemflow_triggers_total Triggers by outcome.\n"
-               "# TYPE idemflow_triggers_total counter\n"
-               "idemflow_triggers_total{outcome=\"created\"} %llu\n"
-               "idemflow_triggers_total{outcome=\"deduplicated\"} %llu\n"
-               "idemflow_triggers_total{outcome=\"rejected\"} %llu\n"
-               "# HELP idemflow_steps_total Step outcomes.\n"
-               "# TYPE idemflow_steps_total counter\n"
-               "idemflow_steps_total{event=\"claimed\"} %llu\n"
-               "idemflow_steps_total{event=\"completed\"} %llu\n"
-               "idemflow_steps_total{event=\"failed\"} %llu\n"
-               "idemflow_steps_total{event=\"recovered\"} %llu\n"
-               "# HELP idemflow_fenced_writes_total Late outcomes from workers whose lease was taken over (changed nothing).\n"
-               "# TYPE idemflow_fenced_writes_total counter\n"
-               "idemflow_fenced_writes_total %llu\n"
-               "# HELP idemflow_executions_finished_total Executions that reached a terminal status.\n"
-               "# TYPE idemflow_executions_finished_total counter\n"
-               "idemflow_executions_finished_total{status=\"completed\"} %llu\n"
-               "idemflow_executions_finished_total{status=\"failed\"} %llu\n"
-               "# HELP idemflow_uptime_seconds Seconds since start.\n"
-               "# TYPE idemflow_uptime_seconds gauge\n"
-               "idemflow_uptime_seconds %lld\n",
-               (unsigned long long)atomic_load(&a->requests),
-               (unsigned long long)atomic_load(&a->responses_4xx),
-               (unsigned long long)atomic_load(&a->responses_5xx),
-               (unsigned long long)atomic_load(&a->triggers_created),
-               (unsigned long long)atomic_load(&a->triggers_deduplicated),
-               (unsigned long long)atomic_load(&a->triggers_rejected),
-               (unsigned long long)atomic_load(&m->steps_claimed),
-               (unsigned long long)atomic_load(&m->steps_completed),
-               (unsigned long long)atomic_load(&m->steps_failed),
-               (unsigned long long)atomic_load(&m->steps_recovered),
-               (unsigned long long)atomic_load(&m->fenced_writes),
-               (unsigned long long)atomic_load(&m->executions_completed),
-               (unsigned long long)atomic_load(&m->executions_failed),
-               (long long)((clock_mono_ms() - a->started_ms) / 1000));
+    buf_printf(
+        &b,
+        "# HELP idemflow_http_requests_total HTTP requests received.\n"
+        "# TYPE idemflow_http_requests_total counter\n"
+        "idemflow_http_requests_total %llu\n"
+        "# HELP idemflow_http_responses_total HTTP error responses by class.\n"
+        "# TYPE idemflow_http_responses_total counter\n"
+        "idemflow_http_responses_total{class=\"4xx\"} %llu\n"
+        "idemflow_http_responses_total{class=\"5xx\"} %llu\n"
+        "# HELP idemflow_triggers_total Triggers by outcome.\n"
+        "# TYPE idemflow_triggers_total counter\n"
+        "idemflow_triggers_total{outcome=\"created\"} %llu\n"
+        "idemflow_triggers_total{outcome=\"deduplicated\"} %llu\n"
+        "idemflow_triggers_total{outcome=\"rejected\"} %llu\n"
+        "# HELP idemflow_steps_total Step outcomes.\n"
+        "# TYPE idemflow_steps_total counter\n"
+        "idemflow_steps_total{event=\"claimed\"} %llu\n"
+        "idemflow_steps_total{event=\"completed\"} %llu\n"
+        "idemflow_steps_total{event=\"failed\"} %llu\n"
+        "idemflow_steps_total{event=\"recovered\"} %llu\n"
+        "# HELP idemflow_fenced_writes_total Late outcomes from workers whose lease was taken over "
+        "(changed nothing).\n"
+        "# TYPE idemflow_fenced_writes_total counter\n"
+        "idemflow_fenced_writes_total %llu\n"
+        "# HELP idemflow_executions_finished_total Executions that reached a terminal status.\n"
+        "# TYPE idemflow_executions_finished_total counter\n"
+        "idemflow_executions_finished_total{status=\"completed\"} %llu\n"
+        "idemflow_executions_finished_total{status=\"failed\"} %llu\n"
+        "# HELP idemflow_uptime_seconds Seconds since start.\n"
+        "# TYPE idemflow_uptime_seconds gauge\n"
+        "idemflow_uptime_seconds %lld\n",
+        (unsigned long long)atomic_load(&a->requests),
+        (unsigned long long)atomic_load(&a->responses_4xx),
+        (unsigned long long)atomic_load(&a->responses_5xx),
+        (unsigned long long)atomic_load(&a->triggers_created),
+        (unsigned long long)atomic_load(&a->triggers_deduplicated),
+        (unsigned long long)atomic_load(&a->triggers_rejected),
+        (unsigned long long)atomic_load(&m->steps_claimed),
+        (unsigned long long)atomic_load(&m->steps_completed),
+        (unsigned long long)atomic_load(&m->steps_failed),
+        (unsigned long long)atomic_load(&m->steps_recovered),
+        (unsigned long long)atomic_load(&m->fenced_writes),
+        (unsigned long long)atomic_load(&m->executions_completed),
+        (unsigned long long)atomic_load(&m->executions_failed),
+        (long long)((clock_mono_ms() - a->started_ms) / 1000));
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
 
@@ -843,9 +844,13 @@ static const struct route routes[] = {
     {"GET", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_get},
     {"PUT", {"v1", "workspaces", "*", "secrets", "*"}, 5, h_secret_put},
     {"GET", {"v1", "workspaces", "*", "secrets"}, 4, h_secret_list},
-    {"POST", {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "trigger"}, 8,
+    {"POST",
+     {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "trigger"},
+     8,
      h_trigger},
-    {"POST", {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "test-runs"}, 8,
+    {"POST",
+     {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "test-runs"},
+     8,
      h_test_run},
     {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get},
     {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list},

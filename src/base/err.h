@@ -37,11 +37,11 @@ enum ifl_code {
 #define IFL_ERR_PTR_MAX 256
 
 struct ifl_err {
-    int code;                       /* enum ifl_code                      */
-    char msg[IFL_ERR_MSG_MAX];      /* human readable detail              */
-    char pointer[IFL_ERR_PTR_MAX];  /* JSON Pointer of the offending member,
-                                       empty when not applicable          */
-    char slug[64];                  /* optional problem slug override     */
+    int code;                      /* enum ifl_code                      */
+    char msg[IFL_ERR_MSG_MAX];     /* human readable detail              */
+    char pointer[IFL_ERR_PTR_MAX]; /* JSON Pointer of the offending member,
+                                      empty when not applicable          */
+    char slug[64];                 /* optional problem slug override     */
 };
 
 /* Fills *e (when non-NULL) and returns code, so callers can write

@@ -21,10 +21,10 @@ extern int fault_armed; /* frozen after fault_init() */
 void fault_init(void);
 void fault_hit(const char *name);
 
-#define FAULT(name)                                                                          \
-    do {                                                                                     \
-        if (fault_armed)                                                                     \
-            fault_hit(name);                                                                 \
+#define FAULT(name)                                                                                \
+    do {                                                                                           \
+        if (fault_armed)                                                                           \
+            fault_hit(name);                                                                       \
     } while (0)
 
 #endif

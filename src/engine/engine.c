@@ -34,8 +34,7 @@ static unsigned hash3(const char *a, const char *b, int v)
     return (h ^ (unsigned)v) % CACHE_BUCKETS;
 }
 
-int engine_new(struct store *s, const struct engine_opts *o, struct engine **out,
-               struct ifl_err *e)
+int engine_new(struct store *s, const struct engine_opts *o, struct engine **out, struct ifl_err *e)
 {
     struct engine *g = xcalloc(1, sizeof *g);
     g->store = s;
@@ -163,8 +162,8 @@ static void latest_set(struct engine *g, const char *ws, const char *wf, int ver
     pthread_rwlock_unlock(&g->lock);
 }
 
-int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def,
-                        int *version, struct ifl_err *e)
+int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def, int *version,
+                        struct ifl_err *e)
 {
     struct wf *w = NULL;
     int rc = wf_compile(def, &w, e);
@@ -214,8 +213,8 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
             rc = wf_compile(def, &w, e);
         json_decref(def);
         if (rc) {
-            log_error("workflow.corrupt", "stored workflow %s/%s v%d does not compile: %s", ws,
-                      wf, sw.version, e ? e->msg : "");
+            log_error("workflow.corrupt", "stored workflow %s/%s v%d does not compile: %s", ws, wf,
+                      sw.version, e ? e->msg : "");
             store_workflow_clear(&sw);
             return err_set(e, IFL_EINTERNAL, "stored workflow version does not compile");
         }
@@ -264,8 +263,8 @@ int engine_secret_get(struct engine *g, const char *ws, const char *name, char *
     free(aad);
     free(sealed);
     if (rc)
-        return err_set(e, IFL_EINTERNAL,
-                       "secret '%s' cannot be decrypted with this secrets key", name);
+        return err_set(e, IFL_EINTERNAL, "secret '%s' cannot be decrypted with this secrets key",
+                       name);
     return 0;
 }
 
@@ -276,7 +275,6 @@ void engine_secret_release(char *value)
         free(value);
     }
 }
-
 
 /* ---- execution creation ------------------------------------------------------ */
 
@@ -440,8 +438,7 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
         if (a->rows[i].state == STEP_SKIPPED || a->rows[i].state == STEP_FAILED) {
             json_t *sd = json_object();
             json_object_set_new(sd, "vertex", json_string(a->rows[i].vertex));
-            json_object_set_new(sd, "state",
-                                json_string(store_step_state_name(a->rows[i].state)));
+            json_object_set_new(sd, "state", json_string(store_step_state_name(a->rows[i].state)));
             rc = event(tx, x->workspace, x->id,
                        a->rows[i].state == STEP_SKIPPED ? "step.skipped" : "step.failed", sd, e);
         }
@@ -486,8 +483,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
         return rc;
     long vi = wf_vertex_index(w, r->vertex);
     if (vi < 0 || w->v[vi].type != WF_ENTRY_POINT)
-        return err_set(e, IFL_ENOTFOUND, "workflow '%s' has no entry point '%s'", r->wf,
-                       r->vertex);
+        return err_set(e, IFL_ENOTFOUND, "workflow '%s' has no entry point '%s'", r->wf, r->vertex);
     const struct wf_vertex *v = &w->v[vi];
 
     /* Identity: client key > idempotencyFields > payload; random when forced. */
@@ -681,8 +677,8 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct start_over_args *a = arg;
     a->replayed = 0;
-    struct store_idem rec = {.fingerprint = (char *)a->fingerprint, .status = 201,
-                             .response = a->response};
+    struct store_idem rec = {
+        .fingerprint = (char *)a->fingerprint, .status = 201, .response = a->response};
     struct store_idem old = {0};
     int created = 0;
     int rc = store_tx_idem_put(tx, a->ws, "start-over", a->key, &rec, &created, &old, e);
@@ -698,7 +694,9 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
             json_t *r = NULL;
             if (json_parse(old.response, strlen(old.response), NULL, &r, NULL) == 0)
                 snprintf(a->replay_id, sizeof a->replay_id, "%s",
-                         json_string_value(json_object_get(r, "executionId")) ? json_string_value(json_object_get(r, "executionId")) : "");
+                         json_string_value(json_object_get(r, "executionId"))
+                             ? json_string_value(json_object_get(r, "executionId"))
+                             : "");
             json_decref(r);
         }
         store_idem_clear(&old);

@@ -37,8 +37,8 @@ void engine_free(struct engine *g);
 struct store *engine_store(struct engine *g);
 
 /* Validates, compiles and stores a new version.  def is borrowed. */
-int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def,
-                        int *version, struct ifl_err *e);
+int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def, int *version,
+                        struct ifl_err *e);
 /* Compiled workflow (version 0 = latest).  *out is borrowed from the cache
  * and stays valid until engine_free. */
 int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int version,

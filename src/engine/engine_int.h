@@ -47,9 +47,9 @@ struct engine {
     int started;
     pthread_t *workers;
     pthread_t sweeper;
-    pthread_t listener;     /* turns store_wait_work wake-ups into engine_wake */
+    pthread_t listener; /* turns store_wait_work wake-ups into engine_wake */
     int has_listener;
-    int trace_fd;            /* IDEMFLOW_TRACE_FILE side channel, or -1 */
+    int trace_fd; /* IDEMFLOW_TRACE_FILE side channel, or -1 */
     char worker_prefix[96];
 
     struct engine_metrics m;

@@ -281,8 +281,7 @@ static char *class_error(const char *code, const struct gw_job *j, const struct 
 /* Schedules another attempt, or fails the step when attempts or the deadline
  * run out.  Fills o (to, run_at, error text). */
 static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t retry_after,
-                          const char *why, int verify_next, struct step_outcome *o,
-                          char **err_text)
+                          const char *why, int verify_next, struct step_outcome *o, char **err_text)
 {
     const struct gw_policy *p = &j->w->v[j->vi].policy;
     int64_t now = clock_now_ms();
@@ -342,8 +341,8 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, cha
             json_object_set(j->ctx, "response", out);
             json_t *res = NULL;
             struct expr_error xe = {0};
-            int done = expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe) == 0 && res &&
-                       truthy(res);
+            int done =
+                expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe) == 0 && res && truthy(res);
             json_decref(res);
             json_object_del(j->ctx, "response");
             if (done) {
@@ -388,8 +387,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, cha
             *err_text = class_error("ambiguous_outcome", j, r, 0);
             return 1;
         }
-        retry_or_fail(j, r, 0, "ambiguous_outcome", p->ambiguous == GW_AMB_VERIFY, o,
-                      err_text);
+        retry_or_fail(j, r, 0, "ambiguous_outcome", p->ambiguous == GW_AMB_VERIFY, o, err_text);
         return 1;
     case GW_CONFLICT:
         if (!p->conflict_complete) {

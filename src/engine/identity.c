@@ -80,7 +80,8 @@ int identity_fields_parse(const json_t *spec, struct id_fields *out, struct ifl_
     } else if (json_is_array(spec) && json_array_size(spec) > 0) {
         size_t i;
         json_t *v;
-        json_array_foreach(spec, i, v) {
+        json_array_foreach(spec, i, v)
+        {
             char ptr[32];
             snprintf(ptr, sizeof ptr, "/%zu", i);
             if (!json_is_string(v)) {

@@ -231,12 +231,12 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     int wake = 0;
     for (size_t i = 0; i < k; i++) {
         struct step_outcome *o = args[i];
-        const struct store_claim *c = ((struct pending *)((char *)o - offsetof(struct pending, o)))->c;
+        const struct store_claim *c =
+            ((struct pending *)((char *)o - offsetof(struct pending, o)))->c;
         if (rcs[i] == IFL_ECONFLICT)
             rcs[i] = apply(g, o, &errs[i]); /* a concurrent writer: retry alone */
         if (rcs[i]) {
-            log_error("step.complete_failed", "%s/%s: %s", c->execution_id, c->vertex,
-                      errs[i].msg);
+            log_error("step.complete_failed", "%s/%s: %s", c->execution_id, c->vertex, errs[i].msg);
             continue;
         }
         if (o->fenced) {
@@ -328,8 +328,8 @@ static int recover(struct engine *g, int64_t now)
         int version;
         if (store_execution_get(g->store, st->workspace, st->execution_id, &x, &e))
             continue;
-        int rc = engine_workflow_get(g, st->workspace, x.workflow, x.workflow_version, &w,
-                                     &version, &e);
+        int rc =
+            engine_workflow_get(g, st->workspace, x.workflow, x.workflow_version, &w, &version, &e);
         store_execution_clear(&x);
         if (rc)
             continue;

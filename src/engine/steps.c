@@ -31,8 +31,8 @@ struct view {
     const struct wf *w;
     struct store_step *rows;
     size_t n;
-    long *row_of;          /* per workflow vertex: row index or -1 */
-    enum step_state *was;  /* state when loaded (the write guard) */
+    long *row_of;         /* per workflow vertex: row index or -1 */
+    enum step_state *was; /* state when loaded (the write guard) */
     int *dirty;
     int dispatched;
     int64_t now;
@@ -231,8 +231,7 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
         if (!changed)
             return err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
         enum step_state now_state = v->rows[r].state;
-        if (now_state != v->was[r] && now_state != STEP_DISPATCHED &&
-            now_state != STEP_PENDING) {
+        if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING) {
             rc = append_event(tx, ws, xid, step_event_type(v->rows[r].state),
                               step_event_data(&v->rows[r]), e);
             if (rc)
@@ -274,8 +273,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     long vi = wf_vertex_index(o->w, o->vertex);
     long r = vi >= 0 ? v.row_of[vi] : -1;
     if (r < 0) {
-        rc = err_set(e, IFL_ENOTFOUND, "execution %s has no step %s", o->execution_id,
-                     o->vertex);
+        rc = err_set(e, IFL_ENOTFOUND, "execution %s has no step %s", o->execution_id, o->vertex);
         goto out;
     }
     struct store_step *st = &rows[r];

@@ -46,20 +46,20 @@ const char *steps_status(const struct store_step *rows, size_t n);
 struct step_outcome {
     const struct wf *w;
     const char *workspace, *execution_id, *vertex;
-    int64_t epoch;          /* the claimed epoch (guard); < 0 = any (operator) */
-    enum step_state from;   /* the state the guard expects (EXECUTING for workers) */
-    enum step_state to;     /* COMPLETED, FAILED, REQUIRES_RECONCILIATION, DISPATCHED */
-    const char *output;     /* JSON text when COMPLETED */
-    const char *error;      /* JSON text {"code","message"} for FAILED / reconciliation */
+    int64_t epoch;               /* the claimed epoch (guard); < 0 = any (operator) */
+    enum step_state from;        /* the state the guard expects (EXECUTING for workers) */
+    enum step_state to;          /* COMPLETED, FAILED, REQUIRES_RECONCILIATION, DISPATCHED */
+    const char *output;          /* JSON text when COMPLETED */
+    const char *error;           /* JSON text {"code","message"} for FAILED / reconciliation */
     const char *attempt_outcome; /* recorded in the attempt history, e.g. "completed" */
     const struct decision *dec;  /* COMPLETED: one per outgoing edge, in w->v[i].out order */
-    int bump_epoch;         /* new epoch (fences any holder of the old one) */
-    int64_t run_at;         /* DISPATCHED: when it may run again (0 = now) */
+    int bump_epoch;              /* new epoch (fences any holder of the old one) */
+    int64_t run_at;              /* DISPATCHED: when it may run again (0 = now) */
     int64_t now;
     /* results */
-    int fenced;             /* the guard failed: nothing was written */
-    int dispatched;         /* some step became DISPATCHED (wake workers) */
-    char status[32];        /* the execution's status afterwards */
+    int fenced;      /* the guard failed: nothing was written */
+    int dispatched;  /* some step became DISPATCHED (wake workers) */
+    char status[32]; /* the execution's status afterwards */
 };
 
 /* store_tx_fn: applies a step_outcome (arg).  Returns 0 when fenced too

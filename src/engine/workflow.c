@@ -205,7 +205,8 @@ static int compile_vertices(struct wf *w, json_t *vertices, struct ifl_err *e)
     const char *id;
     json_t *vx;
     char p[IFL_ERR_PTR_MAX];
-    json_object_foreach(vertices, id, vx) {
+    json_object_foreach(vertices, id, vx)
+    {
         struct wf_vertex *v = &w->v[w->nv++];
         v->id = xstrdup(id);
         if (!wf_name_valid(id)) {
@@ -265,7 +266,8 @@ static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
     size_t i;
     json_t *ed;
     char p[IFL_ERR_PTR_MAX];
-    json_array_foreach(edges, i, ed) {
+    json_array_foreach(edges, i, ed)
+    {
         if (!json_is_object(ed)) {
             snprintf(p, sizeof p, "/edges/%zu", i);
             return err_setp(e, IFL_EVALIDATION, p, "an edge must be an object");
@@ -276,8 +278,7 @@ static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
             const char *name = json_string_value(json_object_get(ed, ends[k]));
             snprintf(p, sizeof p, "/edges/%zu/%s", i, ends[k]);
             if (!name)
-                return err_setp(e, IFL_EVALIDATION, p, "an edge needs '%s' (a vertex id)",
-                                ends[k]);
+                return err_setp(e, IFL_EVALIDATION, p, "an edge needs '%s' (a vertex id)", ends[k]);
             idx[k] = wf_vertex_index(w, name);
             if (idx[k] < 0)
                 return err_setp(e, IFL_EVALIDATION, p, "no vertex named '%s'", name);
@@ -289,8 +290,8 @@ static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
             return err_setp(e, IFL_EVALIDATION, p, "an edge cannot loop to its own vertex");
         for (size_t k = 0; k < w->ne; k++)
             if (w->e[k].from == (size_t)idx[0] && w->e[k].to == (size_t)idx[1])
-                return err_setp(e, IFL_EVALIDATION, p, "duplicate edge %s -> %s",
-                                w->v[idx[0]].id, w->v[idx[1]].id);
+                return err_setp(e, IFL_EVALIDATION, p, "duplicate edge %s -> %s", w->v[idx[0]].id,
+                                w->v[idx[1]].id);
         struct wf_edge *edge = &w->e[w->ne++];
         edge->from = (size_t)idx[0];
         edge->to = (size_t)idx[1];
@@ -307,8 +308,8 @@ static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
                 src++;
             struct expr_error xe;
             if (expr_compile(src, strlen(src), &edge->cond, &xe))
-                return err_setp(e, IFL_EVALIDATION, p, "%s: %s (at position %d)", xe.code,
-                                xe.msg, xe.position);
+                return err_setp(e, IFL_EVALIDATION, p, "%s: %s (at position %d)", xe.code, xe.msg,
+                                xe.position);
         }
         push_idx(&w->v[edge->from].out, &w->v[edge->from].n_out, w->ne - 1);
         push_idx(&w->v[edge->to].in, &w->v[edge->to].n_in, w->ne - 1);

@@ -26,32 +26,32 @@ enum wf_vertex_type { WF_ENTRY_POINT, WF_GATEWAY, WF_TRANSFORM };
 struct wf_vertex {
     char *id;
     enum wf_vertex_type type;
-    json_t *config;           /* borrowed from the definition */
-    int has_fields;           /* ENTRY_POINT: idempotencyFields present */
-    struct id_fields fields;  /* ENTRY_POINT */
-    struct tmpl *output;      /* TRANSFORM: compiled "output" template */
-    struct tmpl *request;     /* GATEWAY: compiled {url, headers, query, body} */
-    const char *method;       /* GATEWAY: borrowed from config, or NULL */
-    struct gw_policy policy;  /* GATEWAY: timeouts, retries, outcome policies */
-    struct tmpl *verify;      /* GATEWAY: compiled verify {url, headers, query}, or NULL */
+    json_t *config;          /* borrowed from the definition */
+    int has_fields;          /* ENTRY_POINT: idempotencyFields present */
+    struct id_fields fields; /* ENTRY_POINT */
+    struct tmpl *output;     /* TRANSFORM: compiled "output" template */
+    struct tmpl *request;    /* GATEWAY: compiled {url, headers, query, body} */
+    const char *method;      /* GATEWAY: borrowed from config, or NULL */
+    struct gw_policy policy; /* GATEWAY: timeouts, retries, outcome policies */
+    struct tmpl *verify;     /* GATEWAY: compiled verify {url, headers, query}, or NULL */
     const char *verify_method;
-    struct expr *done_when;   /* GATEWAY: verify's doneWhen */
-    size_t *in, n_in;         /* indexes of incoming edges */
-    size_t *out, n_out;       /* indexes of outgoing edges */
+    struct expr *done_when; /* GATEWAY: verify's doneWhen */
+    size_t *in, n_in;       /* indexes of incoming edges */
+    size_t *out, n_out;     /* indexes of outgoing edges */
 };
 
 struct wf_edge {
-    size_t from, to;     /* vertex indexes */
-    struct expr *cond;   /* NULL when unconditional */
+    size_t from, to;   /* vertex indexes */
+    struct expr *cond; /* NULL when unconditional */
 };
 
 struct wf {
-    json_t *def;            /* owned: the definition as accepted */
+    json_t *def; /* owned: the definition as accepted */
     struct wf_vertex *v;
     size_t nv;
     struct wf_edge *e;
     size_t ne;
-    size_t *topo;           /* vertex indexes in topological order */
+    size_t *topo; /* vertex indexes in topological order */
 };
 
 /* Validates and compiles `def` (borrowed; the wf keeps its own reference).

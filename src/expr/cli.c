@@ -93,8 +93,7 @@ int expr_cli_main(int argc, char **argv)
         }
     }
     struct expr_error xe;
-    if (expr_compile(src, strlen(src), &x, &xe) ||
-        expr_eval(x, input, bindings, NULL, &out, &xe)) {
+    if (expr_compile(src, strlen(src), &x, &xe) || expr_eval(x, input, bindings, NULL, &out, &xe)) {
         fprintf(stderr, "%s: %s", xe.code, xe.msg);
         if (xe.position >= 0)
             fprintf(stderr, " (position %d)", xe.position);

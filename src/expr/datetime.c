@@ -75,8 +75,8 @@ static val *iso_string(struct ctx *c, double ms)
         k = snprintf(buf, sizeof buf, "%04lld", t.year);
     else
         k = snprintf(buf, sizeof buf, "%c%06lld", t.year < 0 ? '-' : '+', llabs(t.year));
-    k += snprintf(buf + k, sizeof buf - (size_t)k, "-%02d-%02dT%02d:%02d:%02d.%03dZ", t.month, t.day,
-                  t.hour, t.minute, t.second, t.ms);
+    k += snprintf(buf + k, sizeof buf - (size_t)k, "-%02d-%02dT%02d:%02d:%02d.%03dZ", t.month,
+                  t.day, t.hour, t.minute, t.second, t.ms);
     return mkstr(c, buf, (size_t)k);
 }
 

@@ -64,7 +64,8 @@ static val *mkbuiltin(struct ctx *c, int i)
 /* Looks name up through the frames, the caller's bindings, then the
  * built-in functions.  bi: the builtin index resolved at compile time, or
  * -2 when unknown (search by name). */
-static val *lookup2(struct ctx *c, struct env *e, const char *name, uint32_t nlen, int bi, int *found)
+static val *lookup2(struct ctx *c, struct env *e, const char *name, uint32_t nlen, int bi,
+                    int *found)
 {
     *found = 1;
     for (; e; e = e->parent) {
@@ -129,14 +130,21 @@ static int strict_eq(val *a, val *b)
     if (!a || !b || a->t != b->t)
         return 0;
     switch (a->t) {
-    case T_NULL: return 1;
-    case T_BOOL: return a->u.b == b->u.b;
-    case T_NUM: return a->u.num == b->u.num;
-    case T_STR: return a->n == b->n && !memcmp(a->u.s, b->u.s, a->n);
+    case T_NULL:
+        return 1;
+    case T_BOOL:
+        return a->u.b == b->u.b;
+    case T_NUM:
+        return a->u.num == b->u.num;
+    case T_STR:
+        return a->n == b->n && !memcmp(a->u.s, b->u.s, a->n);
     case T_JARR:
-    case T_JOBJ: return a->u.j == b->u.j;
-    case T_FUNC: return a->u.fn == b->u.fn;
-    default: return 0;
+    case T_JOBJ:
+        return a->u.j == b->u.j;
+    case T_FUNC:
+        return a->u.fn == b->u.fn;
+    default:
+        return 0;
     }
 }
 
@@ -192,10 +200,10 @@ static val *tuple_clone(struct ctx *c, val *t)
 static val *eval_filter(struct ctx *c, struct node *pred, val *input, struct env *env);
 static val *eval_group(struct ctx *c, struct node *g, val *input, struct env *env);
 static val *eval_sort(struct ctx *c, struct node *e, val *input, struct env *env);
-static val *eval_function(struct ctx *c, struct node *e, val *input, struct env *env,
-                          val *applyto, int has_applyto);
-static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
-                        struct env *env, int pos, const char *token);
+static val *eval_function(struct ctx *c, struct node *e, val *input, struct env *env, val *applyto,
+                          int has_applyto);
+static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input, struct env *env,
+                        int pos, const char *token);
 
 /* ---- paths ---- */
 
@@ -255,8 +263,7 @@ static val *eval_stages(struct ctx *c, struct node *step, val *input, struct env
     return r;
 }
 
-static val *eval_tuple_step(struct ctx *c, struct node *step, val *input, val *tb,
-                            struct env *env)
+static val *eval_tuple_step(struct ctx *c, struct node *step, val *input, val *tb, struct env *env)
 {
     if (step->type == N_SORT) {
         val *r;
@@ -323,8 +330,8 @@ static val *eval_tuple_step(struct ctx *c, struct node *step, val *input, val *t
 
 static int simple_name(const struct node *s)
 {
-    return s->type == N_NAME && !s->nstages && !s->npreds && !s->group && !s->focus &&
-           !s->index && !s->tuple && !s->keep_array && !s->ancestor;
+    return s->type == N_NAME && !s->nstages && !s->npreds && !s->group && !s->focus && !s->index &&
+           !s->tuple && !s->keep_array && !s->ancestor;
 }
 
 static val *eval_path(struct ctx *c, struct node *e, val *input, struct env *env)
@@ -481,7 +488,11 @@ static val *eval_binary(struct ctx *c, struct node *e, val *input, struct env *e
     }
     val *rhs = ev(c, e->rhs, input, env);
     switch (op) {
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MOD: {
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL:
+    case OP_DIV:
+    case OP_MOD: {
         if (lhs && !numeric(c, lhs))
             ethrow(c, "T2001", e->pos, e->name, NULL);
         if (rhs && !numeric(c, rhs))
@@ -490,11 +501,21 @@ static val *eval_binary(struct ctx *c, struct node *e, val *input, struct env *e
             return NULL;
         double a = lhs->u.num, b = rhs->u.num, r = 0;
         switch (op) {
-        case OP_ADD: r = a + b; break;
-        case OP_SUB: r = a - b; break;
-        case OP_MUL: r = a * b; break;
-        case OP_DIV: r = a / b; break;
-        default: r = fmod(a, b); break;
+        case OP_ADD:
+            r = a + b;
+            break;
+        case OP_SUB:
+            r = a - b;
+            break;
+        case OP_MUL:
+            r = a * b;
+            break;
+        case OP_DIV:
+            r = a / b;
+            break;
+        default:
+            r = fmod(a, b);
+            break;
         }
         return mknum(c, r);
     }
@@ -505,7 +526,10 @@ static val *eval_binary(struct ctx *c, struct node *e, val *input, struct env *e
         int eq = val_deep_equal(c, lhs, rhs, 0);
         return VBOOL(op == OP_EQ ? eq : !eq);
     }
-    case OP_LT: case OP_LE: case OP_GT: case OP_GE: {
+    case OP_LT:
+    case OP_LE:
+    case OP_GT:
+    case OP_GE: {
         int lc = !lhs || lhs->t == T_STR || lhs->t == T_NUM;
         int rc = !rhs || rhs->t == T_STR || rhs->t == T_NUM;
         if (!lc || !rc)
@@ -864,16 +888,20 @@ int fn_arity(val *f)
 {
     struct fnv *fn = f->u.fn;
     switch (fn->kind) {
-    case FK_LAMBDA: return (int)fn->nparams;
-    case FK_BUILTIN: return fn->bi->arity;
+    case FK_LAMBDA:
+        return (int)fn->nparams;
+    case FK_BUILTIN:
+        return fn->bi->arity;
     case FK_PARTIAL: {
         int k = 0;
         for (int i = 0; i < fn->npargs; i++)
             k += fn->hole[i];
         return k;
     }
-    case FK_REGEX: return 2;
-    default: return 1;
+    case FK_REGEX:
+        return 2;
+    default:
+        return 1;
     }
 }
 
@@ -914,8 +942,9 @@ val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from,
         if (caps[2 * i] < 0)
             vec_push(c, &g, mkstr_nocopy(c, "", 0));
         else
-            vec_push(c, &g, mkstr_nocopy(c, str->u.s + caps[2 * i],
-                                         (size_t)(caps[2 * i + 1] - caps[2 * i])));
+            vec_push(
+                c, &g,
+                mkstr_nocopy(c, str->u.s + caps[2 * i], (size_t)(caps[2 * i + 1] - caps[2 * i])));
     }
     oset(c, o, "groups", 6, vec_done(c, &g, 0));
     *endpos = caps[1];
@@ -936,7 +965,8 @@ static val *deep_clone(struct ctx *c, val *v, int depth)
             return mknum(c, strtod(t, NULL));
         }
         return v;
-    case T_FUNC: return mkstr_nocopy(c, "", 0);
+    case T_FUNC:
+        return mkstr_nocopy(c, "", 0);
     case T_ARR:
     case T_JARR: {
         struct vec out = {0};
@@ -955,12 +985,16 @@ static val *deep_clone(struct ctx *c, val *v, int depth)
                 oset(c, r, o->kv[i].k, o->kv[i].klen, deep_clone(c, o->kv[i].v, depth + 1));
         return r;
     }
-    default: return v;
+    default:
+        return v;
     }
 }
 
 val *clone_value(struct ctx *c, val *v);
-val *clone_value(struct ctx *c, val *v) { return deep_clone(c, v, 0); }
+val *clone_value(struct ctx *c, val *v)
+{
+    return deep_clone(c, v, 0);
+}
 
 static val *apply_transform(struct ctx *c, struct fnv *f, val *obj)
 {
@@ -1011,13 +1045,12 @@ static val *apply_procedure(struct ctx *c, struct fnv *f, val **args, int n)
 {
     struct env *env = env_new(c, f->env);
     for (uint32_t i = 0; i < f->nparams; i++)
-        env_bind(c, env, f->params[i]->name, f->params[i]->nlen,
-                 (int)i < n ? args[i] : NULL);
+        env_bind(c, env, f->params[i]->name, f->params[i]->nlen, (int)i < n ? args[i] : NULL);
     return ev(c, f->lam->lhs, f->input, env);
 }
 
-static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
-                        struct env *env, int pos, const char *token)
+static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input, struct env *env,
+                        int pos, const char *token)
 {
     if (!is_fn(proc))
         ethrow(c, "T1006", pos, token, NULL);
@@ -1025,8 +1058,10 @@ static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
     if (f->sig && f->kind != FK_PARTIAL)
         args = sig_validate(c, f->sig, args, n, input, &n, pos, token);
     switch (f->kind) {
-    case FK_LAMBDA: return apply_procedure(c, f, args, n);
-    case FK_BUILTIN: return f->bi->fn(c, args, n, input, env);
+    case FK_LAMBDA:
+        return apply_procedure(c, f, args, n);
+    case FK_BUILTIN:
+        return f->bi->fn(c, args, n, input, env);
     case FK_PARTIAL: {
         val **full = cx_alloc(c, sizeof *full * (size_t)(f->npargs + 1));
         int k = 0;
@@ -1048,7 +1083,8 @@ static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
             from = (long)args[1]->u.num;
         return regex_match_obj(c, f->re, args[0], from, &endpos);
     }
-    case FK_TRANSFORM: return apply_transform(c, f, n > 0 ? args[0] : NULL);
+    case FK_TRANSFORM:
+        return apply_transform(c, f, n > 0 ? args[0] : NULL);
     case FK_CHAIN: {
         val *r = apply_fn(c, f->f, args, n > 0 ? 1 : 0, NULL, env);
         val *a1[1] = {r};
@@ -1058,8 +1094,8 @@ static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
     ethrow(c, "T1006", pos, token, NULL);
 }
 
-static val *apply_full(struct ctx *c, val *proc, val **args, int n, val *input,
-                       struct env *env, int pos, const char *token)
+static val *apply_full(struct ctx *c, val *proc, val **args, int n, val *input, struct env *env,
+                       int pos, const char *token)
 {
     val *r = apply_inner(c, proc, args, n, input, env, pos, token);
     while (is_fn(r) && r->u.fn->kind == FK_LAMBDA && r->u.fn->thunk) {
@@ -1087,8 +1123,8 @@ static const char *proc_name(struct node *p)
     return p->name;
 }
 
-static val *eval_function(struct ctx *c, struct node *e, val *input, struct env *env,
-                          val *applyto, int has_applyto)
+static val *eval_function(struct ctx *c, struct node *e, val *input, struct env *env, val *applyto,
+                          int has_applyto)
 {
     val *proc = ev(c, e->lhs, input, env);
     if (!proc && e->lhs->type == N_PATH && e->lhs->kids[0]->type == N_NAME) {
@@ -1203,8 +1239,10 @@ static val *eval_apply(struct ctx *c, struct node *e, val *input, struct env *en
 static val *ev_inner(struct ctx *c, struct node *e, val *input, struct env *env)
 {
     switch (e->type) {
-    case N_PATH: return eval_path(c, e, input, env);
-    case N_BINARY: return eval_binary(c, e, input, env);
+    case N_PATH:
+        return eval_path(c, e, input, env);
+    case N_BINARY:
+        return eval_binary(c, e, input, env);
     case N_UNARY_MINUS: {
         val *v = ev(c, e->lhs, input, env);
         if (!v)
@@ -1213,13 +1251,18 @@ static val *ev_inner(struct ctx *c, struct node *e, val *input, struct env *env)
             return mknum(c, -v->u.num);
         ethrow(c, "D1002", e->pos, "-", NULL);
     }
-    case N_ARRAY: return eval_array(c, e, input, env);
-    case N_OBJECT: return eval_group(c, e, input, env);
-    case N_NAME: return lookup_field(c, input, e->name, e->nlen, 0);
+    case N_ARRAY:
+        return eval_array(c, e, input, env);
+    case N_OBJECT:
+        return eval_group(c, e, input, env);
+    case N_NAME:
+        return lookup_field(c, input, e->name, e->nlen, 0);
     case N_STRING:
     case N_NUMBER:
-    case N_VALUE: return e->lit;
-    case N_WILDCARD: return eval_wildcard(c, input);
+    case N_VALUE:
+        return e->lit;
+    case N_WILDCARD:
+        return eval_wildcard(c, input);
     case N_DESCENDANT: {
         if (!input)
             return NULL;
@@ -1229,7 +1272,8 @@ static val *ev_inner(struct ctx *c, struct node *e, val *input, struct env *env)
             return out.v[0];
         return vec_done(c, &out, F_SEQ);
     }
-    case N_PARENT: return env_lookup(c, env, e->slot->label, (uint32_t)strlen(e->slot->label));
+    case N_PARENT:
+        return env_lookup(c, env, e->slot->label, (uint32_t)strlen(e->slot->label));
     case N_CONDITION: {
         val *cond = ev(c, e->lhs, input, env);
         if (val_truthy(c, cond, NULL))
@@ -1257,16 +1301,20 @@ static val *ev_inner(struct ctx *c, struct node *e, val *input, struct env *env)
         f->re = e->re;
         return mkfn(c, f);
     }
-    case N_FUNCTION: return eval_function(c, e, input, env, NULL, 0);
+    case N_FUNCTION:
+        return eval_function(c, e, input, env, NULL, 0);
     case N_VARIABLE: {
         if (e->nlen == 0)
             return input && is_arr(input) && (input->f & F_OUTER) ? aget(c, input, 0) : input;
         int found;
         return lookup2(c, env, e->name, e->nlen, e->builtin, &found);
     }
-    case N_LAMBDA: return mklambda(c, e, input, env);
-    case N_PARTIAL: return eval_partial(c, e, input, env);
-    case N_APPLY: return eval_apply(c, e, input, env);
+    case N_LAMBDA:
+        return mklambda(c, e, input, env);
+    case N_PARTIAL:
+        return eval_partial(c, e, input, env);
+    case N_APPLY:
+        return eval_apply(c, e, input, env);
     case N_TRANSFORM: {
         struct fnv *f = cx_alloc(c, sizeof *f);
         memset(f, 0, sizeof *f);
@@ -1277,7 +1325,8 @@ static val *ev_inner(struct ctx *c, struct node *e, val *input, struct env *env)
         (void)tsig;
         return mkfn(c, f);
     }
-    default: ethrow(c, "S0206", e->pos, NULL, NULL);
+    default:
+        ethrow(c, "S0206", e->pos, NULL, NULL);
     }
 }
 
@@ -1340,7 +1389,10 @@ void expr_free(struct expr *x)
     free(x);
 }
 
-const char *expr_source(const struct expr *x) { return x->src; }
+const char *expr_source(const struct expr *x)
+{
+    return x->src;
+}
 
 int expr_eval_val(struct ctx *c, struct node *root, val *input, struct env *env, val **out);
 int expr_eval_val(struct ctx *c, struct node *root, val *input, struct env *env, val **out)
@@ -1349,8 +1401,8 @@ int expr_eval_val(struct ctx *c, struct node *root, val *input, struct env *env,
     return 0;
 }
 
-int expr_eval(const struct expr *x, json_t *input, json_t *bindings,
-              const struct expr_limits *lim, json_t **out, struct expr_error *err)
+int expr_eval(const struct expr *x, json_t *input, json_t *bindings, const struct expr_limits *lim,
+              json_t **out, struct expr_error *err)
 {
     struct expr_error scratch;
     if (!err)

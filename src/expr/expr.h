@@ -60,8 +60,8 @@ const char *expr_source(const struct expr *x);
  * function-valued result (or member) is converted to "" as $string() does.
  * On failure returns IFL_EEXPR and fills *err (may be NULL); limit breaches
  * report code "U1001". */
-int expr_eval(const struct expr *x, json_t *input, json_t *bindings,
-              const struct expr_limits *lim, json_t **out, struct expr_error *err);
+int expr_eval(const struct expr *x, json_t *input, json_t *bindings, const struct expr_limits *lim,
+              json_t **out, struct expr_error *err);
 
 /* `idemflow eval EXPR [--data FILE] [--bindings JSON]`; argv[0] is "eval".
  * Prints the result as JSON on stdout (nothing when undefined) and returns

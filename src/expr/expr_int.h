@@ -65,16 +65,57 @@ struct obj {
 /* ---- syntax tree ---- */
 
 enum ntype {
-    N_PATH = 1, N_BINARY, N_UNARY_MINUS, N_ARRAY, N_OBJECT, N_NAME, N_STRING, N_NUMBER,
-    N_VALUE, N_WILDCARD, N_DESCENDANT, N_PARENT, N_CONDITION, N_BLOCK, N_BIND, N_REGEX,
-    N_FUNCTION, N_PARTIAL, N_VARIABLE, N_LAMBDA, N_APPLY, N_TRANSFORM, N_SORT,
-    N_PLACEHOLDER, N_OPERATOR, N_GROUPBY_RAW, N_SORT_RAW, N_FILTER_RAW, N_DOT_RAW,
-    N_FOCUS_RAW, N_INDEX_RAW
+    N_PATH = 1,
+    N_BINARY,
+    N_UNARY_MINUS,
+    N_ARRAY,
+    N_OBJECT,
+    N_NAME,
+    N_STRING,
+    N_NUMBER,
+    N_VALUE,
+    N_WILDCARD,
+    N_DESCENDANT,
+    N_PARENT,
+    N_CONDITION,
+    N_BLOCK,
+    N_BIND,
+    N_REGEX,
+    N_FUNCTION,
+    N_PARTIAL,
+    N_VARIABLE,
+    N_LAMBDA,
+    N_APPLY,
+    N_TRANSFORM,
+    N_SORT,
+    N_PLACEHOLDER,
+    N_OPERATOR,
+    N_GROUPBY_RAW,
+    N_SORT_RAW,
+    N_FILTER_RAW,
+    N_DOT_RAW,
+    N_FOCUS_RAW,
+    N_INDEX_RAW
 };
 
 enum op {
-    OP_NONE, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MOD, OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT,
-    OP_GE, OP_CONCAT, OP_AND, OP_OR, OP_IN, OP_RANGE
+    OP_NONE,
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_MOD,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_LE,
+    OP_GT,
+    OP_GE,
+    OP_CONCAT,
+    OP_AND,
+    OP_OR,
+    OP_IN,
+    OP_RANGE
 };
 
 struct sig;
@@ -88,9 +129,9 @@ struct slot {
 };
 
 struct stage {
-    int is_index;        /* 0: filter, 1: index binding */
-    struct node *expr;   /* filter predicate */
-    const char *name;    /* index variable */
+    int is_index;      /* 0: filter, 1: index binding */
+    struct node *expr; /* filter predicate */
+    const char *name;  /* index variable */
     uint32_t nlen;
 };
 
@@ -102,28 +143,28 @@ struct node {
     const char *name; /* name, variable, string value, operator text */
     uint32_t nlen;
     double num;
-    val *lit;                     /* literal value for N_STRING/N_NUMBER/N_VALUE */
+    val *lit;                       /* literal value for N_STRING/N_NUMBER/N_VALUE */
     struct node *lhs, *rhs, *third; /* binary; condition: lhs?rhs:third */
-    struct node **kids;           /* path steps, array items, block, args, params, sort terms */
+    struct node **kids;             /* path steps, array items, block, args, params, sort terms */
     uint32_t nkids;
-    struct node **pairs;          /* object constructor key,value,key,value… */
-    uint32_t npairs;              /* number of pairs */
-    struct stage *preds;          /* predicates (filters) after the node */
+    struct node **pairs; /* object constructor key,value,key,value… */
+    uint32_t npairs;     /* number of pairs */
+    struct stage *preds; /* predicates (filters) after the node */
     uint32_t npreds;
-    struct stage *stages;         /* path step stages */
+    struct stage *stages; /* path step stages */
     uint32_t nstages;
-    struct node *group;           /* group-by: an N_OBJECT node */
+    struct node *group; /* group-by: an N_OBJECT node */
     struct sig *sig;
     struct regex *re;
-    int builtin;                  /* N_VARIABLE: index into builtins or -1 */
+    int builtin; /* N_VARIABLE: index into builtins or -1 */
     /* tuple / ancestry */
-    const char *focus;            /* @$var */
+    const char *focus; /* @$var */
     uint32_t focuslen;
-    const char *index;            /* #$var */
+    const char *index; /* #$var */
     uint32_t indexlen;
-    struct slot *ancestor;        /* label bound to the parent for % */
-    struct slot *slot;            /* N_PARENT: its slot (label) */
-    struct slot **seeking;        /* slots seeking a parent */
+    struct slot *ancestor; /* label bound to the parent for % */
+    struct slot *slot;     /* N_PARENT: its slot (label) */
+    struct slot **seeking; /* slots seeking a parent */
     uint32_t nseeking;
 };
 
@@ -199,16 +240,16 @@ struct ctx {
     struct timespec start;
     unsigned ticks;
     json_t *bindings;
-    val *root;       /* $$ */
-    double now_ms;   /* $now / $millis, fixed per evaluation */
+    val *root;           /* $$ */
+    double now_ms;       /* $now / $millis, fixed per evaluation */
     struct expr **owned; /* $eval compilations to free */
     int nowned, capowned;
     int depth_in_values;
 };
 
 /* errors (never return) */
-_Noreturn void ethrow(struct ctx *c, const char *code, int pos, const char *token,
-                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+_Noreturn void ethrow(struct ctx *c, const char *code, int pos, const char *token, const char *fmt,
+                      ...) __attribute__((format(printf, 5, 6)));
 void ecode_msg(const char *code, char *out, size_t n);
 
 /* allocation */
@@ -240,12 +281,30 @@ void vec_push(struct ctx *c, struct vec *a, val *x);
 val *vec_done(struct ctx *c, struct vec *a, int flags);
 
 /* accessors */
-static inline int is_arr(const val *v) { return v && (v->t == T_ARR || v->t == T_JARR); }
-static inline int is_obj(const val *v) { return v && (v->t == T_OBJ || v->t == T_JOBJ); }
-static inline int is_fn(const val *v) { return v && v->t == T_FUNC; }
-static inline int is_str(const val *v) { return v && v->t == T_STR; }
-static inline int is_num(const val *v) { return v && v->t == T_NUM; }
-static inline int is_seq(const val *v) { return v && v->t == T_ARR && (v->f & F_SEQ); }
+static inline int is_arr(const val *v)
+{
+    return v && (v->t == T_ARR || v->t == T_JARR);
+}
+static inline int is_obj(const val *v)
+{
+    return v && (v->t == T_OBJ || v->t == T_JOBJ);
+}
+static inline int is_fn(const val *v)
+{
+    return v && v->t == T_FUNC;
+}
+static inline int is_str(const val *v)
+{
+    return v && v->t == T_STR;
+}
+static inline int is_num(const val *v)
+{
+    return v && v->t == T_NUM;
+}
+static inline int is_seq(const val *v)
+{
+    return v && v->t == T_ARR && (v->f & F_SEQ);
+}
 uint32_t alen(const val *a);
 val *aget(struct ctx *c, val *a, uint32_t i);
 void amat(struct ctx *c, val *a); /* materialise T_JARR / range into T_ARR items */

@@ -28,18 +28,28 @@ static char symbol_of(val *v)
     if (!v)
         return 'm';
     switch (v->t) {
-    case T_FUNC: return 'f';
-    case T_STR: return 's';
-    case T_NUM: return 'n';
-    case T_BOOL: return 'b';
-    case T_NULL: return 'l';
+    case T_FUNC:
+        return 'f';
+    case T_STR:
+        return 's';
+    case T_NUM:
+        return 'n';
+    case T_BOOL:
+        return 'b';
+    case T_NULL:
+        return 'l';
     case T_ARR:
-    case T_JARR: return 'a';
-    default: return 'o';
+    case T_JARR:
+        return 'a';
+    default:
+        return 'o';
     }
 }
 
-static int sig_accepts(const struct sigparam *p, char sym) { return strchr(p->types, sym) != NULL; }
+static int sig_accepts(const struct sigparam *p, char sym)
+{
+    return strchr(p->types, sym) != NULL;
+}
 
 /* Backtracking match of params[pi..np) against sym[si..n).  With
  * prefix >= 0, succeeds as soon as pi == prefix and returns the matched
@@ -72,13 +82,20 @@ static int sig_match(const struct sig *s, int pi, const char *sym, int si, int n
 static const char *plural(char t)
 {
     switch (t) {
-    case 'a': return "arrays";
-    case 'b': return "booleans";
-    case 'f': return "functions";
-    case 'n': return "numbers";
-    case 'o': return "objects";
-    case 's': return "strings";
-    default: return "values";
+    case 'a':
+        return "arrays";
+    case 'b':
+        return "booleans";
+    case 'f':
+        return "functions";
+    case 'n':
+        return "numbers";
+    case 'o':
+        return "objects";
+    case 's':
+        return "strings";
+    default:
+        return "values";
     }
 }
 
@@ -144,8 +161,8 @@ val **sig_validate(struct ctx *c, const struct sig *s, val **args, int n, val *c
                         }
                     }
                     if (!okk)
-                        ethrow(c, "T0412", pos, token, "argument %d must be an array of %s",
-                               ai + 1, plural(p->subtype));
+                        ethrow(c, "T0412", pos, token, "argument %d must be an array of %s", ai + 1,
+                               plural(p->subtype));
                     if (single != 'a') {
                         val **it = cx_alloc(c, sizeof *it);
                         it[0] = arg;
@@ -163,9 +180,15 @@ val **sig_validate(struct ctx *c, const struct sig *s, val **args, int n, val *c
 
 /* ---- helpers ---- */
 
-static double num(val *v) { return v->u.num; }
+static double num(val *v)
+{
+    return v->u.num;
+}
 
-static val *str_of(struct ctx *c, const char *s, size_t n) { return mkstr_nocopy(c, s, n); }
+static val *str_of(struct ctx *c, const char *s, size_t n)
+{
+    return mkstr_nocopy(c, s, n);
+}
 
 /* byte offset of code point index cp in s (clamped) */
 static size_t cp_to_byte(const char *s, size_t n, size_t cp)
@@ -361,8 +384,8 @@ static uint32_t case_map(uint32_t cp, int upper)
         return cp + 32;
     if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)
         return cp + 32;
-    if (cp >= 0x100 && cp <= 0x17F && cp != 0x130 && cp != 0x131 && cp != 0x138 &&
-        cp != 0x149 && cp != 0x17F) {
+    if (cp >= 0x100 && cp <= 0x17F && cp != 0x130 && cp != 0x131 && cp != 0x138 && cp != 0x149 &&
+        cp != 0x17F) {
         if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E))
             return (cp % 2 == 1) ? cp + 1 : cp;
         return (cp % 2 == 0) ? cp + 1 : cp;
@@ -488,9 +511,9 @@ static val *f_pad(struct ctx *c, val **a, int n, val *in, struct env *e)
 struct mit {
     val *matcher;
     val *str;
-    val *cur;      /* current match object */
-    long sb, eb;   /* current match byte offsets */
-    long last;     /* native: lastIndex in bytes */
+    val *cur;    /* current match object */
+    long sb, eb; /* current match byte offsets */
+    long last;   /* native: lastIndex in bytes */
     int native;
 };
 
@@ -626,14 +649,17 @@ static void replace_dollar(struct ctx *c, struct sb *b, val *rep, val *mobj)
             int maxd = ng == 0 ? 1 : (int)floor(log10((double)ng)) + 1;
             long v = -1;
             int used = 0;
-            for (int k = 0; k < maxd && pos + (size_t)k < rn && r[pos + k] >= '0' && r[pos + k] <= '9'; k++) {
+            for (int k = 0;
+                 k < maxd && pos + (size_t)k < rn && r[pos + k] >= '0' && r[pos + k] <= '9'; k++) {
                 v = (v < 0 ? 0 : v) * 10 + (r[pos + k] - '0');
                 used = k + 1;
             }
             if (maxd > 1 && v > (long)ng) {
                 v = -1;
                 used = 0;
-                for (int k = 0; k < maxd - 1 && pos + (size_t)k < rn && r[pos + k] >= '0' && r[pos + k] <= '9'; k++) {
+                for (int k = 0;
+                     k < maxd - 1 && pos + (size_t)k < rn && r[pos + k] >= '0' && r[pos + k] <= '9';
+                     k++) {
                     v = (v < 0 ? 0 : v) * 10 + (r[pos + k] - '0');
                     used = k + 1;
                 }
@@ -847,7 +873,7 @@ static val *f_number(struct ctx *c, val **a, int n, val *in, struct env *e)
                 int ok = 1;
                 for (uint32_t i = 2; i < v->n; i++) {
                     char ch = v->u.s[i];
-                    int dv = ch >= '0' && ch <= '9' ? ch - '0'
+                    int dv = ch >= '0' && ch <= '9'                     ? ch - '0'
                              : (ch | 0x20) >= 'a' && (ch | 0x20) <= 'f' ? (ch | 0x20) - 'a' + 10
                                                                         : 99;
                     if (dv >= base) {
@@ -1144,8 +1170,7 @@ static val *f_each(struct ctx *c, val **a, int n, val *in, struct env *e)
     if (o && is_obj(o)) {
         struct obj *ob = omat(c, o);
         for (uint32_t i = 0; i < ob->n; i++) {
-            val *r =
-                hof_call(c, f, ob->kv[i].v, str_of(c, ob->kv[i].k, ob->kv[i].klen), o, e);
+            val *r = hof_call(c, f, ob->kv[i].v, str_of(c, ob->kv[i].k, ob->kv[i].klen), o, e);
             if (r)
                 vec_push(c, &out, r);
         }
@@ -1301,18 +1326,30 @@ static val *f_type(struct ctx *c, val **a, int n, val *in, struct env *e)
         return NULL;
     const char *t;
     switch (v->t) {
-    case T_NULL: t = "null"; break;
+    case T_NULL:
+        t = "null";
+        break;
     case T_NUM:
         if (isinf(v->u.num))
             ethrow(c, "D1001", -1, NULL, NULL);
         t = isnan(v->u.num) ? "object" : "number";
         break;
-    case T_STR: t = "string"; break;
-    case T_BOOL: t = "boolean"; break;
+    case T_STR:
+        t = "string";
+        break;
+    case T_BOOL:
+        t = "boolean";
+        break;
     case T_ARR:
-    case T_JARR: t = "array"; break;
-    case T_FUNC: t = "function"; break;
-    default: t = "object"; break;
+    case T_JARR:
+        t = "array";
+        break;
+    case T_FUNC:
+        t = "function";
+        break;
+    default:
+        t = "object";
+        break;
     }
     return str_of(c, t, strlen(t));
 }

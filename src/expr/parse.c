@@ -79,15 +79,21 @@ static struct node *newnode(struct parser *P, int type, int pos)
 
 /* ---- lexer ---- */
 
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v'; }
-static int is_opch(char c) { return c && strchr(".[]{}(),@#;:?+-*/%|=<>^&!~", c) != NULL; }
+static int is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v';
+}
+static int is_opch(char c)
+{
+    return c && strchr(".[]{}(),@#;:?+-*/%|=<>^&!~", c) != NULL;
+}
 
 static const char *intern_op(const char *s)
 {
-    static const char *const ops[] = {".", "[", "]", "{", "}", "(", ")", ",", "@", "#", ";",
-                                      ":", "?", "+", "-", "*", "/", "%", "|", "=", "<", ">",
-                                      "^", "&", "!", "~", "..", ":=", "!=", ">=", "<=", "**",
-                                      "~>", "?:", "??", "and", "or", "in", NULL};
+    static const char *const ops[] = {
+        ".",  "[",  "]",  "{",  "}",  "(",  ")",  ",",  "@",  "#",   ";",  ":",  "?",
+        "+",  "-",  "*",  "/",  "%",  "|",  "=",  "<",  ">",  "^",   "&",  "!",  "~",
+        "..", ":=", "!=", ">=", "<=", "**", "~>", "?:", "??", "and", "or", "in", NULL};
     for (int i = 0; ops[i]; i++)
         if (!strcmp(ops[i], s))
             return ops[i];
@@ -149,8 +155,9 @@ static int hex4(const char *s, size_t avail, uint32_t *out)
     for (int i = 0; i < 4; i++) {
         char c = s[i];
         int d = isdigit((unsigned char)c) ? c - '0'
-                : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-                : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+                : (c >= 'a' && c <= 'f')  ? c - 'a' + 10
+                : (c >= 'A' && c <= 'F')  ? c - 'A' + 10
+                                          : -1;
         if (d < 0)
             return 0;
         v = v * 16 + (uint32_t)d;
@@ -283,15 +290,32 @@ again:
                 char e = P->p < P->len ? s[P->p] : 0;
                 const char *m = NULL;
                 switch (e) {
-                case '"': m = "\""; break;
-                case '\\': m = "\\"; break;
-                case '/': m = "/"; break;
-                case 'b': m = "\b"; break;
-                case 'f': m = "\f"; break;
-                case 'n': m = "\n"; break;
-                case 'r': m = "\r"; break;
-                case 't': m = "\t"; break;
-                default: break;
+                case '"':
+                    m = "\"";
+                    break;
+                case '\\':
+                    m = "\\";
+                    break;
+                case '/':
+                    m = "/";
+                    break;
+                case 'b':
+                    m = "\b";
+                    break;
+                case 'f':
+                    m = "\f";
+                    break;
+                case 'n':
+                    m = "\n";
+                    break;
+                case 'r':
+                    m = "\r";
+                    break;
+                case 't':
+                    m = "\t";
+                    break;
+                default:
+                    break;
                 }
                 if (m) {
                     pb_add(P, &b, m, 1);
@@ -424,11 +448,10 @@ static int lbp_of(const struct tok *t)
     static const struct {
         const char *op;
         int bp;
-    } tab[] = {{".", 75},  {"[", 80},  {"{", 70},  {"(", 80},  {"@", 80},  {"#", 80},
-               {"?", 20},  {"+", 50},  {"-", 50},  {"*", 60},  {"/", 60},  {"%", 60},
-               {"=", 40},  {"<", 40},  {">", 40},  {"^", 40},  {"!=", 40}, {"<=", 40},
-               {">=", 40}, {"~>", 40}, {"?:", 40}, {"??", 40}, {"and", 30}, {"or", 25},
-               {"in", 40}, {"&", 50},  {":=", 10}, {NULL, 0}};
+    } tab[] = {{".", 75},  {"[", 80},   {"{", 70},  {"(", 80},  {"@", 80},  {"#", 80},  {"?", 20},
+               {"+", 50},  {"-", 50},   {"*", 60},  {"/", 60},  {"%", 60},  {"=", 40},  {"<", 40},
+               {">", 40},  {"^", 40},   {"!=", 40}, {"<=", 40}, {">=", 40}, {"~>", 40}, {"?:", 40},
+               {"??", 40}, {"and", 30}, {"or", 25}, {"in", 40}, {"&", 50},  {":=", 10}, {NULL, 0}};
     for (int i = 0; tab[i].op; i++)
         if (t->s == tab[i].op || !strcmp(t->s, tab[i].op))
             return tab[i].bp;
@@ -443,15 +466,19 @@ static int is_op(const struct tok *t, const char *op)
 static const char *tok_text(struct parser *P, const struct tok *t)
 {
     switch (t->kind) {
-    case TK_END: return "(end)";
-    case TK_OP: return t->s;
+    case TK_END:
+        return "(end)";
+    case TK_OP:
+        return t->s;
     case TK_NUM: {
         char *b = arena_alloc(P->a, 40);
         fmt_num(t->num, b);
         return b;
     }
-    case TK_VALUE: return t->lit == VNULL ? "null" : t->lit == VTRUE ? "true" : "false";
-    default: return t->s ? t->s : "";
+    case TK_VALUE:
+        return t->lit == VNULL ? "null" : t->lit == VTRUE ? "true" : "false";
+    default:
+        return t->s ? t->s : "";
     }
 }
 
@@ -511,7 +538,8 @@ static struct node *nud(struct parser *P, struct tok *t)
         n->name = t->s;
         n->nlen = t->n;
         return n;
-    default: break;
+    default:
+        break;
     }
     const char *o = t->s;
     if (!strcmp(o, "and") || !strcmp(o, "or") || !strcmp(o, "in")) {
@@ -592,7 +620,7 @@ static struct node *nud(struct parser *P, struct tok *t)
     if (!strcmp(o, "{")) {
         n = newnode(P, N_OBJECT, t->pos);
         goto object;
-    object: {
+    object : {
         struct node **pairs = NULL;
         uint32_t k = 0, cap = 0;
         if (!is_op(&P->t, "}")) {
@@ -668,10 +696,10 @@ static struct node *led(struct parser *P, struct tok *t, struct node *left)
     static const struct {
         const char *op;
         int code;
-    } bin[] = {{"+", OP_ADD}, {"-", OP_SUB}, {"*", OP_MUL},   {"/", OP_DIV},   {"%", OP_MOD},
-               {"=", OP_EQ},  {"!=", OP_NE}, {"<", OP_LT},    {"<=", OP_LE},   {">", OP_GT},
-               {">=", OP_GE}, {"&", OP_CONCAT}, {"and", OP_AND}, {"or", OP_OR}, {"in", OP_IN},
-               {NULL, 0}};
+    } bin[] = {{"+", OP_ADD},   {"-", OP_SUB}, {"*", OP_MUL}, {"/", OP_DIV},
+               {"%", OP_MOD},   {"=", OP_EQ},  {"!=", OP_NE}, {"<", OP_LT},
+               {"<=", OP_LE},   {">", OP_GT},  {">=", OP_GE}, {"&", OP_CONCAT},
+               {"and", OP_AND}, {"or", OP_OR}, {"in", OP_IN}, {NULL, 0}};
     for (int i = 0; bin[i].op; i++) {
         if (!strcmp(o, bin[i].op)) {
             n = newnode(P, N_BINARY, t->pos);
@@ -1382,8 +1410,15 @@ int sig_parse(const char *text, size_t n, struct sig *s, int *errpos)
             break;
         struct sigparam *p = s->n < SIG_MAX ? &s->p[s->n] : NULL;
         switch (sym) {
-        case 's': case 'n': case 'b': case 'l': case 'o':
-        case 'a': case 'f': case 'j': case 'x':
+        case 's':
+        case 'n':
+        case 'b':
+        case 'l':
+        case 'o':
+        case 'a':
+        case 'f':
+        case 'j':
+        case 'x':
             if (!p)
                 return 402;
             memset(p, 0, sizeof *p);
@@ -1455,7 +1490,8 @@ int sig_parse(const char *text, size_t n, struct sig *s, int *errpos)
             pos = e;
             break;
         }
-        default: break;
+        default:
+            break;
         }
         pos++;
     }

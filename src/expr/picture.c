@@ -69,7 +69,10 @@ static const uint32_t decimal_groups[] = {
     0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90, 0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620,
     0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10};
 
-static int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+static int gcd(int a, int b)
+{
+    return b == 0 ? a : gcd(b, a % b);
+}
 
 static void analyse_integer(struct ctx *c, const uint32_t *pic, int n, struct ifmt *f)
 {
@@ -177,15 +180,15 @@ static void analyse_integer(struct ctx *c, const uint32_t *pic, int n, struct if
     }
 }
 
-static const char *const few[] = {"Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven",
-                                  "Eight", "Nine", "Ten", "Eleven", "Twelve", "Thirteen",
-                                  "Fourteen", "Fifteen", "Sixteen", "Seventeen", "Eighteen",
-                                  "Nineteen"};
+static const char *const few[] = {"Zero",    "One",     "Two",       "Three",    "Four",
+                                  "Five",    "Six",     "Seven",     "Eight",    "Nine",
+                                  "Ten",     "Eleven",  "Twelve",    "Thirteen", "Fourteen",
+                                  "Fifteen", "Sixteen", "Seventeen", "Eighteen", "Nineteen"};
 static const char *const ordinals[] = {
-    "Zeroth", "First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth", "Ninth",
-    "Tenth", "Eleventh", "Twelfth", "Thirteenth", "Fourteenth", "Fifteenth", "Sixteenth",
-    "Seventeenth", "Eighteenth", "Nineteenth"};
-static const char *const decades[] = {"Twenty", "Thirty", "Forty", "Fifty", "Sixty",
+    "Zeroth",     "First",     "Second",    "Third",       "Fourth",     "Fifth",     "Sixth",
+    "Seventh",    "Eighth",    "Ninth",     "Tenth",       "Eleventh",   "Twelfth",   "Thirteenth",
+    "Fourteenth", "Fifteenth", "Sixteenth", "Seventeenth", "Eighteenth", "Nineteenth"};
+static const char *const decades[] = {"Twenty",  "Thirty", "Forty",  "Fifty",  "Sixty",
                                       "Seventy", "Eighty", "Ninety", "Hundred"};
 static const char *const magnitudes[] = {"Thousand", "Million", "Billion", "Trillion"};
 
@@ -316,7 +319,8 @@ static void format_int(struct ctx *c, double value, struct ifmt *f, struct cps *
         }
         break;
     }
-    default: ethrow(c, "D3130", -1, NULL, NULL);
+    default:
+        ethrow(c, "D3130", -1, NULL, NULL);
     }
     if (neg)
         cps_add(o, '-');
@@ -362,7 +366,7 @@ struct marker {
     int literal;
     struct cps lit;
     uint32_t comp;
-    int names; /* 0 none, 1 lower, 2 upper, 3 title */
+    int names;      /* 0 none, 1 lower, 2 upper, 3 title */
     int wmin, wmax; /* -1 when absent */
     uint32_t pres2;
     int n; /* year digits */
@@ -370,11 +374,11 @@ struct marker {
     int has_fmt;
 };
 
-static const char *const day_names[] = {"", "Monday", "Tuesday", "Wednesday", "Thursday",
-                                        "Friday", "Saturday", "Sunday"};
-static const char *const month_names[] = {"January", "February", "March", "April",
-                                          "May", "June", "July", "August",
-                                          "September", "October", "November", "December"};
+static const char *const day_names[] = {"",         "Monday", "Tuesday",  "Wednesday",
+                                        "Thursday", "Friday", "Saturday", "Sunday"};
+static const char *const month_names[] = {"January",   "February", "March",    "April",
+                                          "May",       "June",     "July",     "August",
+                                          "September", "October",  "November", "December"};
 
 static long long days_civil(long long y, int m, int d)
 {
@@ -517,14 +521,35 @@ static void parse_pictures(struct ctx *c, const uint32_t *p, int n, struct marke
             if (pl == 0) {
                 const char *def = NULL;
                 switch (d->comp) {
-                case 'Y': case 'M': case 'D': case 'd': case 'W': case 'w': case 'X': case 'x':
-                case 'H': case 'h': case 'f':
+                case 'Y':
+                case 'M':
+                case 'D':
+                case 'd':
+                case 'W':
+                case 'w':
+                case 'X':
+                case 'x':
+                case 'H':
+                case 'h':
+                case 'f':
                     def = "1";
                     break;
-                case 'F': case 'P': case 'C': case 'E': def = "n"; break;
-                case 'm': case 's': def = "01"; break;
-                case 'Z': case 'z': def = "01:01"; break;
-                default: break;
+                case 'F':
+                case 'P':
+                case 'C':
+                case 'E':
+                    def = "n";
+                    break;
+                case 'm':
+                case 's':
+                    def = "01";
+                    break;
+                case 'Z':
+                case 'z':
+                    def = "01:01";
+                    break;
+                default:
+                    break;
                 }
                 if (!def)
                     ethrow(c, "D3132", -1, NULL, NULL);
@@ -626,11 +651,21 @@ val *expr_format_datetime(struct ctx *c, double ms, val *picture, val *tz)
         const char *name = NULL;
         double today = days * 86400000.0;
         switch (m->comp) {
-        case 'Y': v = (double)y; break;
-        case 'M': v = mo; break;
-        case 'D': v = d; break;
-        case 'd': v = days - (double)days_civil(y, 1, 1) + 1; break;
-        case 'F': v = dow == 0 ? 7 : dow; break;
+        case 'Y':
+            v = (double)y;
+            break;
+        case 'M':
+            v = mo;
+            break;
+        case 'D':
+            v = d;
+            break;
+        case 'd':
+            v = days - (double)days_civil(y, 1, 1) + 1;
+            break;
+        case 'F':
+            v = dow == 0 ? 7 : dow;
+            break;
         case 'W': {
             double s1 = start_first_week(y, 0);
             double week = (today - s1) / (86400000.0 * 7) + 1;
@@ -666,15 +701,30 @@ val *expr_format_datetime(struct ctx *c, double ms, val *picture, val *tz)
             v = t < s ? pm : t >= e ? nmn : mo;
             break;
         }
-        case 'H': v = hh; break;
-        case 'h': v = hh % 12 == 0 ? 12 : hh % 12; break;
-        case 'P': name = hh >= 12 ? "pm" : "am"; break;
-        case 'm': v = mi; break;
-        case 's': v = ss; break;
-        case 'f': v = msec; break;
+        case 'H':
+            v = hh;
+            break;
+        case 'h':
+            v = hh % 12 == 0 ? 12 : hh % 12;
+            break;
+        case 'P':
+            name = hh >= 12 ? "pm" : "am";
+            break;
+        case 'm':
+            v = mi;
+            break;
+        case 's':
+            v = ss;
+            break;
+        case 'f':
+            v = msec;
+            break;
         case 'C':
-        case 'E': name = "ISO"; break;
-        default: break;
+        case 'E':
+            name = "ISO";
+            break;
+        default:
+            break;
         }
         part->n = 0;
         if (m->comp < 128 && strchr("YMDdFWwXxHhms", (int)m->comp)) {
@@ -758,7 +808,8 @@ static int match_name(const uint32_t *in, int n, int pos, const char *const *nam
                 break;
             j++;
         }
-        if (j == l || (j >= 3 && (pos + j >= n || !((in[pos + j] | 0x20) >= 'a' && (in[pos + j] | 0x20) <= 'z')))) {
+        if (j == l || (j >= 3 && (pos + j >= n ||
+                                  !((in[pos + j] | 0x20) >= 'a' && (in[pos + j] | 0x20) <= 'z')))) {
             *len = j;
             return k;
         }
@@ -846,7 +897,6 @@ val *expr_parse_datetime(struct ctx *c, val *s, val *picture)
                 (have['s'] ? comp['s'] : 0) * 1000.0 + (have['f'] ? comp['f'] : 0);
     return mknum(c, ms);
 }
-
 
 val *fn_formatNumber(struct ctx *c, val **a, int n, val *in, struct env *e)
 {

@@ -19,8 +19,23 @@
 
 #define RX_MAX_PROG 20000
 
-enum { I_CHAR, I_ANY, I_CLASS, I_SPLIT, I_JMP, I_SAVE, I_MATCH, I_BOL, I_EOL, I_WORDB, I_NWORDB,
-       I_BACKREF, I_LOOK, I_MARK, I_CHKPROG };
+enum {
+    I_CHAR,
+    I_ANY,
+    I_CLASS,
+    I_SPLIT,
+    I_JMP,
+    I_SAVE,
+    I_MATCH,
+    I_BOL,
+    I_EOL,
+    I_WORDB,
+    I_NWORDB,
+    I_BACKREF,
+    I_LOOK,
+    I_MARK,
+    I_CHKPROG
+};
 
 struct cls {
     uint32_t *r; /* pairs lo,hi */
@@ -48,8 +63,23 @@ struct regex {
 
 /* ---- parse to a tree ---- */
 
-enum { R_CHAR, R_ANY, R_CLASS, R_CAT, R_ALT, R_REP, R_GROUP, R_NCGROUP, R_BOL, R_EOL, R_WORDB,
-       R_NWORDB, R_BACKREF, R_LOOK, R_EMPTY };
+enum {
+    R_CHAR,
+    R_ANY,
+    R_CLASS,
+    R_CAT,
+    R_ALT,
+    R_REP,
+    R_GROUP,
+    R_NCGROUP,
+    R_BOL,
+    R_EOL,
+    R_WORDB,
+    R_NWORDB,
+    R_BACKREF,
+    R_LOOK,
+    R_EMPTY
+};
 
 struct rn {
     int t;
@@ -80,8 +110,14 @@ static struct rn *rnew(struct rp *p, int t)
     return r;
 }
 
-static uint32_t rnext(struct rp *p) { return utf8_next(p->s, p->n, &p->i); }
-static int rpeek(struct rp *p) { return p->i < p->n ? (unsigned char)p->s[p->i] : -1; }
+static uint32_t rnext(struct rp *p)
+{
+    return utf8_next(p->s, p->n, &p->i);
+}
+static int rpeek(struct rp *p)
+{
+    return p->i < p->n ? (unsigned char)p->s[p->i] : -1;
+}
 
 static int add_cls(struct rp *p, struct cls c)
 {
@@ -136,7 +172,12 @@ static uint32_t parse_escape(struct rp *p, int *kind, int in_class)
     }
     uint32_t c = rnext(p);
     switch (c) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
         *kind = (int)c;
         return 0;
     case 'b':
@@ -147,12 +188,18 @@ static uint32_t parse_escape(struct rp *p, int *kind, int in_class)
     case 'B':
         *kind = 'B';
         return 0;
-    case 't': return '\t';
-    case 'n': return '\n';
-    case 'r': return '\r';
-    case 'f': return '\f';
-    case 'v': return '\v';
-    case '0': return 0;
+    case 't':
+        return '\t';
+    case 'n':
+        return '\n';
+    case 'r':
+        return '\r';
+    case 'f':
+        return '\f';
+    case 'v':
+        return '\v';
+    case '0':
+        return 0;
     case 'c':
         if (p->i < p->n) {
             int l = rpeek(p);
@@ -221,13 +268,26 @@ static struct rn *parse_class(struct rp *p)
             lo = parse_escape(p, &kind, 1);
             if (kind) {
                 switch (kind) {
-                case 'd': c.d = 1; break;
-                case 'D': c.D = 1; break;
-                case 'w': c.w = 1; break;
-                case 'W': c.W = 1; break;
-                case 's': c.s = 1; break;
-                case 'S': c.S = 1; break;
-                default: break;
+                case 'd':
+                    c.d = 1;
+                    break;
+                case 'D':
+                    c.D = 1;
+                    break;
+                case 'w':
+                    c.w = 1;
+                    break;
+                case 'W':
+                    c.W = 1;
+                    break;
+                case 's':
+                    c.s = 1;
+                    break;
+                case 'S':
+                    c.S = 1;
+                    break;
+                default:
+                    break;
                 }
                 continue;
             }
@@ -245,10 +305,17 @@ static struct rn *parse_class(struct rp *p)
                     rb_add(p, &b, lo, lo);
                     rb_add(p, &b, '-', '-');
                     switch (k2) {
-                    case 'd': c.d = 1; break;
-                    case 'w': c.w = 1; break;
-                    case 's': c.s = 1; break;
-                    default: break;
+                    case 'd':
+                        c.d = 1;
+                        break;
+                    case 'w':
+                        c.w = 1;
+                        break;
+                    case 's':
+                        c.s = 1;
+                        break;
+                    default:
+                        break;
                     }
                     continue;
                 }
@@ -294,7 +361,8 @@ static struct rn *parse_atom(struct rp *p)
                 p->i++;
                 kind = R_LOOK;
                 neg = k == '!';
-            } else if (k == '<' && p->i + 1 < p->n && p->s[p->i + 1] != '=' && p->s[p->i + 1] != '!') {
+            } else if (k == '<' && p->i + 1 < p->n && p->s[p->i + 1] != '=' &&
+                       p->s[p->i + 1] != '!') {
                 while (p->i < p->n && rpeek(p) != '>')
                     p->i++;
                 p->i++;
@@ -350,13 +418,26 @@ static struct rn *parse_atom(struct rp *p)
             struct cls cl;
             memset(&cl, 0, sizeof cl);
             switch (kind) {
-            case 'd': cl.d = 1; break;
-            case 'D': cl.D = 1; break;
-            case 'w': cl.w = 1; break;
-            case 'W': cl.W = 1; break;
-            case 's': cl.s = 1; break;
-            case 'S': cl.S = 1; break;
-            default: break;
+            case 'd':
+                cl.d = 1;
+                break;
+            case 'D':
+                cl.D = 1;
+                break;
+            case 'w':
+                cl.w = 1;
+                break;
+            case 'W':
+                cl.W = 1;
+                break;
+            case 's':
+                cl.s = 1;
+                break;
+            case 'S':
+                cl.S = 1;
+                break;
+            default:
+                break;
             }
             r = rnew(p, R_CLASS);
             r->cls = add_cls(p, cl);
@@ -581,20 +662,31 @@ static void gen(struct em *e, struct rn *r, int depth)
     }
     int k;
     switch (r->t) {
-    case R_EMPTY: break;
+    case R_EMPTY:
+        break;
     case R_CHAR:
         k = emit(e, I_CHAR);
         e->prog[k].ch = r->ch;
         break;
-    case R_ANY: emit(e, I_ANY); break;
+    case R_ANY:
+        emit(e, I_ANY);
+        break;
     case R_CLASS:
         k = emit(e, I_CLASS);
         e->prog[k].x = r->cls;
         break;
-    case R_BOL: emit(e, I_BOL); break;
-    case R_EOL: emit(e, I_EOL); break;
-    case R_WORDB: emit(e, I_WORDB); break;
-    case R_NWORDB: emit(e, I_NWORDB); break;
+    case R_BOL:
+        emit(e, I_BOL);
+        break;
+    case R_EOL:
+        emit(e, I_EOL);
+        break;
+    case R_WORDB:
+        emit(e, I_WORDB);
+        break;
+    case R_NWORDB:
+        emit(e, I_NWORDB);
+        break;
     case R_BACKREF:
         k = emit(e, I_BACKREF);
         e->prog[k].x = r->group;
@@ -624,7 +716,9 @@ static void gen(struct em *e, struct rn *r, int depth)
         k = emit(e, I_SAVE);
         e->prog[k].x = 2 * r->group + 1;
         break;
-    case R_NCGROUP: gen(e, r->a, depth + 1); break;
+    case R_NCGROUP:
+        gen(e, r->a, depth + 1);
+        break;
     case R_LOOK: {
         int l = emit(e, I_LOOK);
         e->prog[l].neg = (uint8_t)r->neg;
@@ -687,7 +781,10 @@ struct regex *regex_compile(struct arena *a, const char *pat, size_t n, const ch
     return re;
 }
 
-int regex_ngroups(const struct regex *re) { return re->ngroups; }
+int regex_ngroups(const struct regex *re)
+{
+    return re->ngroups;
+}
 
 /* ---- match ---- */
 
@@ -701,7 +798,10 @@ static int is_word(uint32_t c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
-static int is_lt(uint32_t c) { return c == '\n' || c == '\r' || c == 0x2028 || c == 0x2029; }
+static int is_lt(uint32_t c)
+{
+    return c == '\n' || c == '\r' || c == 0x2028 || c == 0x2029;
+}
 
 static uint32_t fold(uint32_t c)
 {
@@ -832,7 +932,9 @@ static int run(struct vm *m, int pc0, long pos0, int depth)
             push(m, in->y, -1, pos);
             pc = in->x;
             break;
-        case I_JMP: pc = in->x; break;
+        case I_JMP:
+            pc = in->x;
+            break;
         case I_SAVE:
         case I_MARK:
             push(m, 0, in->op == I_SAVE ? in->x : 2 * re->ngroups + 2 + in->x,
@@ -887,9 +989,8 @@ static int run(struct vm *m, int pc0, long pos0, int depth)
             if (re->icase) {
                 size_t i1 = (size_t)m->regs[2 * g], i2 = (size_t)pos;
                 while (i1 < (size_t)m->regs[2 * g + 1]) {
-                    if (i2 >= (size_t)m->n ||
-                        fold(utf8_next(m->s, (size_t)m->n, &i1)) !=
-                            fold(utf8_next(m->s, (size_t)m->n, &i2))) {
+                    if (i2 >= (size_t)m->n || fold(utf8_next(m->s, (size_t)m->n, &i1)) !=
+                                                  fold(utf8_next(m->s, (size_t)m->n, &i2))) {
                         ok = 0;
                         break;
                     }

@@ -19,11 +19,11 @@ enum { TN_CONST, TN_EXPR, TN_SECRET, TN_ARR, TN_OBJ };
 
 struct tnode {
     int kind;
-    json_t *j;        /* TN_CONST value / TN_SECRET literal (borrowed from def) */
-    struct expr *x;   /* TN_EXPR */
-    char *ptr;        /* JSON Pointer of this member (for errors) */
+    json_t *j;      /* TN_CONST value / TN_SECRET literal (borrowed from def) */
+    struct expr *x; /* TN_EXPR */
+    char *ptr;      /* JSON Pointer of this member (for errors) */
     struct tnode *kids;
-    char **keys;      /* TN_OBJ member names */
+    char **keys; /* TN_OBJ member names */
     size_t n;
 };
 
@@ -36,8 +36,8 @@ struct tmpl {
 
 /* Finds the next `{{ secrets.NAME }}` in s[from..n).  Returns 1 and the
  * span [*b, *e) and the name span, or 0. */
-static int next_secret(const char *s, size_t n, size_t from, size_t *b, size_t *e,
-                       size_t *nb, size_t *ne)
+static int next_secret(const char *s, size_t n, size_t from, size_t *b, size_t *e, size_t *nb,
+                       size_t *ne)
 {
     for (size_t i = from; i + 1 < n; i++) {
         if (s[i] != '{' || s[i + 1] != '{')
@@ -99,8 +99,8 @@ static int build(struct tnode *t, json_t *v, struct buf *ptr, int depth, struct 
             struct expr_error xe;
             if (expr_compile(s + k, n - k, &t->x, &xe))
                 return err_setp(err, IFL_EVALIDATION, t->ptr,
-                                "expression error %s at position %d: %s", xe.code,
-                                xe.position, xe.msg);
+                                "expression error %s at position %d: %s", xe.code, xe.position,
+                                xe.msg);
             t->kind = TN_EXPR;
         } else {
             size_t b, e, nb, ne;
@@ -190,7 +190,10 @@ void tmpl_free(struct tmpl *t)
     free(t);
 }
 
-int tmpl_is_constant(const struct tmpl *t) { return t->root.kind == TN_CONST; }
+int tmpl_is_constant(const struct tmpl *t)
+{
+    return t->root.kind == TN_CONST;
+}
 
 static int subst(const struct tnode *t, tmpl_secret_fn secrets, void *sctx, json_t **out,
                  struct ifl_err *err)
@@ -212,8 +215,7 @@ static int subst(const struct tnode *t, tmpl_secret_fn secrets, void *sctx, json
         if (rc || !value) {
             free(value);
             buf_free(&b);
-            return err_setp(err, rc ? rc : IFL_ENOTFOUND, t->ptr, "secret %s is not defined",
-                            name);
+            return err_setp(err, rc ? rc : IFL_ENOTFOUND, t->ptr, "secret %s is not defined", name);
         }
         buf_puts(&b, value);
         /* scrub the copy we were handed */
@@ -235,8 +237,11 @@ static int eval_node(const struct tnode *t, json_t *ctx, tmpl_secret_fn secrets,
 {
     *out = NULL;
     switch (t->kind) {
-    case TN_CONST: *out = json_incref(t->j); return 0;
-    case TN_SECRET: return subst(t, secrets, sctx, out, err);
+    case TN_CONST:
+        *out = json_incref(t->j);
+        return 0;
+    case TN_SECRET:
+        return subst(t, secrets, sctx, out, err);
     case TN_EXPR: {
         struct expr_error xe;
         if (expr_eval(t->x, ctx, NULL, lim, out, &xe))

@@ -92,7 +92,10 @@ val *mkarr(struct ctx *c, val **items, uint32_t n, int flags)
     return v;
 }
 
-val *mkseq(struct ctx *c) { return mkarr(c, NULL, 0, F_SEQ); }
+val *mkseq(struct ctx *c)
+{
+    return mkarr(c, NULL, 0, F_SEQ);
+}
 
 val *mkseq1(struct ctx *c, val *x)
 {
@@ -129,12 +132,18 @@ val *wrapj(struct ctx *c, json_t *j)
         return NULL;
     val *v;
     switch (json_typeof(j)) {
-    case JSON_NULL: return VNULL;
-    case JSON_TRUE: return VTRUE;
-    case JSON_FALSE: return VFALSE;
-    case JSON_INTEGER: return mknum(c, (double)json_integer_value(j));
-    case JSON_REAL: return mknum(c, json_real_value(j));
-    case JSON_STRING: return mkstr_nocopy(c, json_string_value(j), json_string_length(j));
+    case JSON_NULL:
+        return VNULL;
+    case JSON_TRUE:
+        return VTRUE;
+    case JSON_FALSE:
+        return VFALSE;
+    case JSON_INTEGER:
+        return mknum(c, (double)json_integer_value(j));
+    case JSON_REAL:
+        return mknum(c, json_real_value(j));
+    case JSON_STRING:
+        return mkstr_nocopy(c, json_string_value(j), json_string_length(j));
     case JSON_ARRAY:
         v = cx_alloc(c, sizeof *v);
         v->t = T_JARR;
@@ -171,7 +180,10 @@ val *vec_done(struct ctx *c, struct vec *a, int flags)
     return mkarr(c, a->v, a->n, flags);
 }
 
-uint32_t alen(const val *a) { return a->n; }
+uint32_t alen(const val *a)
+{
+    return a->n;
+}
 
 void amat(struct ctx *c, val *a)
 {
@@ -378,7 +390,10 @@ void sb_add(struct ctx *c, struct sb *b, const char *s, size_t n)
     b->p[b->n] = 0;
 }
 
-void sb_addc(struct ctx *c, struct sb *b, char ch) { sb_add(c, b, &ch, 1); }
+void sb_addc(struct ctx *c, struct sb *b, char ch)
+{
+    sb_add(c, b, &ch, 1);
+}
 
 void sb_addcp(struct ctx *c, struct sb *b, uint32_t cp)
 {
@@ -442,7 +457,10 @@ void fmt_num(double d, char out[40])
     }
 }
 
-int num_is_int(double d) { return isfinite(d) && floor(d) == d; }
+int num_is_int(double d)
+{
+    return isfinite(d) && floor(d) == d;
+}
 
 /* ---- conversion to jansson ---- */
 
@@ -481,13 +499,19 @@ static json_t *to_json(struct ctx *c, val *v, int depth)
     if (!v)
         return NULL;
     switch (v->t) {
-    case T_NULL: return json_null();
-    case T_BOOL: return json_boolean(v->u.b);
-    case T_NUM: return isfinite(v->u.num) ? json_real(v->u.num == 0 ? 0.0 : v->u.num) : json_null();
-    case T_STR: return json_stringn(v->u.s, v->n);
+    case T_NULL:
+        return json_null();
+    case T_BOOL:
+        return json_boolean(v->u.b);
+    case T_NUM:
+        return isfinite(v->u.num) ? json_real(v->u.num == 0 ? 0.0 : v->u.num) : json_null();
+    case T_STR:
+        return json_stringn(v->u.s, v->n);
     case T_JARR:
-    case T_JOBJ: return json_incref(v->u.j);
-    case T_FUNC: return json_string("");
+    case T_JOBJ:
+        return json_incref(v->u.j);
+    case T_FUNC:
+        return json_string("");
     case T_ARR: {
         json_t *a = json_array();
         for (uint32_t i = 0; i < v->n; i++) {
@@ -519,13 +543,19 @@ static int truthy(struct ctx *c, val *v, int depth)
     if (depth > VAL_MAX_NEST)
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
     switch (v->t) {
-    case T_NULL: return 0;
-    case T_BOOL: return v->u.b;
-    case T_NUM: return v->u.num != 0 && !isnan(v->u.num);
-    case T_STR: return v->n > 0;
-    case T_FUNC: return 0;
+    case T_NULL:
+        return 0;
+    case T_BOOL:
+        return v->u.b;
+    case T_NUM:
+        return v->u.num != 0 && !isnan(v->u.num);
+    case T_STR:
+        return v->n > 0;
+    case T_FUNC:
+        return 0;
     case T_OBJ:
-    case T_JOBJ: return v->n > 0;
+    case T_JOBJ:
+        return v->n > 0;
     case T_ARR:
     case T_JARR:
         if (v->n == 1)
@@ -577,12 +607,18 @@ int val_deep_equal(struct ctx *c, val *a, val *b, int depth)
     if (a->t != b->t)
         return 0;
     switch (a->t) {
-    case T_NULL: return 1;
-    case T_BOOL: return a->u.b == b->u.b;
-    case T_NUM: return a->u.num == b->u.num;
-    case T_STR: return a->n == b->n && !memcmp(a->u.s, b->u.s, a->n);
-    case T_FUNC: return a->u.fn == b->u.fn;
-    default: return 0;
+    case T_NULL:
+        return 1;
+    case T_BOOL:
+        return a->u.b == b->u.b;
+    case T_NUM:
+        return a->u.num == b->u.num;
+    case T_STR:
+        return a->n == b->n && !memcmp(a->u.s, b->u.s, a->n);
+    case T_FUNC:
+        return a->u.fn == b->u.fn;
+    default:
+        return 0;
     }
 }
 
@@ -615,8 +651,8 @@ static void put_jstr(struct ctx *c, struct sb *b, const char *s, size_t n)
             esc = tmp;
         } else if (ch == 0xED && i + 2 < n && ((unsigned char)s[i + 1] & 0xE0) == 0xA0) {
             /* lone surrogate encoded as WTF-8 */
-            uint32_t cp = 0xD000 | (((unsigned char)s[i + 1] & 0x3F) << 6) |
-                          ((unsigned char)s[i + 2] & 0x3F);
+            uint32_t cp =
+                0xD000 | (((unsigned char)s[i + 1] & 0x3F) << 6) | ((unsigned char)s[i + 2] & 0x3F);
             sb_add(c, b, s + i - run, run);
             run = 0;
             snprintf(tmp, sizeof tmp, "\\u%04x", cp);
@@ -651,7 +687,9 @@ static void stringify(struct ctx *c, struct sb *b, val *v, int pretty, int level
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
     char num[40];
     switch (v->t) {
-    case T_NULL: sb_add(c, b, "null", 4); return;
+    case T_NULL:
+        sb_add(c, b, "null", 4);
+        return;
     case T_BOOL:
         if (v->u.b)
             sb_add(c, b, "true", 4);
@@ -675,8 +713,12 @@ static void stringify(struct ctx *c, struct sb *b, val *v, int pretty, int level
         sb_add(c, b, num, strlen(num));
         return;
     }
-    case T_STR: put_jstr(c, b, v->u.s, v->n); return;
-    case T_FUNC: sb_add(c, b, "\"\"", 2); return;
+    case T_STR:
+        put_jstr(c, b, v->u.s, v->n);
+        return;
+    case T_FUNC:
+        sb_add(c, b, "\"\"", 2);
+        return;
     case T_ARR:
     case T_JARR: {
         if (v->n == 0) {

@@ -32,14 +32,13 @@ static int num_member(json_t *o, const char *key, double lo, double hi, double *
         return 0;
     double d = json_is_number(v) ? json_num(v) : NAN;
     if (!(d >= lo && d <= hi))
-        return err_setp(e, IFL_EVALIDATION, ptr, "%s must be a number from %g to %g", key, lo,
-                        hi);
+        return err_setp(e, IFL_EVALIDATION, ptr, "%s must be a number from %g to %g", key, lo, hi);
     *out = d;
     return 0;
 }
 
-static int choice(json_t *o, const char *key, const char *const *names, int *out,
-                  const char *ptr, struct ifl_err *e)
+static int choice(json_t *o, const char *key, const char *const *names, int *out, const char *ptr,
+                  struct ifl_err *e)
 {
     json_t *v = json_object_get(o, key);
     if (!v)
@@ -94,8 +93,7 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
                              "/retry/backoffCoefficient", e)))
             return rc;
         d = (double)p->max_interval_ms;
-        if ((rc = num_member(retry, "maxIntervalMs", 0, 86400000, &d, "/retry/maxIntervalMs",
-                             e)))
+        if ((rc = num_member(retry, "maxIntervalMs", 0, 86400000, &d, "/retry/maxIntervalMs", e)))
             return rc;
         p->max_interval_ms = (long)d;
     }
@@ -230,7 +228,8 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     const char *k;
     json_t *v;
     int first = strchr(u, '?') == NULL;
-    json_object_foreach(query, k, v) {
+    json_object_foreach(query, k, v)
+    {
         char *val = scalar_text(v);
         char *ek = curl_easy_escape(NULL, k, 0), *ev = curl_easy_escape(NULL, val, 0);
         buf_printf(&ub, "%c%s=%s", first ? '?' : '&', ek ? ek : "", ev ? ev : "");
@@ -248,7 +247,8 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     out->headers = xcalloc(json_object_size(headers) + 2, sizeof *out->headers);
     int has_ct = 0;
     json_t *mh = json_object();
-    json_object_foreach(headers, k, v) {
+    json_object_foreach(headers, k, v)
+    {
         char *val = scalar_text(v);
         if (strcasecmp(k, "Content-Type") == 0)
             has_ct = 1;

@@ -26,17 +26,17 @@
 enum gw_ambiguous { GW_AMB_RETRY, GW_AMB_VERIFY, GW_AMB_RECONCILE };
 
 struct gw_policy {
-    long timeout_ms;              /* default 10000 */
-    int max_attempts;             /* default 5 */
-    long initial_interval_ms;     /* default 200 */
-    double backoff_coefficient;   /* default 2 */
-    long max_interval_ms;         /* default 30000 */
-    long deadline_ms;             /* default 300000, across attempts */
-    int client_error_complete;    /* clientErrorMode: 0 fail (default), 1 complete */
-    int conflict_complete;        /* onConflict: default 1 with an Idempotency-Key */
-    enum gw_ambiguous ambiguous;  /* default retry with a key, else reconcile */
-    int has_idempotency_key;      /* an Idempotency-Key header is configured */
-    int has_verify;               /* a verify request is configured */
+    long timeout_ms;             /* default 10000 */
+    int max_attempts;            /* default 5 */
+    long initial_interval_ms;    /* default 200 */
+    double backoff_coefficient;  /* default 2 */
+    long max_interval_ms;        /* default 30000 */
+    long deadline_ms;            /* default 300000, across attempts */
+    int client_error_complete;   /* clientErrorMode: 0 fail (default), 1 complete */
+    int conflict_complete;       /* onConflict: default 1 with an Idempotency-Key */
+    enum gw_ambiguous ambiguous; /* default retry with a key, else reconcile */
+    int has_idempotency_key;     /* an Idempotency-Key header is configured */
+    int has_verify;              /* a verify request is configured */
 };
 
 /* Reads a GATEWAY config (borrowed) with the spec's defaults.  Validation
@@ -52,14 +52,14 @@ struct gw_header {
 
 struct gw_request {
     char *method;
-    char *url;          /* with the query string appended */
+    char *url; /* with the query string appended */
     struct gw_header *headers;
     size_t nheaders;
-    char *body;         /* NULL for none */
+    char *body; /* NULL for none */
     /* The same request with every substituted secret replaced by "****":
      * the only form that may be stored, returned or logged. */
     char *masked_url;
-    json_t *masked;     /* {"method","url","headers","body"} */
+    json_t *masked;        /* {"method","url","headers","body"} */
     char *idempotency_key; /* the Idempotency-Key header value, if any (masked
                               when it contains a secret) */
 };
@@ -85,28 +85,28 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
 /* ---- responses and their class ------------------------------------------------ */
 
 enum gw_transport {
-    GW_T_OK,           /* an HTTP response arrived */
-    GW_T_NOT_SENT,     /* failed before any request byte left */
-    GW_T_AMBIGUOUS,    /* failed after sending (timeout, reset) */
+    GW_T_OK,        /* an HTTP response arrived */
+    GW_T_NOT_SENT,  /* failed before any request byte left */
+    GW_T_AMBIGUOUS, /* failed after sending (timeout, reset) */
 };
 
 struct gw_response {
     enum gw_transport transport;
     long status;
-    json_t *headers;   /* object of lowercase name → value */
-    char *body;        /* raw body (capped) */
+    json_t *headers; /* object of lowercase name → value */
+    char *body;      /* raw body (capped) */
     size_t body_len;
-    char error[256];   /* transport error text */
+    char error[256]; /* transport error text */
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);
 
 enum gw_class {
-    GW_SUCCESS,        /* 2xx, 3xx → COMPLETED */
-    GW_RETRY,          /* not sent, or refused (408/429/503): retry */
-    GW_AMBIGUOUS,      /* outcome unknown: the `ambiguous` policy */
-    GW_CONFLICT,       /* 409: onConflict */
-    GW_CLIENT_ERROR,   /* other 4xx: clientErrorMode */
+    GW_SUCCESS,      /* 2xx, 3xx → COMPLETED */
+    GW_RETRY,        /* not sent, or refused (408/429/503): retry */
+    GW_AMBIGUOUS,    /* outcome unknown: the `ambiguous` policy */
+    GW_CONFLICT,     /* 409: onConflict */
+    GW_CLIENT_ERROR, /* other 4xx: clientErrorMode */
 };
 
 /* Classifies per the spec's table.  *retry_after_ms receives Retry-After

@@ -13,17 +13,17 @@
 #include "base/err.h"
 
 struct http_call {
-    const char *method;        /* "GET", "POST", … */
+    const char *method; /* "GET", "POST", … */
     const char *url;
-    const char *body;          /* NULL for none; sent as application/json */
+    const char *body;           /* NULL for none; sent as application/json */
     const char *const *headers; /* NULL-terminated "Name: value" lines, or NULL */
-    long timeout_ms;           /* 0 = 30000 */
-    size_t max_response;       /* 0 = 16 MiB */
+    long timeout_ms;            /* 0 = 30000 */
+    size_t max_response;        /* 0 = 16 MiB */
 };
 
 struct http_reply {
     long status;
-    char *body;   /* NUL-terminated; caller frees (http_reply_clear) */
+    char *body; /* NUL-terminated; caller frees (http_reply_clear) */
     size_t len;
 };
 

@@ -18,9 +18,9 @@
 #include "base/err.h"
 
 struct http_req {
-    const char *method;   /* "GET", "POST", … */
-    const char *path;     /* percent-decoded path, without the query */
-    const char *body;     /* NUL-terminated; "" when empty */
+    const char *method; /* "GET", "POST", … */
+    const char *path;   /* percent-decoded path, without the query */
+    const char *body;   /* NUL-terminated; "" when empty */
     size_t body_len;
     /* Lookups (case-insensitive for headers); NULL when absent.  Borrowed,
      * valid for the duration of the handler call. */
@@ -37,7 +37,7 @@ struct http_res {
     char *body;               /* owned by the response (freed after send) */
     size_t body_len;
     struct {
-        char *name, *value;   /* owned */
+        char *name, *value; /* owned */
     } headers[HTTP_MAX_RES_HEADERS];
     int nheaders;
 };
@@ -55,10 +55,10 @@ typedef void (*http_handler_fn)(void *ctx, const struct http_req *req, struct ht
 typedef void (*http_toobig_fn)(void *ctx, size_t limit, struct http_res *res);
 
 struct http_opts {
-    const char *listen;     /* "HOST:PORT" (IPv4) or "[ADDR]:PORT"; port 0 = any free */
-    size_t max_body;        /* bytes; default 1 MiB */
-    unsigned conn_limit;    /* default 1024 */
-    unsigned timeout_s;     /* idle connection timeout; default 60 */
+    const char *listen;  /* "HOST:PORT" (IPv4) or "[ADDR]:PORT"; port 0 = any free */
+    size_t max_body;     /* bytes; default 1 MiB */
+    unsigned conn_limit; /* default 1024 */
+    unsigned timeout_s;  /* idle connection timeout; default 60 */
     http_handler_fn handler;
     http_toobig_fn toobig;
     void *ctx;

@@ -95,9 +95,8 @@ static enum MHD_Result toobig(struct http_server *s, struct MHD_Connection *conn
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     struct http_server *s = cls;
     struct reqctx *c = *con_cls;
@@ -106,8 +105,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         buf_init(&c->body, s->o.max_body);
         c->conn = conn;
         *con_cls = c;
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *cl =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end = NULL;
             unsigned long long n = strtoull(cl, &end, 10);
@@ -189,8 +188,7 @@ int http_sf_string(const char *h, char *out, size_t cap)
             return IFL_EINVAL;
     } else {
         for (const char *p = h; *p; p++) {
-            if ((unsigned char)*p <= 0x20 || (unsigned char)*p > 0x7e || *p == '"' ||
-                n + 1 >= cap)
+            if ((unsigned char)*p <= 0x20 || (unsigned char)*p > 0x7e || *p == '"' || n + 1 >= cap)
                 return IFL_EINVAL;
             out[n++] = *p;
         }
@@ -253,12 +251,11 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
     s->o = *o;
     if (!s->o.max_body)
         s->o.max_body = 1u << 20;
-    s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                            s, MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
+    s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                            sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
                             MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!s->d) {
         free(s);
         return err_set(e, IFL_EIO, "cannot listen on %s (in use or not permitted)", o->listen);

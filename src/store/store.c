@@ -296,8 +296,7 @@ int store_secret_get(struct store *s, const char *ws, const char *name, char **s
     return s->ops->secret_get(s, ws, name, sealed, e);
 }
 
-int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n,
-                      struct ifl_err *e)
+int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n, struct ifl_err *e)
 {
     *names = NULL;
     *n = 0;
@@ -383,8 +382,7 @@ static int cursor_parse(const char *c, int64_t *ts, char id[65])
 }
 
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
-                         struct store_execution **items, size_t *n, char **next,
-                         struct ifl_err *e)
+                         struct store_execution **items, size_t *n, char **next, struct ifl_err *e)
 {
     int64_t ts = INT64_MAX;
     char id[65];
@@ -514,14 +512,14 @@ void store_idem_clear(struct store_idem *r)
     memset(r, 0, sizeof *r);
 }
 
-#define ZERO_OUT(items, n)                                                                      \
-    do {                                                                                        \
-        *(items) = NULL;                                                                        \
-        *(n) = 0;                                                                               \
+#define ZERO_OUT(items, n)                                                                         \
+    do {                                                                                           \
+        *(items) = NULL;                                                                           \
+        *(n) = 0;                                                                                  \
     } while (0)
 
-int store_steps_get(struct store *s, const char *execution_id, struct store_step **items,
-                    size_t *n, struct ifl_err *e)
+int store_steps_get(struct store *s, const char *execution_id, struct store_step **items, size_t *n,
+                    struct ifl_err *e)
 {
     ZERO_OUT(items, n);
     return s->ops->steps_get(s, execution_id, items, n, e);
@@ -541,8 +539,8 @@ int store_claim(struct store *s, const char *worker, int limit, int64_t now, int
     return s->ops->claim(s, worker, limit, now, lease_ms, items, n, e);
 }
 
-int store_lease_renew(struct store *s, const char *execution_id, const char *vertex,
-                      int64_t epoch, int64_t until, int *ok, struct ifl_err *e)
+int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
+                      int64_t until, int *ok, struct ifl_err *e)
 {
     *ok = 0;
     return s->ops->lease_renew(s, execution_id, vertex, epoch, until, ok, e);

@@ -89,8 +89,7 @@ int store_secret_get(struct store *s, const char *ws, const char *name, char **s
                      struct ifl_err *e);
 /* *names is a heap array of heap strings, sorted; free with
  * store_strv_free(names, n). */
-int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n,
-                      struct ifl_err *e);
+int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n, struct ifl_err *e);
 void store_strv_free(char **v, size_t n);
 
 /* ---- executions --------------------------------------------------------- */
@@ -98,12 +97,12 @@ struct store_execution {
     char id[65];
     char *workspace, *workflow, *entry_point;
     int workflow_version;
-    char *identity;     /* JSON object text: {"mode": …, …} */
-    char *payload;      /* JSON text */
+    char *identity; /* JSON object text: {"mode": …, …} */
+    char *payload;  /* JSON text */
     char payload_hash[65];
     int test;
-    char *status;       /* running | completed | failed | requires_reconciliation */
-    int64_t version;    /* aggregate version, +1 per change */
+    char *status;    /* running | completed | failed | requires_reconciliation */
+    int64_t version; /* aggregate version, +1 per change */
     int64_t created_at, updated_at;
     char *started_over_from; /* NULL when none */
 };
@@ -126,8 +125,7 @@ int store_execution_get(struct store *s, const char *ws, const char *id,
  * frees with store_execution_list_free; *next is a heap cursor or NULL at
  * the end.  IFL_EINVAL for a malformed cursor. */
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
-                         struct store_execution **items, size_t *n, char **next,
-                         struct ifl_err *e);
+                         struct store_execution **items, size_t *n, char **next, struct ifl_err *e);
 void store_execution_list_free(struct store_execution *items, size_t n);
 
 /* ---- steps (layer 2) -------------------------------------------------------
@@ -151,17 +149,17 @@ struct store_step {
     char execution_id[65];
     char *vertex;
     char *workspace;
-    char *kind;          /* vertex type: ENTRY_POINT | TRANSFORM | GATEWAY */
+    char *kind; /* vertex type: ENTRY_POINT | TRANSFORM | GATEWAY */
     enum step_state state;
     int attempts;
     int64_t epoch;
-    char *lease_owner;   /* NULL unless EXECUTING */
+    char *lease_owner; /* NULL unless EXECUTING */
     int64_t lease_expires_at;
     int64_t next_run_at;
-    int in_decided;      /* incoming edges decided so far */
-    int in_taken;        /* … of which taken */
-    char *output;        /* JSON text or NULL */
-    char *error;         /* JSON text {"code","message"} or NULL */
+    int in_decided; /* incoming edges decided so far */
+    int in_taken;   /* … of which taken */
+    char *output;   /* JSON text or NULL */
+    char *error;    /* JSON text {"code","message"} or NULL */
     int64_t updated_at;
 };
 void store_step_clear(struct store_step *st);
@@ -193,8 +191,8 @@ struct store_event {
 void store_events_free(struct store_event *v, size_t n);
 
 /* Steps of one execution, in vertex-name order (reads a committed snapshot). */
-int store_steps_get(struct store *s, const char *execution_id, struct store_step **items,
-                    size_t *n, struct ifl_err *e);
+int store_steps_get(struct store *s, const char *execution_id, struct store_step **items, size_t *n,
+                    struct ifl_err *e);
 /* Attempt history of one execution, oldest first. */
 int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
                        size_t *n, struct ifl_err *e);
@@ -216,8 +214,8 @@ void store_claims_free(struct store_claim *v, size_t n);
 int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                 struct store_claim **items, size_t *n, struct ifl_err *e);
 /* Extends a lease; *ok = 0 when the step is no longer ours (fenced). */
-int store_lease_renew(struct store *s, const char *execution_id, const char *vertex,
-                      int64_t epoch, int64_t until, int *ok, struct ifl_err *e);
+int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
+                      int64_t until, int *ok, struct ifl_err *e);
 /* Steps left EXECUTING whose lease expired before `now` (all EXECUTING
  * steps when now < 0), up to limit. */
 int store_expired(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,

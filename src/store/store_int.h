@@ -27,17 +27,16 @@ struct store_ops {
                        struct ifl_err *e);
     int (*execution_get)(struct store *s, const char *ws, const char *id,
                          struct store_execution *out, struct ifl_err *e);
-    int (*execution_list)(struct store *s, const char *ws, int64_t after_ts,
-                          const char *after_id, int limit, struct store_execution **items,
-                          size_t *n, struct ifl_err *e);
+    int (*execution_list)(struct store *s, const char *ws, int64_t after_ts, const char *after_id,
+                          int limit, struct store_execution **items, size_t *n, struct ifl_err *e);
     int (*steps_get)(struct store *s, const char *execution_id, struct store_step **items,
                      size_t *n, struct ifl_err *e);
     int (*attempts_get)(struct store *s, const char *execution_id, struct store_attempt **items,
                         size_t *n, struct ifl_err *e);
     int (*claim)(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                  struct store_claim **items, size_t *n, struct ifl_err *e);
-    int (*lease_renew)(struct store *s, const char *execution_id, const char *vertex,
-                       int64_t epoch, int64_t until, int *ok, struct ifl_err *e);
+    int (*lease_renew)(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
+                       int64_t until, int *ok, struct ifl_err *e);
     int (*expired)(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,
                    struct ifl_err *e);
     int (*next_due)(struct store *s, int64_t *when, struct ifl_err *e);
@@ -54,8 +53,8 @@ struct store_ops {
                         struct ifl_err *errs);
     int (*tx_execution_get)(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e);
-    int (*tx_execution_insert)(struct store_tx *tx, const struct store_execution *x,
-                               int *created, struct ifl_err *e);
+    int (*tx_execution_insert)(struct store_tx *tx, const struct store_execution *x, int *created,
+                               struct ifl_err *e);
     int (*tx_execution_set_status)(struct store_tx *tx, const char *id, const char *status,
                                    struct ifl_err *e);
     int (*tx_steps_get)(struct store_tx *tx, const char *execution_id, struct store_step **items,

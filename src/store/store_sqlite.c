@@ -423,8 +423,8 @@ static int job_ws_put(struct conn *c, void *arg, struct ifl_err *e)
     return rc;
 }
 
-static int op_workspace_put(struct store *base, const char *ws, const char *settings,
-                            int *created, struct ifl_err *e)
+static int op_workspace_put(struct store *base, const char *ws, const char *settings, int *created,
+                            struct ifl_err *e)
 {
     struct ws_put a = {ws, settings, 0};
     int rc = write_job((struct sq *)base, job_ws_put, &a, e);
@@ -652,8 +652,8 @@ out:
 
 /* ---- executions -------------------------------------------------------------------- */
 
-#define EXEC_COLS                                                                          \
-    "id, workspace, workflow, workflow_version, entry_point, identity, payload,"          \
+#define EXEC_COLS                                                                                  \
+    "id, workspace, workflow, workflow_version, entry_point, identity, payload,"                   \
     " payload_hash, test, status, version, created_at, updated_at, started_over_from"
 
 static void read_execution(sqlite3_stmt *st, struct store_execution *x)
@@ -674,7 +674,8 @@ static void read_execution(sqlite3_stmt *st, struct store_execution *x)
     x->started_over_from = col_str(st, 13);
 }
 
-static const char sql_exec_get[] = "SELECT " EXEC_COLS " FROM executions WHERE id = ? AND workspace = ?";
+static const char sql_exec_get[] =
+    "SELECT " EXEC_COLS " FROM executions WHERE id = ? AND workspace = ?";
 
 /* Reads one execution on connection c. */
 static int exec_get(struct conn *c, const char *ws, const char *id, struct store_execution *out,
@@ -799,8 +800,8 @@ static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
     return exec_get(txc(tx), ws, id, out, e);
 }
 
-static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x,
-                               int *created, struct ifl_err *e)
+static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x, int *created,
+                               struct ifl_err *e)
 {
     struct conn *c = txc(tx);
     static const char sql[] = "INSERT INTO executions (" EXEC_COLS ")"
@@ -846,8 +847,8 @@ static int tx_execution_set_status(struct store_tx *tx, const char *id, const ch
     return rc;
 }
 
-#define STEP_COLS                                                                          \
-    "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"         \
+#define STEP_COLS                                                                                  \
+    "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"                  \
     " lease_expires_at, next_run_at, in_decided, in_taken, output, error, updated_at"
 
 static void read_step(sqlite3_stmt *st, struct store_step *x)
@@ -891,7 +892,8 @@ static int collect_steps(struct conn *c, sqlite3_stmt *st, struct store_step **i
 }
 
 static const char sql_steps_of[] =
-    "SELECT " STEP_COLS " FROM steps WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) ORDER BY vertex";
+    "SELECT " STEP_COLS
+    " FROM steps WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) ORDER BY vertex";
 
 static int steps_of(struct conn *c, const char *id, struct store_step **items, size_t *n,
                     struct ifl_err *e)
@@ -954,7 +956,8 @@ static int tx_step_update(struct store_tx *tx, const struct store_step *x,
         "UPDATE steps SET state = ?, attempts = ?, epoch = ?, lease_owner = ?,"
         " lease_expires_at = ?, next_run_at = ?, in_decided = ?, in_taken = ?, output = ?,"
         " error = ?, updated_at = ?"
-        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) AND vertex = ? AND state = ?"
+        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) AND vertex = ? AND state "
+        "= ?"
         " AND (? < 0 OR epoch = ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
@@ -977,10 +980,10 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
                              struct ifl_err *e)
 {
     struct conn *c = txc(tx);
-    static const char sql[] =
-        "UPDATE step_attempts SET finished_at = ?, outcome = ?, error = ?"
-        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) AND vertex = ? AND epoch = ?"
-        " AND finished_at IS NULL";
+    static const char sql[] = "UPDATE step_attempts SET finished_at = ?, outcome = ?, error = ?"
+                              " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) "
+                              "AND vertex = ? AND epoch = ?"
+                              " AND finished_at IS NULL";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1304,8 +1307,8 @@ static int op_next_due(struct store *base, int64_t *when, struct ifl_err *e)
     return rc;
 }
 
-static int op_dead_letters(struct store *base, const char *ws, int limit,
-                           struct store_step **items, size_t *n, struct ifl_err *e)
+static int op_dead_letters(struct store *base, const char *ws, int limit, struct store_step **items,
+                           size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
     static const char sql[] =

@@ -165,9 +165,8 @@ static void test_stale_epoch_is_fenced(void **state)
     int ok = 0;
     assert_int_equal(store_lease_renew(s, XID, c[0].vertex, epoch + 1, 1, &ok, NULL), 0);
     assert_false(ok);
-    assert_int_equal(store_lease_renew(s, XID, c[0].vertex, epoch, clock_now_ms() + 1000, &ok,
-                                       NULL),
-                     0);
+    assert_int_equal(
+        store_lease_renew(s, XID, c[0].vertex, epoch, clock_now_ms() + 1000, &ok, NULL), 0);
     assert_true(ok);
     struct guarded stale = {epoch - 1, -1}, fresh = {epoch, -1}, again = {epoch, -1};
     assert_int_equal(store_tx_run(s, tx_complete, &stale, NULL), 0);

@@ -90,8 +90,10 @@ static void test_equal(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sha256_vector), cmocka_unit_test(test_hmac_rfc4231_case2),
-        cmocka_unit_test(test_base64_round_trip), cmocka_unit_test(test_seal_open),
+        cmocka_unit_test(test_sha256_vector),
+        cmocka_unit_test(test_hmac_rfc4231_case2),
+        cmocka_unit_test(test_base64_round_trip),
+        cmocka_unit_test(test_seal_open),
         cmocka_unit_test(test_equal),
     };
     return cmocka_run_group_tests_name("crypto", tests, NULL, NULL);

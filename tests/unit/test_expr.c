@@ -110,7 +110,8 @@ static void t_limits(void **s)
 {
     (void)s;
     struct expr_limits lim = {50, 1000, 0};
-    char *r = run("($f := function($n){ $n = 0 ? 0 : 1 + $f($n - 1) }; $f(1000))", NULL, NULL, &lim);
+    char *r =
+        run("($f := function($n){ $n = 0 ? 0 : 1 + $f($n - 1) }; $f(1000))", NULL, NULL, &lim);
     assert_string_equal(r, "ERR:U1001");
     free(r);
     struct expr_limits quick = {0, 50, 0};
@@ -140,11 +141,12 @@ static int secrets(void *ctx, const char *name, char **out)
 static void t_templates(void **s)
 {
     (void)s;
-    json_t *def = json_loads("{\"headers\":{\"Idempotency-Key\":\"= 'charge-' & payload.order.id\","
-                             "\"Authorization\":\"Bearer {{ secrets.PAYMENTS_KEY }}\"},"
-                             "\"body\":{\"order\":\"=payload.order.id\",\"none\":\"=payload.nope\"},"
-                             "\"n\":[1,\"=payload.nope\"],\"lit\":\"{{secrets}}\"}",
-                             0, NULL);
+    json_t *def =
+        json_loads("{\"headers\":{\"Idempotency-Key\":\"= 'charge-' & payload.order.id\","
+                   "\"Authorization\":\"Bearer {{ secrets.PAYMENTS_KEY }}\"},"
+                   "\"body\":{\"order\":\"=payload.order.id\",\"none\":\"=payload.nope\"},"
+                   "\"n\":[1,\"=payload.nope\"],\"lit\":\"{{secrets}}\"}",
+                   0, NULL);
     struct tmpl *t = NULL;
     struct ifl_err e;
     assert_int_equal(tmpl_compile(def, "/vertices/charge/config", &t, &e), 0);
@@ -212,8 +214,8 @@ static void t_concurrent(void **s)
     struct expr *x;
     struct expr_error e;
     assert_int_equal(expr_compile(src, strlen(src), &x, &e), 0);
-    json_t *in = json_loads("{\"payload\":{\"order\":{\"id\":\"A17\"},\"items\":[1,2,3,4]}}", 0,
-                            NULL);
+    json_t *in =
+        json_loads("{\"payload\":{\"order\":{\"id\":\"A17\"},\"items\":[1,2,3,4]}}", 0, NULL);
     pthread_t th[4];
     struct thr st[4];
     for (int i = 0; i < 4; i++) {

@@ -22,8 +22,7 @@ static json_t *parse(const char *s)
     return v;
 }
 
-static enum gw_class cls(enum gw_transport t, long status, const char *retry_after,
-                         int64_t *ra)
+static enum gw_class cls(enum gw_transport t, long status, const char *retry_after, int64_t *ra)
 {
     struct gw_response r = {.transport = t, .status = status, .headers = json_object()};
     if (retry_after)
@@ -78,8 +77,8 @@ static void test_backoff_full_jitter(void **state)
     json_decref(cfg);
     assert_int_equal(gw_backoff_ms(&p, 1, 0, 0.0), 0);
     assert_int_equal(gw_backoff_ms(&p, 1, 0, 0.999), 99);
-    assert_int_equal(gw_backoff_ms(&p, 3, 0, 0.5), 200);   /* cap 400 */
-    assert_int_equal(gw_backoff_ms(&p, 10, 0, 0.5), 500);  /* capped at maxInterval */
+    assert_int_equal(gw_backoff_ms(&p, 3, 0, 0.5), 200);     /* cap 400 */
+    assert_int_equal(gw_backoff_ms(&p, 10, 0, 0.5), 500);    /* capped at maxInterval */
     assert_int_equal(gw_backoff_ms(&p, 1, 5000, 0.5), 5000); /* never below Retry-After */
     for (int n = 1; n < 20; n++) {
         int64_t w = gw_backoff_ms(&p, n, 0, (double)rand() / ((double)RAND_MAX + 1));
@@ -165,7 +164,7 @@ static void test_secrets_are_masked(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_outcome_table),     cmocka_unit_test(test_retry_after_forms),
+        cmocka_unit_test(test_outcome_table),       cmocka_unit_test(test_retry_after_forms),
         cmocka_unit_test(test_backoff_full_jitter), cmocka_unit_test(test_policy_defaults),
         cmocka_unit_test(test_secrets_are_masked),
     };

@@ -82,8 +82,8 @@ static void test_fields_arrays_and_indexes(void **state)
 
 static void test_fields_rejects_bad_specs(void **state)
 {
-    const char *bad[] = {"\"\"", "\"a..b\"", "\".a\"", "\"a.\"", "[]", "[1]", "3",
-                         "\"a,,b\"", "\"a, a\"", "\"a b\""};
+    const char *bad[] = {"\"\"", "\"a..b\"", "\".a\"",   "\"a.\"",   "[]",
+                         "[1]",  "3",        "\"a,,b\"", "\"a, a\"", "\"a b\""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct id_fields f;
         json_t *spec = parse(bad[i]);

@@ -64,9 +64,10 @@ static void test_rejections(void **state)
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
                "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":{\"k\":[\"= 1 +\"]}}}}}",
                "/vertices/b/config/output/k/0");
-    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
-               "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\",\"method\":\"BREW\"}}}}",
-               "/vertices/g/config/method");
+    expect_bad(
+        "{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+        "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\",\"method\":\"BREW\"}}}}",
+        "/vertices/g/config/method");
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
                "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"= 'http://' &\"}}}}",
                "/vertices/g/config/url");

@@ -270,6 +270,9 @@ static void *worker_main(void *arg)
     struct engine *g = wa->g;
     char name[128];
     snprintf(name, sizeof name, "%s/w%d", g->worker_prefix, wa->index);
+    char tname[16];
+    snprintf(tname, sizeof tname, "worker-%d", wa->index);
+    pthread_setname_np(pthread_self(), tname);
     free(wa);
     for (;;) {
         pthread_mutex_lock(&g->wmu);
@@ -381,20 +384,21 @@ static int recover(struct engine *g, int64_t now)
 static void *sweeper_main(void *arg)
 {
     struct engine *g = arg;
+    pthread_setname_np(pthread_self(), "sweeper");
     int64_t period = g->run.lease_ms / 4;
     if (period < 20)
         period = 20;
     if (period > 2000)
         period = 2000;
     for (;;) {
+        /* Sleep a full period: work wake-ups share the condition variable,
+         * and must not turn the sweeper into a busy scanner. */
+        int64_t until = clock_now_ms() + period;
+        struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000L};
         pthread_mutex_lock(&g->wmu);
-        int stop = g->stopping;
-        if (!stop) {
-            int64_t until = clock_now_ms() + period;
-            struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000L};
+        while (!g->stopping && clock_now_ms() < until)
             pthread_cond_timedwait(&g->wcv, &g->wmu, &ts);
-            stop = g->stopping;
-        }
+        int stop = g->stopping;
         pthread_mutex_unlock(&g->wmu);
         if (stop)
             break;
@@ -409,6 +413,7 @@ static void *sweeper_main(void *arg)
 static void *listener_main(void *arg)
 {
     struct engine *g = arg;
+    pthread_setname_np(pthread_self(), "listener");
     for (;;) {
         pthread_mutex_lock(&g->wmu);
         int stop = g->stopping;

@@ -545,6 +545,7 @@ struct gw_client {
 static void *client_main(void *arg)
 {
     struct gw_client *c = arg;
+    pthread_setname_np(pthread_self(), "gateway");
     int inflight = 0;
     for (;;) {
         pthread_mutex_lock(&c->mu);

@@ -112,9 +112,12 @@ const struct store_migration store_migrations[] = {
      " error TEXT,"
      " updated_at BIGINT NOT NULL,"
      " PRIMARY KEY (execution_seq, vertex)) WITHOUT ROWID;"
-     "CREATE INDEX steps_due ON steps (state, next_run_at);"
-     "CREATE INDEX steps_lease ON steps (state, lease_expires_at);"
-     "CREATE INDEX steps_by_ws ON steps (workspace, state, updated_at);"
+     /* Partial indexes: a step is in at most one of them, and only while
+      * its state needs finding, so most step writes touch no index. */
+     "CREATE INDEX steps_due ON steps (next_run_at) WHERE state = 'DISPATCHED';"
+     "CREATE INDEX steps_lease ON steps (lease_expires_at) WHERE state = 'EXECUTING';"
+     "CREATE INDEX steps_by_ws ON steps (workspace, updated_at)"
+     " WHERE state IN ('FAILED', 'REQUIRES_RECONCILIATION');"
      "CREATE TABLE step_attempts ("
      " execution_seq BIGINT NOT NULL,"
      " vertex TEXT NOT NULL,"

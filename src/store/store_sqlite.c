@@ -227,6 +227,7 @@ static void run_batch(struct sq *s, struct job *batch)
 static void *writer_main(void *arg)
 {
     struct sq *s = arg;
+    pthread_setname_np(pthread_self(), "store-writer");
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->stopping)

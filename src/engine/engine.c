@@ -432,7 +432,18 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     json_object_set_new(d, "entryPoint", json_string(x->entry_point));
     if (x->started_over_from)
         json_object_set_new(d, "startedOverFrom", json_string(x->started_over_from));
-    if ((rc = event(tx, x->workspace, x->id, "execution.created", d, e)))
+    /* The row was inserted with version 1: its created event takes it. */
+    struct store_event ev = {0};
+    ev.workspace = (char *)x->workspace;
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", x->id);
+    ev.type = "execution.created";
+    ev.data = json_to_string(d);
+    json_decref(d);
+    ev.aggregate_version = 1;
+    ev.version_preset = 1;
+    rc = store_tx_event_append(tx, &ev, e);
+    free(ev.data);
+    if (rc)
         return rc;
     for (size_t i = 0; !rc && i < a->nrows; i++)
         if (a->rows[i].state == STEP_SKIPPED || a->rows[i].state == STEP_FAILED) {
@@ -551,6 +562,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     nx.payload = json_to_string(r->payload);
     snprintf(nx.payload_hash, sizeof nx.payload_hash, "%s", hash);
     nx.test = r->test;
+    nx.version = 1; /* execution.created */
     struct create_args ca = {.x = &nx, .existing = &x};
     rc = prepare_steps(g, w, (size_t)vi, &nx, r->payload, &ca);
     if (!rc)
@@ -741,6 +753,7 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     nx.payload = old.payload;
     memcpy(nx.payload_hash, old.payload_hash, sizeof nx.payload_hash);
     nx.test = old.test;
+    nx.version = 1; /* execution.created */
     nx.started_over_from = old.id;
     a.ca.x = &nx;
     a.ca.existing = &existing;

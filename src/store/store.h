@@ -187,6 +187,11 @@ struct store_event {
     char *type;
     char *data; /* JSON text */
     int64_t created_at;
+    /* On append: 1 when the caller already set the execution's version to
+     * aggregate_version in this transaction (an execution inserted with
+     * version 1 and its execution.created event), so the backend must not
+     * bump it again. */
+    int version_preset;
 };
 void store_events_free(struct store_event *v, size_t n);
 

@@ -154,7 +154,7 @@ static const struct {
                                       " ORDER BY created_at DESC, id DESC LIMIT $4"},
     [S_EXEC_INSERT] = {"ifl_exec_insert",
                        "INSERT INTO executions (" EXEC_COLS ")"
-                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13)"
+                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $14, $11, $12, $13)"
                        " ON CONFLICT (id) DO NOTHING RETURNING seq"},
     [S_EXEC_STATUS] = {"ifl_exec_status",
                        "UPDATE executions SET status = $1, updated_at = $2 WHERE id = $3"},
@@ -1302,6 +1302,7 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
     arg_i(&p, now);
     arg_i(&p, now);
     arg_s(&p, x->started_over_from);
+    arg_i(&p, x->version);
     PGresult *r = q(t, S_EXEC_INSERT, &p, e);
     if (!r)
         return t->fail_rc;
@@ -1451,12 +1452,13 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
     if (!ev->id[0] && crypto_random_hex32(ev->id))
         return err_set(e, IFL_EIO, "random generator failed");
     ev->created_at = clock_now_ms();
-    ev->aggregate_version = 0;
+    if (!ev->version_preset)
+        ev->aggregate_version = 0;
     struct args p = {0};
     arg_s(&p, ev->id);
     arg_s(&p, ev->workspace);
     PGresult *r;
-    if (ev->execution_id[0]) {
+    if (ev->execution_id[0] && !ev->version_preset) {
         arg_s(&p, ev->execution_id);
         arg_s(&p, ev->type);
         arg_s(&p, ev->data ? ev->data : "{}");
@@ -1472,8 +1474,8 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         if (!found)
             return err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
     } else {
-        arg_s(&p, NULL);
-        arg_i(&p, 0);
+        arg_s(&p, ev->execution_id[0] ? ev->execution_id : NULL);
+        arg_i(&p, ev->aggregate_version);
         arg_s(&p, ev->type);
         arg_s(&p, ev->data ? ev->data : "{}");
         arg_i(&p, ev->created_at);

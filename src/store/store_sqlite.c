@@ -68,6 +68,11 @@ struct sq {
     int stopping;
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
+    struct conn ckpt; /* the checkpointer's connection */
+    pthread_t ckpt_thread;
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    int ckpt_wanted, ckpt_stop, ckpt_running;
     struct conn *free_readers;
     int nreaders;
 };
@@ -191,11 +196,30 @@ static void reader_put(struct sq *s, struct conn *c)
 
 /* ---- the writer thread (group commit) ------------------------------------- */
 
+/* Transaction control through the statement cache: parsed once, not per
+ * job (sqlite3_exec re-parses every call). */
+static const char sql_begin[] = "BEGIN IMMEDIATE";
+static const char sql_savepoint[] = "SAVEPOINT job";
+static const char sql_release[] = "RELEASE job";
+static const char sql_rollback_to[] = "ROLLBACK TO job";
+static const char sql_commit[] = "COMMIT";
+
+static int ctl(struct conn *c, const char *sql, struct ifl_err *e)
+{
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    int r = sqlite3_step(st);
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, sql);
+    done_stmt(st);
+    return rc;
+}
+
 static void run_batch(struct sq *s, struct job *batch)
 {
     struct ifl_err e;
     struct conn *c = &s->writer;
-    int txrc = exec(c, "BEGIN IMMEDIATE", &e);
+    int txrc = ctl(c, sql_begin, &e);
     for (struct job *j = batch; j; j = j->next) {
         if (txrc) {
             j->rc = txrc;
@@ -203,16 +227,16 @@ static void run_batch(struct sq *s, struct job *batch)
             continue;
         }
         err_clear(&j->err);
-        if ((txrc = exec(c, "SAVEPOINT job", &e)))
+        if ((txrc = ctl(c, sql_savepoint, &e)))
             continue;
         j->rc = j->fn(c, j->arg, &j->err);
         if (j->rc)
-            txrc = exec(c, "ROLLBACK TO job", &e);
+            txrc = ctl(c, sql_rollback_to, &e);
         if (!txrc)
-            txrc = exec(c, "RELEASE job", &e);
+            txrc = ctl(c, sql_release, &e);
     }
     if (!txrc)
-        txrc = exec(c, "COMMIT", &e);
+        txrc = ctl(c, sql_commit, &e);
     if (txrc) {
         log_error("store.commit_failed", "%s", e.msg);
         exec(c, "ROLLBACK", NULL);
@@ -222,6 +246,53 @@ static void run_batch(struct sq *s, struct job *batch)
                 j->err = e;
             }
     }
+}
+
+/* ---- checkpoints, off the writer's path ------------------------------------- */
+
+/* The writer's WAL hook: past CKPT_FRAMES frames, wake the checkpointer
+ * (the writer itself never checkpoints: wal_autocheckpoint=0). */
+#define CKPT_FRAMES 2000
+
+static int on_wal(void *arg, sqlite3 *db, const char *name, int frames)
+{
+    struct sq *s = arg;
+    if (frames >= CKPT_FRAMES) {
+        pthread_mutex_lock(&s->cmu);
+        s->ckpt_wanted = 1;
+        pthread_cond_signal(&s->ccv);
+        pthread_mutex_unlock(&s->cmu);
+    }
+    return SQLITE_OK;
+}
+
+static void *checkpointer_main(void *arg)
+{
+    struct sq *s = arg;
+    pthread_setname_np(pthread_self(), "store-ckpt");
+    pthread_mutex_lock(&s->cmu);
+    for (;;) {
+        while (!s->ckpt_wanted && !s->ckpt_stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&s->ccv, &s->cmu, &ts);
+            if (!s->ckpt_wanted)
+                break; /* a periodic passive checkpoint keeps the WAL short */
+        }
+        if (s->ckpt_stop)
+            break;
+        s->ckpt_wanted = 0;
+        pthread_mutex_unlock(&s->cmu);
+        int log = 0, done = 0;
+        int rc =
+            sqlite3_wal_checkpoint_v2(s->ckpt.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+        if (rc != SQLITE_OK && rc != SQLITE_BUSY)
+            log_warn("store.checkpoint", "checkpoint failed: %s", sqlite3_errmsg(s->ckpt.db));
+        pthread_mutex_lock(&s->cmu);
+    }
+    pthread_mutex_unlock(&s->cmu);
+    return NULL;
 }
 
 static void *writer_main(void *arg)
@@ -289,6 +360,18 @@ static int write_job(struct sq *s, int (*fn)(struct conn *, void *, struct ifl_e
     if (j.rc && e)
         *e = j.err;
     return j.rc;
+}
+
+static void ckpt_stop(struct sq *s)
+{
+    if (!s->ckpt_running)
+        return;
+    pthread_mutex_lock(&s->cmu);
+    s->ckpt_stop = 1;
+    pthread_cond_signal(&s->ccv);
+    pthread_mutex_unlock(&s->cmu);
+    pthread_join(s->ckpt_thread, NULL);
+    s->ckpt_running = 0;
 }
 
 /* ---- column helpers --------------------------------------------------------- */
@@ -806,7 +889,7 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
 {
     struct conn *c = txc(tx);
     static const char sql[] = "INSERT INTO executions (" EXEC_COLS ")"
-                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                               " ON CONFLICT (id) DO NOTHING";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
@@ -822,9 +905,10 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
     bind_text(st, 8, x->payload_hash);
     sqlite3_bind_int(st, 9, x->test);
     bind_text(st, 10, x->status ? x->status : "running");
-    sqlite3_bind_int64(st, 11, now);
+    sqlite3_bind_int64(st, 11, x->version);
     sqlite3_bind_int64(st, 12, now);
-    bind_text(st, 13, x->started_over_from);
+    sqlite3_bind_int64(st, 13, now);
+    bind_text(st, 14, x->started_over_from);
     int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_insert");
     done_stmt(st);
     if (!rc)
@@ -1006,8 +1090,9 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
     if (!ev->id[0] && crypto_random_hex32(ev->id))
         return err_set(e, IFL_EIO, "random generator failed");
     ev->created_at = clock_now_ms();
-    ev->aggregate_version = 0;
-    if (ev->execution_id[0]) {
+    if (!ev->version_preset)
+        ev->aggregate_version = 0;
+    if (ev->execution_id[0] && !ev->version_preset) {
         static const char bump[] = "UPDATE executions SET version = version + 1, updated_at = ?"
                                    " WHERE id = ? RETURNING version";
         sqlite3_stmt *st = stmt(c, bump, e);
@@ -1386,6 +1471,8 @@ static void op_close(struct store *base)
     pthread_cond_signal(&s->cv_work);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    ckpt_stop(s);
+    conn_close(&s->ckpt);
     while (s->free_readers) {
         struct conn *c = s->free_readers;
         s->free_readers = c->next;
@@ -1399,6 +1486,8 @@ static void op_close(struct store *base)
     pthread_cond_destroy(&s->cv_work);
     pthread_mutex_destroy(&s->rmu);
     pthread_cond_destroy(&s->rcv);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
     free(s->path);
     free(s);
 }
@@ -1438,6 +1527,13 @@ static const struct store_ops sqlite_ops = {
     .execution_list = op_execution_list,
 };
 
+/* Process-wide: SQLite's memory statistics take a global mutex on every
+ * allocation; nothing here reads them. */
+static void sqlite_global_config(void)
+{
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+}
+
 int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
 {
     if (!sqlite3_threadsafe())
@@ -1450,6 +1546,10 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     pthread_cond_init(&s->cv_work, NULL);
     pthread_mutex_init(&s->rmu, NULL);
     pthread_cond_init(&s->rcv, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->ccv, NULL);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, sqlite_global_config);
     int rc;
     char *lockpath = xasprintf("%s.lock", path);
     s->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -1470,6 +1570,17 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
         goto fail_early;
     if ((rc = migrate(s, e)))
         goto fail_early;
+    if ((rc = exec(&s->writer, "PRAGMA wal_autocheckpoint=0", e)))
+        goto fail_early;
+    sqlite3_wal_hook(s->writer.db, on_wal, s);
+    if ((rc = conn_open(&s->ckpt, path, 1, e)))
+        goto fail_early;
+    exec(&s->ckpt, "PRAGMA query_only=0", NULL);
+    if (pthread_create(&s->ckpt_thread, NULL, checkpointer_main, s) != 0) {
+        rc = err_set(e, IFL_EIO, "cannot start the checkpoint thread");
+        goto fail_early;
+    }
+    s->ckpt_running = 1;
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
         rc = err_set(e, IFL_EIO, "cannot start the store writer thread");
         goto fail_early;
@@ -1477,6 +1588,8 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     *out = &s->base;
     return 0;
 fail_early:
+    ckpt_stop(s);
+    conn_close(&s->ckpt);
     conn_close(&s->writer);
     if (s->lockfd >= 0)
         close(s->lockfd);
@@ -1484,6 +1597,8 @@ fail_early:
     pthread_cond_destroy(&s->cv_work);
     pthread_mutex_destroy(&s->rmu);
     pthread_cond_destroy(&s->rcv);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
     free(s->path);
     free(s);
     return rc;

@@ -117,9 +117,13 @@ def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
     assert "this late outcome changed nothing" in s.logs()
     x = s.get(f"{WS}/executions/{xid}").json
     price = {st["vertex"]: st for st in x["steps"]}["price"]
-    assert price["state"] == "COMPLETED" and price["epoch"] == 2
+    assert price["state"] == "COMPLETED" and price["epoch"] >= 2
     outcomes = [(h["epoch"], h["outcome"]) for h in price["history"]]
-    assert outcomes == [(1, "lease_expired"), (2, "completed")], outcomes
+    # the stalled first attempt lost its lease; the completing attempt is the
+    # last (a slow build may lose one more lease on the way)
+    assert outcomes[0] == (1, "lease_expired"), outcomes
+    assert outcomes[-1] == (price["epoch"], "completed"), outcomes
+    assert all(o == "lease_expired" for _, o in outcomes[:-1]), outcomes
     assert x["status"] == "completed"
     # exactly one completion event for the step, though two workers ran it
     evs = [e for e in s.get(f"{WS}/events?limit=1000").json["items"]

@@ -303,8 +303,7 @@ json_t *engine_context(const struct store_execution *x, const struct store_step 
     return ctx;
 }
 
-/* JSONata's $boolean casting. */
-static int truthy(json_t *v)
+int engine_truthy(json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_TRUE:
@@ -319,7 +318,7 @@ static int truthy(json_t *v)
     case JSON_ARRAY: {
         size_t i;
         json_t *it;
-        json_array_foreach(v, i, it) if (truthy(it)) return 1;
+        json_array_foreach(v, i, it) if (engine_truthy(it)) return 1;
         return 0;
     }
     default:
@@ -343,7 +342,7 @@ void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d)
         d->error = steps_error_json(xe.code, msg);
         return;
     }
-    d->kind = out && truthy(out) ? EDGE_TAKEN : EDGE_NOT_TAKEN;
+    d->kind = out && engine_truthy(out) ? EDGE_TAKEN : EDGE_NOT_TAKEN;
     json_decref(out);
 }
 
@@ -395,20 +394,6 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
     return 0;
 }
 
-static int event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
-                 json_t *data, struct ifl_err *e)
-{
-    struct store_event ev = {0};
-    ev.workspace = (char *)ws;
-    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", xid);
-    ev.type = (char *)type;
-    ev.data = json_to_string(data);
-    json_decref(data);
-    int rc = store_tx_event_append(tx, &ev, e);
-    free(ev.data);
-    return rc;
-}
-
 /* One transaction: the execution row (the atomic dedup insert), its steps,
  * and its events. */
 static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -433,32 +418,23 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     if (x->started_over_from)
         json_object_set_new(d, "startedOverFrom", json_string(x->started_over_from));
     /* The row was inserted with version 1: its created event takes it. */
-    struct store_event ev = {0};
-    ev.workspace = (char *)x->workspace;
-    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", x->id);
-    ev.type = "execution.created";
-    ev.data = json_to_string(d);
-    json_decref(d);
-    ev.aggregate_version = 1;
-    ev.version_preset = 1;
-    rc = store_tx_event_append(tx, &ev, e);
-    free(ev.data);
-    if (rc)
+    if ((rc = steps_event(tx, x->workspace, x->id, "execution.created", d, 1, e)))
         return rc;
     for (size_t i = 0; !rc && i < a->nrows; i++)
         if (a->rows[i].state == STEP_SKIPPED || a->rows[i].state == STEP_FAILED) {
             json_t *sd = json_object();
             json_object_set_new(sd, "vertex", json_string(a->rows[i].vertex));
             json_object_set_new(sd, "state", json_string(store_step_state_name(a->rows[i].state)));
-            rc = event(tx, x->workspace, x->id,
-                       a->rows[i].state == STEP_SKIPPED ? "step.skipped" : "step.failed", sd, e);
+            rc = steps_event(tx, x->workspace, x->id,
+                             a->rows[i].state == STEP_SKIPPED ? "step.skipped" : "step.failed", sd,
+                             0, e);
         }
     if (!rc && strcmp(a->status, "running") != 0) {
         char type[64];
         snprintf(type, sizeof type, "execution.%s", a->status);
         json_t *sd = json_object();
         json_object_set_new(sd, "status", json_string(a->status));
-        rc = event(tx, x->workspace, x->id, type, sd, e);
+        rc = steps_event(tx, x->workspace, x->id, type, sd, 0, e);
     }
     return rc;
 }

@@ -75,6 +75,9 @@ size_t engine_gw_drain(struct engine *g);
 void engine_gw_renew_leases(struct engine *g);
 int engine_gw_inflight(struct engine *g);
 
+/* JSONata's $boolean casting of a result (NULL = undefined = false). */
+int engine_truthy(json_t *v);
+
 /* Evaluates an edge condition against ctx (borrowed) into *d. */
 void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d);
 /* The expression context {payload, steps, execution} (new reference). */

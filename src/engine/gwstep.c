@@ -304,25 +304,6 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
     o->attempt_outcome = why;
 }
 
-static int truthy(json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_TRUE:
-        return 1;
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return json_num(v) != 0;
-    case JSON_STRING:
-        return json_string_length(v) > 0;
-    case JSON_OBJECT:
-        return json_object_size(v) > 0;
-    case JSON_ARRAY:
-        return json_array_size(v) > 0;
-    default:
-        return 0;
-    }
-}
-
 /* Turns a finished call into an outcome.  Returns 1 when an outcome is ready
  * in *o (with texts in *out_text / *err_text), 0 when another call was
  * started instead (verify said "not done": re-send). */
@@ -341,8 +322,8 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, cha
             json_object_set(j->ctx, "response", out);
             json_t *res = NULL;
             struct expr_error xe = {0};
-            int done =
-                expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe) == 0 && res && truthy(res);
+            int done = expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe) == 0 && res &&
+                       engine_truthy(res);
             json_decref(res);
             json_object_del(j->ctx, "response");
             if (done) {

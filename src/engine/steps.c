@@ -168,8 +168,8 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
     *status = steps_status(r, w->nv);
 }
 
-static int append_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
-                        json_t *data /* stolen */, struct ifl_err *e)
+int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                json_t *data, int64_t preset_version, struct ifl_err *e)
 {
     struct store_event ev = {0};
     ev.workspace = (char *)ws;
@@ -177,6 +177,8 @@ static int append_event(struct store_tx *tx, const char *ws, const char *xid, co
     ev.type = (char *)type;
     ev.data = json_to_string(data);
     json_decref(data);
+    ev.aggregate_version = preset_version;
+    ev.version_preset = preset_version > 0;
     int rc = store_tx_event_append(tx, &ev, e);
     free(ev.data);
     return rc;
@@ -232,8 +234,8 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
             return err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
         enum step_state now_state = v->rows[r].state;
         if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING) {
-            rc = append_event(tx, ws, xid, step_event_type(v->rows[r].state),
-                              step_event_data(&v->rows[r]), e);
+            rc = steps_event(tx, ws, xid, step_event_type(v->rows[r].state),
+                             step_event_data(&v->rows[r]), 0, e);
             if (rc)
                 return rc;
         }
@@ -249,7 +251,7 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
     snprintf(type, sizeof type, "execution.%s", status);
     json_t *d = json_object();
     json_object_set_new(d, "status", json_string(status));
-    return append_event(tx, ws, xid, type, d, e);
+    return steps_event(tx, ws, xid, type, d, 0, e);
 }
 
 int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -308,8 +310,8 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
                                       o->attempt_outcome, o->error, e)))
         goto out;
     if (o->to != STEP_DISPATCHED &&
-        (rc = append_event(tx, o->workspace, o->execution_id, step_event_type(o->to),
-                           step_event_data(st), e)))
+        (rc = steps_event(tx, o->workspace, o->execution_id, step_event_type(o->to),
+                          step_event_data(st), 0, e)))
         goto out;
     if (o->to == STEP_COMPLETED && o->dec) {
         const struct wf_vertex *vx = &o->w->v[vi];
@@ -365,7 +367,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (!rc) {
             json_t *d = json_object();
             json_object_set_new(d, "retriedSteps", json_integer(a->retried));
-            rc = append_event(tx, a->workspace, a->execution_id, "execution.retried", d, e);
+            rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, 0, e);
         }
     }
     store_steps_free(rows, n);

@@ -76,6 +76,12 @@ struct steps_retry {
 };
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);
 
+/* Appends an event of execution xid inside tx; takes ownership of data.
+ * preset_version > 0: the caller already set the execution's version to it
+ * in this transaction (no bump). */
+int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                json_t *data, int64_t preset_version, struct ifl_err *e);
+
 /* JSON text {"code": code, "message": msg} (caller frees). */
 char *steps_error_json(const char *code, const char *msg);
 

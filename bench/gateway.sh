@@ -1,0 +1,348 @@
+#!/bin/bash
+# bench/gateway.sh — completed charge executions per second (trigger ->
+# GATEWAY POST to the mock provider -> TRANSFORM -> completed) with about 200
+# executions in flight, beside the outbound-call ceiling of the same client
+# against the same mock in the same run (issue 6, "Performance").
+#
+#   ceiling   build/bench/gwcalls: BENCH_CALLS POSTs to the mock's
+#             /v1/charges through the engine's gateway client (libcurl multi),
+#             BENCH_INFLIGHT in flight, a fresh Idempotency-Key each -> calls/s
+#             (BENCH_CEILING_RUNS runs; the median counts)
+#   engine    `idemflow serve` on each store of BENCH_STORES (a fresh SQLite
+#             database; a throwaway tests/pg.sh cluster), workflow
+#             ENTRY_POINT (order.id) -> GATEWAY POST /v1/charges
+#             (Idempotency-Key 'charge-' & order id) -> TRANSFORM.  A Python
+#             driver sends BENCH_EXECUTIONS new triggers over BENCH_DRIVER_CONNS
+#             keep-alive connections, never more than BENCH_INFLIGHT executions
+#             unfinished (it reads the engine's /metrics every 10 ms), then
+#             waits until all finished.  executions/s = completed /
+#             (max(updated_at) - min(created_at)); p50/p99 of updated_at -
+#             created_at, from the executions table.  The mock's /stats must
+#             show exactly one charge for every order.
+#
+# Environment (all optional): BUILD (build), IDEMFLOW_BIN, MOCKPAY_BIN,
+# GWCALLS_BIN ($BUILD/bench/gwcalls), BENCH_STORES ("sqlite postgres";
+# postgres is skipped when PostgreSQL is not installed), BENCH_EXECUTIONS
+# (5000), BENCH_INFLIGHT (200), BENCH_CALLS (20000), BENCH_CEILING_RUNS (3),
+# BENCH_DRIVER_CONNS (16), BENCH_WORKERS (2), BENCH_TIMEOUT (300 s per store),
+# BENCH_KEEP (1: keep the temp dir).
+#
+# Exit status 1 when a call or trigger got an unexpected status, an
+# execution did not complete, or an order was not charged exactly once.
+# Missing the 50 % target is reported, not an error.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-build}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+IDEMFLOW_BIN=${IDEMFLOW_BIN:-$BUILD/idemflow}
+MOCKPAY_BIN=${MOCKPAY_BIN:-$BUILD/idemflow-mockpay}
+GWCALLS_BIN=${GWCALLS_BIN:-$BUILD/bench/gwcalls}
+STORES=${BENCH_STORES:-sqlite postgres}
+EXECS=${BENCH_EXECUTIONS:-5000}
+INFLIGHT=${BENCH_INFLIGHT:-200}
+CALLS=${BENCH_CALLS:-20000}
+CEIL_RUNS=${BENCH_CEILING_RUNS:-3}
+DCONNS=${BENCH_DRIVER_CONNS:-16}
+WORKERS=${BENCH_WORKERS:-2}
+LIMIT=${BENCH_TIMEOUT:-300}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PY=/usr/bin/python3
+TARGET=50
+
+die() { echo "gateway: $*" >&2; exit 1; }
+for tool in curl timeout; do command -v $tool >/dev/null || die "$tool is required"; done
+[ -x "$PY" ] || die "$PY is required"
+for b in "$IDEMFLOW_BIN" "$MOCKPAY_BIN" "$GWCALLS_BIN"; do
+  [ -x "$b" ] || die "no binary at $b (run make)"
+done
+
+TMP=$(mktemp -d /tmp/idemflow-bench-gw.XXXXXX)
+PGDIR=""
+MOCK_PID="" ENGINE_PID=""
+stop_pid() { # stop_pid PID: SIGTERM, wait at most 20 s, then SIGKILL
+  [ -n "$1" ] || return 0
+  kill -TERM "$1" 2>/dev/null || true
+  timeout 20 tail --pid="$1" -f /dev/null 2>/dev/null || kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+cleanup() {
+  stop_pid "$ENGINE_PID"
+  stop_pid "$MOCK_PID"
+  if [ -n "$PGDIR" ]; then
+    IDEMFLOW_PG_DIR=$PGDIR "$ROOT/tests/pg.sh" stop >/dev/null 2>&1 || true
+    rm -rf "$PGDIR"
+  fi
+  if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# CPU taken by other processes meanwhile, in % of all CPUs: the machine's
+# busy time minus this script's process tree (and the cluster's, $PGROOT)
+# minus kernel threads.  foreign_snap FILE; foreign_pct A B.
+PGROOT=0
+foreign_snap() {
+  { awk '$1 == "cpu" { for (i = 2; i <= NF; i++) t += $i; print "T", t, t - $5 - $6 }' /proc/stat
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v me=$$ -v pg="$PGROOT" '
+      { pid = $1; line = $0; sub(/^.*\) /, "", line); split(line, f, " ")
+        ppid[pid] = f[2]; t[pid] = f[12] + f[13] + f[14] + f[15] }
+      END {
+        ours[me] = 1; ours[pg] = 1
+        do { grew = 0; for (p in ppid) if (!(p in ours) && (ppid[p] in ours)) { ours[p] = 1; grew = 1 } } while (grew)
+        for (p in t) if (p in ours) print "O", p, t[p]; else if (p == 2 || ppid[p] == 2) print "K", p, t[p] }'
+  } >"$1"
+}
+foreign_pct() {
+  awk 'NR == FNR { if ($1 == "T") { t0 = $2; b0 = $3 } else a[$1 " " $2] = $3; next }
+       $1 == "T" { tot = $2 - t0; busy = $3 - b0; next }
+       { mine += $3 - (($1 " " $2) in a ? a[$1 " " $2] : 0) }
+       END { f = tot > 0 ? 100 * (busy - mine) / tot : 0; printf "%d", (f < 0 ? 0 : f) }' "$1" "$2"
+}
+field() { tr ' ' '\n' <"$1" | sed -n "s/^$2=//p"; }
+
+# ---- the mock provider and the ceiling -----------------------------------------
+"$MOCKPAY_BIN" --listen 127.0.0.1:0 --quiet >"$TMP/mock.out" 2>"$TMP/mock.err" &
+MOCK_PID=$!
+MP=""
+for _ in $(seq 1 200); do
+  MP=$(grep -o '"port":[0-9]*' "$TMP/mock.out" 2>/dev/null | cut -d: -f2 || true)
+  [ -n "$MP" ] && break
+  kill -0 "$MOCK_PID" 2>/dev/null || die "mockpay did not start: $(cat "$TMP/mock.err")"
+  sleep 0.05
+done
+[ -n "$MP" ] || die "mockpay did not report its port"
+MOCK=http://127.0.0.1:$MP
+
+echo "gateway: $(nproc) CPUs; ceiling $CEIL_RUNS x $CALLS calls, $INFLIGHT in flight;" \
+  "engine: $EXECS executions, <= $INFLIGHT in flight, $WORKERS workers; stores: $STORES"
+for r in $(seq 1 "$CEIL_RUNS"); do
+  foreign_snap "$TMP/cpu.0"
+  timeout $((LIMIT)) "$GWCALLS_BIN" "$MOCK/v1/charges" "$CALLS" "$INFLIGHT" "ceiling-r$r" \
+    >"$TMP/ceiling.$r" 2>"$TMP/ceiling.$r.err" || die "gwcalls failed: $(cat "$TMP/ceiling.$r.err")"
+  foreign_snap "$TMP/cpu.1"
+  sed -i "s/^RESULT //; s/\$/ foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")/" "$TMP/ceiling.$r"
+  printf '  ceiling run %d: %s\n' "$r" "$(cat "$TMP/ceiling.$r")"
+done
+CEIL_FILE=$(for r in $(seq 1 "$CEIL_RUNS"); do echo "$(field "$TMP/ceiling.$r" cps) $TMP/ceiling.$r"; done |
+  sort -g | awk '{a[NR] = $2} END {print a[int((NR + 1) / 2)]}')
+CEIL=$(field "$CEIL_FILE" cps)
+curl -fsS --max-time 10 -XPOST "$MOCK/reset" >/dev/null || die "POST /reset failed"
+
+# ---- the driver: new triggers, at most INFLIGHT executions unfinished ---------
+cat >"$TMP/driver.py" <<'EOF'
+import re, socket, sys, threading, time
+port, path, total, target, conns, run, limit = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]),
+    int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], float(sys.argv[7]))
+FIN = re.compile(rb'idemflow_executions_finished_total\{status="(?:completed|failed)"\} (\d+)')
+cv = threading.Condition()
+state = {"next": 0, "finished": 0, "statuses": {}, "errors": 0, "stop": False}
+samples = []
+
+def connect():
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+def roundtrip(s, req, buf):
+    s.sendall(req)
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    status = int(head[9:12])
+    m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+    n = int(m.group(1)) if m else 0
+    while len(rest) < n:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        rest += chunk
+    return status, rest[:n], rest[n:]
+
+def poller():
+    s, buf = connect(), b""
+    req = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    while True:
+        _, body, buf = roundtrip(s, req, buf)
+        fin = sum(int(x) for x in FIN.findall(body))
+        with cv:
+            state["finished"] = fin
+            if state["next"] < total:  # the sending phase only
+                samples.append(state["next"] - fin)
+            cv.notify_all()
+            if state["stop"]:
+                return
+        time.sleep(0.01)
+
+def sender():
+    s, buf = connect(), b""
+    while True:
+        with cv:
+            while state["next"] < total and state["next"] - state["finished"] >= target:
+                cv.wait(0.5)
+            if state["next"] >= total:
+                return
+            i = state["next"]
+            state["next"] += 1
+        body = ('{"order":{"id":"gw-%s-%d","amount":1250,"currency":"EUR"},'
+                '"customer":"c-0042","note":"bench"}' % (run, i)).encode()
+        req = (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+               b"\r\n\r\n" + body)
+        try:
+            status, _, buf = roundtrip(s, req, buf)
+        except OSError:
+            status = -1
+            s.close()
+            s, buf = connect(), b""
+        with cv:
+            state["statuses"][status] = state["statuses"].get(status, 0) + 1
+
+t0 = time.time()
+pt = threading.Thread(target=poller, daemon=True)
+pt.start()
+ts = [threading.Thread(target=sender) for _ in range(conns)]
+for t in ts: t.start()
+for t in ts: t.join()
+sent = time.time() - t0
+with cv:
+    while state["finished"] < total and time.time() - t0 < limit:
+        cv.wait(0.5)
+    state["stop"] = True
+    fin = state["finished"]
+pt.join(5)
+busy = samples
+st = state["statuses"]
+print("RESULT sent=%d ok=%d other=%d finished=%d send_secs=%.2f secs=%.2f trig_rps=%.1f "
+      "inflight_avg=%.0f inflight_max=%d statuses=%s" % (
+      total, st.get(201, 0), total - st.get(201, 0), fin, sent, time.time() - t0, total / sent,
+      sum(busy) / len(busy) if busy else 0, max(busy) if busy else 0,
+      ",".join("%s:%d" % kv for kv in sorted(st.items()))))
+EOF
+
+wait_port() { # wait_port LOG PID -> the engine's port (at most 30 s)
+  local port
+  for _ in $(seq 1 600); do
+    port=$(grep -oE 'listening on [^ ]+ port [0-9]+' "$1" 2>/dev/null | head -1 | grep -oE '[0-9]+$' || true)
+    if [ -n "$port" ]; then echo "$port"; return 0; fi
+    kill -0 "$2" 2>/dev/null || { cat "$1" >&2; return 1; }
+    sleep 0.05
+  done
+  return 1
+}
+call() { # call BASE METHOD PATH BODY
+  local code
+  code=$(curl -sS --max-time 20 -o "$TMP/last.json" -w '%{http_code}' -X "$2" \
+    -H 'Content-Type: application/json' --data-binary "$4" "$1$3") || die "$2 $3: curl failed"
+  [[ $code =~ ^20[01]$ ]] || die "$2 $3: got $code: $(cat "$TMP/last.json")"
+}
+
+KEY=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+TRIGGER=/v1/workspaces/bench/workflows/charge/entry-points/start/trigger
+FAIL=0
+for store in $STORES; do
+  case $store in
+    sqlite) DBURL="sqlite:$TMP/gw.db" ;;
+    postgres)
+      if [ ! -x "$PG_BIN/initdb" ] || ! command -v psql >/dev/null; then
+        echo "  postgres: skipped (no PostgreSQL in $PG_BIN)"; continue
+      fi
+      PGDIR=$(mktemp -d /tmp/idemflow-bench-gwpg.XXXXXX)
+      IDEMFLOW_PG_DIR=$PGDIR "$ROOT/tests/pg.sh" start >/dev/null || die "cannot start a PostgreSQL cluster"
+      PGROOT=$(head -1 "$PGDIR/data/postmaster.pid")
+      admin=$(IDEMFLOW_PG_DIR=$PGDIR "$ROOT/tests/pg.sh" url)
+      psql -X -q -v ON_ERROR_STOP=1 "$admin" -c 'CREATE DATABASE gw' || die "CREATE DATABASE failed"
+      DBURL=${admin%/*}/gw ;;
+    *) die "unknown store '$store' (sqlite, postgres)" ;;
+  esac
+  IDEMFLOW_SECRETS_KEY=$KEY "$IDEMFLOW_BIN" serve --listen 127.0.0.1:0 --db "$DBURL" \
+    --workers "$WORKERS" >"$TMP/engine.$store.log" 2>&1 &
+  ENGINE_PID=$!
+  EP=$(wait_port "$TMP/engine.$store.log" "$ENGINE_PID") || die "idemflow did not start on $store"
+  base=http://127.0.0.1:$EP
+  call "$base" PUT /v1/workspaces/bench '{}'
+  call "$base" PUT /v1/workspaces/bench/workflows/charge '{
+    "vertices": {
+      "start": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "order.id"}},
+      "charge": {"type": "GATEWAY", "config": {"method": "POST", "url": "'"$MOCK"'/v1/charges",
+        "headers": {"Idempotency-Key": "= '\''charge-'\'' & payload.order.id"},
+        "body": {"order": "= payload.order.id", "amount": 100}}},
+      "receipt": {"type": "TRANSFORM", "config": {"output": {"order": "= payload.order.id", "charge": "= steps.charge.body.id"}}}},
+    "edges": [{"from": "start", "to": "charge"}, {"from": "charge", "to": "receipt"}]}'
+
+  foreign_snap "$TMP/cpu.0"
+  timeout $((LIMIT + 30)) $PY "$TMP/driver.py" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" \
+    >"$TMP/driver.$store" 2>"$TMP/driver.$store.err" || die "driver failed on $store: $(tail -5 "$TMP/driver.$store.err")"
+  foreign_snap "$TMP/cpu.1"
+  foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")
+  sed -i 's/^RESULT //' "$TMP/driver.$store"
+  stop_pid "$ENGINE_PID"
+  ENGINE_PID=""
+
+  # From the store: rows, completed, span, p50/p99 (ms), completed steps.
+  if [ "$store" = sqlite ]; then
+    $PY - "$TMP/gw.db" >"$TMP/db.$store" <<'EOF'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+rows = c.execute("select status, created_at, updated_at from executions").fetchall()
+done = sorted(u - s for st, s, u in rows if st == "completed")
+span = (max(u for st, s, u in rows if st == "completed") - min(s for _, s, _ in rows)) if done else 0
+pct = lambda p: done[min(len(done) - 1, int(p / 100 * len(done)))] if done else 0
+steps = c.execute("select count(*) from steps where state = 'COMPLETED'").fetchone()[0]
+print(len(rows), len(done), span, pct(50), pct(99), steps)
+EOF
+  else
+    psql -X -q -At -F ' ' -v ON_ERROR_STOP=1 "$DBURL" -c "SELECT count(*),
+        count(*) FILTER (WHERE status = 'completed'),
+        coalesce(max(updated_at) FILTER (WHERE status = 'completed') - min(created_at), 0),
+        coalesce(percentile_disc(0.5) WITHIN GROUP (ORDER BY updated_at - created_at) FILTER (WHERE status = 'completed'), 0),
+        coalesce(percentile_disc(0.99) WITHIN GROUP (ORDER BY updated_at - created_at) FILTER (WHERE status = 'completed'), 0),
+        (SELECT count(*) FROM steps WHERE state = 'COMPLETED')
+      FROM executions" >"$TMP/db.$store"
+  fi
+  read -r rows completed span p50 p99 steps <"$TMP/db.$store"
+
+  # The provider's count: exactly one charge per order, one order per execution.
+  curl -fsS --max-time 30 "$MOCK/stats" >"$TMP/stats.$store" || die "GET /stats failed"
+  curl -fsS --max-time 10 -XPOST "$MOCK/reset" >/dev/null || die "POST /reset failed"
+  read -r charges orders once replays < <($PY - "$TMP/stats.$store" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+per = s["charges_per_order"]
+print(s["charges"], len(per), sum(1 for v in per.values() if v == 1), s.get("replays", 0))
+EOF
+)
+  eps=$(awk -v d="$completed" -v s="$span" 'BEGIN{printf "%.1f", (s > 0 ? 1000 * d / s : 0)}')
+  echo "$store $eps $p50 $p99 $(field "$TMP/driver.$store" trig_rps) $(field "$TMP/driver.$store" inflight_avg) $foreign" >>"$TMP/table"
+  printf '  %s: %s\n  %s: %d rows, %d completed (%d steps), %.0f executions/s, p50 %d ms, p99 %d ms;' \
+    "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99"
+  printf ' mock: %d charges, %d orders, %d charged once, %d replays; foreign %d%%\n' \
+    "$charges" "$orders" "$once" "$replays" "$foreign"
+  ok=$(field "$TMP/driver.$store" ok)
+  if [ "$ok" -ne "$EXECS" ]; then echo "FAIL: $store: $ok of $EXECS triggers answered 201" >&2; FAIL=1; fi
+  if [ "$rows" -ne "$EXECS" ] || [ "$completed" -ne "$EXECS" ] || [ "$steps" -ne $((3 * EXECS)) ]; then
+    echo "FAIL: $store: $completed of $rows executions completed ($steps steps), $EXECS triggered" >&2; FAIL=1
+  fi
+  if [ "$charges" -ne "$EXECS" ] || [ "$orders" -ne "$EXECS" ] || [ "$once" -ne "$EXECS" ]; then
+    echo "FAIL: $store: $charges charges for $orders orders, $once charged exactly once; want $EXECS" >&2; FAIL=1
+  fi
+done
+
+echo
+echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(uname -sr)"
+printf 'ceiling (gwcalls, same client): %.0f calls/s, p50 %s ms, p99 %s ms (median of %d; foreign %s%%)\n' \
+  "$CEIL" "$(field "$CEIL_FILE" p50_ms)" "$(field "$CEIL_FILE" p99_ms)" "$CEIL_RUNS" "$(field "$CEIL_FILE" foreign)"
+printf '%-9s %13s %9s %9s %11s %10s %15s %8s\n' store executions/s "p50 ms" "p99 ms" triggers/s "in flight" \
+  "exec/ceiling" foreign
+[ -f "$TMP/table" ] && awk -v c="$CEIL" -v t=$TARGET '{ r = 100 * $2 / c
+  printf "%-9s %13.0f %9d %9d %11.0f %10.0f %14.1f%% %7d%%   (target %d%%: %s)\n", $1, $2, $3, $4, $5, $6, r, $7, t,
+    (r >= t ? "met" : "NOT met") }' "$TMP/table"
+echo "(executions/s and p50/p99 (trigger -> completed) from executions.created_at/updated_at;"
+echo " triggers/s: the driver's rate; in flight: mean unfinished executions it saw; foreign: CPU of"
+echo " other processes, % of all CPUs)"
+fmax=$({ for r in $(seq 1 "$CEIL_RUNS"); do field "$TMP/ceiling.$r" foreign; done
+  [ -f "$TMP/table" ] && awk '{print $7}' "$TMP/table"; } | sort -n | tail -1)
+[ "${fmax:-0}" -le 10 ] || echo "WARNING: other processes took up to ${fmax}% of the CPUs; these figures are not representative"
+exit $FAIL

@@ -3,9 +3,10 @@
 # the missing ones.  Usage: scripts/deps.sh [build|test|bench]
 set -eu
 want="build-essential pkg-config curl libmicrohttpd-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev libjansson-dev"
+testdeps="libcmocka-dev python3 python3-pytest clang libclang-rt-14-dev postgresql sqlite3 procps"
 case "${1:-build}" in
-  test)  want="$want libcmocka-dev python3 python3-pytest clang libclang-rt-14-dev postgresql sqlite3 procps" ;;
-  bench) want="$want wrk python3"
+  test)  want="$want $testdeps" ;;
+  bench) want="$want $testdeps wrk linux-perf"
          command -v npm >/dev/null 2>&1 || want="$want nodejs npm" ;;
 esac
 missing=""

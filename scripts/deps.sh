@@ -6,7 +6,7 @@ want="build-essential pkg-config curl libmicrohttpd-dev libcurl4-openssl-dev lib
 testdeps="libcmocka-dev python3 python3-pytest clang libclang-rt-14-dev postgresql sqlite3 procps"
 case "${1:-build}" in
   test)  want="$want $testdeps" ;;
-  bench) want="$want $testdeps wrk linux-perf"
+  bench) want="$want $testdeps wrk"
          command -v npm >/dev/null 2>&1 || want="$want nodejs npm" ;;
 esac
 missing=""

@@ -78,7 +78,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
 /* ---- the runner: workers and the lease sweeper (runner.c) ---------------- */
 
 struct engine_run_opts {
-    int workers;      /* worker threads; default 2 */
+    int workers;      /* worker threads; default 4 (more batches in each group commit) */
     int64_t lease_ms; /* step lease; default 15000 */
     int batch;        /* steps claimed per round trip; default 16 */
 };

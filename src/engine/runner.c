@@ -433,7 +433,7 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         return 0;
     g->run = *o;
     if (g->run.workers <= 0)
-        g->run.workers = 2;
+        g->run.workers = 4;
     if (g->run.lease_ms <= 0)
         g->run.lease_ms = 15000;
     if (g->run.batch <= 0)

@@ -194,6 +194,34 @@ static void reader_put(struct sq *s, struct conn *c)
     pthread_mutex_unlock(&s->rmu);
 }
 
+/* A pooled reader and a prepared statement for sql, or NULL (reader
+ * returned, *e filled).  Pair with read_end. */
+static sqlite3_stmt *read_begin(struct sq *s, const char *sql, struct conn **c, struct ifl_err *e)
+{
+    *c = reader_get(s, e);
+    if (!*c)
+        return NULL;
+    sqlite3_stmt *st = stmt(*c, sql, e);
+    if (!st)
+        reader_put(s, *c);
+    return st;
+}
+
+static void read_end(struct sq *s, struct conn *c, sqlite3_stmt *st)
+{
+    done_stmt(st);
+    reader_put(s, c);
+}
+
+/* Makes room for one more element in a doubling heap array. */
+static void *grow(void *items, size_t n, size_t *cap, size_t size)
+{
+    if (n < *cap)
+        return items;
+    *cap = *cap ? *cap * 2 : 8;
+    return xrealloc(items, *cap * size);
+}
+
 /* ---- the writer thread (group commit) ------------------------------------- */
 
 /* Transaction control through the statement cache: parsed once, not per
@@ -707,30 +735,19 @@ static int op_secret_list(struct store *base, const char *ws, char ***names, siz
 {
     struct sq *s = (struct sq *)base;
     static const char sql[] = "SELECT name FROM secrets WHERE workspace = ? ORDER BY name";
-    struct conn *c = reader_get(s, e);
-    if (!c)
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
         return IFL_ESTORE;
-    int rc = 0;
-    size_t cap = 0;
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st) {
-        rc = IFL_ESTORE;
-        goto out;
-    }
     bind_text(st, 1, ws);
+    size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 8;
-            *names = xrealloc(*names, cap * sizeof **names);
-        }
+        *names = grow(*names, *n, &cap, sizeof **names);
         (*names)[(*n)++] = col_str(st, 0);
     }
-    if (r != SQLITE_DONE)
-        rc = db_err(c, e, "secret_list");
-    done_stmt(st);
-out:
-    reader_put(s, c);
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "secret_list");
+    read_end(s, c, st);
     return rc;
 }
 
@@ -801,15 +818,10 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
     static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?"
                               " AND (created_at, id) < (?, ?)"
                               " ORDER BY created_at DESC, id DESC LIMIT ?";
-    struct conn *c = reader_get(s, e);
-    if (!c)
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
         return IFL_ESTORE;
-    int rc = 0;
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st) {
-        rc = IFL_ESTORE;
-        goto out;
-    }
     bind_text(st, 1, ws);
     sqlite3_bind_int64(st, 2, after_ts);
     bind_text(st, 3, after_id);
@@ -818,11 +830,8 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW && *n < (size_t)limit)
         read_execution(st, &(*items)[(*n)++]);
-    if (r != SQLITE_ROW && r != SQLITE_DONE)
-        rc = db_err(c, e, "execution_list");
-    done_stmt(st);
-out:
-    reader_put(s, c);
+    int rc = r == SQLITE_ROW || r == SQLITE_DONE ? 0 : db_err(c, e, "execution_list");
+    read_end(s, c, st);
     return rc;
 }
 
@@ -964,10 +973,7 @@ static int collect_steps(struct conn *c, sqlite3_stmt *st, struct store_step **i
     size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 8;
-            *items = xrealloc(*items, cap * sizeof **items);
-        }
+        *items = grow(*items, *n, &cap, sizeof **items);
         memset(&(*items)[*n], 0, sizeof **items);
         read_step(st, &(*items)[(*n)++]);
     }
@@ -1198,23 +1204,15 @@ static int op_attempts_get(struct store *base, const char *execution_id,
         "SELECT execution_id, vertex, epoch, worker, started_at, finished_at, outcome, error"
         " FROM step_attempts WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?)"
         " ORDER BY started_at, vertex, epoch";
-    struct conn *c = reader_get(s, e);
-    if (!c)
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
         return IFL_ESTORE;
-    int rc = 0;
-    size_t cap = 0;
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st) {
-        rc = IFL_ESTORE;
-        goto out;
-    }
     bind_text(st, 1, execution_id);
+    size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 8;
-            *items = xrealloc(*items, cap * sizeof **items);
-        }
+        *items = grow(*items, *n, &cap, sizeof **items);
         struct store_attempt *a = &(*items)[(*n)++];
         memset(a, 0, sizeof *a);
         col_copy(st, 0, a->execution_id, sizeof a->execution_id);
@@ -1226,11 +1224,8 @@ static int op_attempts_get(struct store *base, const char *execution_id,
         a->outcome = col_str(st, 6);
         a->error = col_str(st, 7);
     }
-    if (r != SQLITE_DONE)
-        rc = db_err(c, e, "attempts_get");
-    done_stmt(st);
-out:
-    reader_put(s, c);
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "attempts_get");
+    read_end(s, c, st);
     return rc;
 }
 
@@ -1356,19 +1351,14 @@ static int op_expired(struct store *base, int64_t now, int limit, struct store_s
     struct sq *s = (struct sq *)base;
     static const char sql[] = "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING'"
                               " AND (? < 0 OR lease_expires_at < ?) LIMIT ?";
-    struct conn *c = reader_get(s, e);
-    if (!c)
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
         return IFL_ESTORE;
-    int rc;
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st) {
-        rc = IFL_ESTORE;
-    } else {
-        sqlite3_bind_int64(st, 1, now);
-        sqlite3_bind_int64(st, 2, now);
-        sqlite3_bind_int(st, 3, limit);
-        rc = collect_steps(c, st, items, n, e);
-    }
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_int(st, 3, limit);
+    int rc = collect_steps(c, st, items, n, e); /* finishes st */
     reader_put(s, c);
     return rc;
 }
@@ -1400,18 +1390,13 @@ static int op_dead_letters(struct store *base, const char *ws, int limit, struct
     static const char sql[] =
         "SELECT " STEP_COLS " FROM steps WHERE workspace = ?"
         " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION') ORDER BY updated_at DESC LIMIT ?";
-    struct conn *c = reader_get(s, e);
-    if (!c)
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
         return IFL_ESTORE;
-    int rc;
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st) {
-        rc = IFL_ESTORE;
-    } else {
-        bind_text(st, 1, ws);
-        sqlite3_bind_int(st, 2, limit);
-        rc = collect_steps(c, st, items, n, e);
-    }
+    bind_text(st, 1, ws);
+    sqlite3_bind_int(st, 2, limit);
+    int rc = collect_steps(c, st, items, n, e); /* finishes st */
     reader_put(s, c);
     return rc;
 }
@@ -1423,25 +1408,17 @@ static int op_events_list(struct store *base, const char *ws, int64_t after_seq,
     static const char sql[] =
         "SELECT seq, id, workspace, execution_id, aggregate_version, type, data, created_at"
         " FROM events WHERE workspace = ? AND seq > ? ORDER BY seq LIMIT ?";
-    struct conn *c = reader_get(s, e);
-    if (!c)
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
         return IFL_ESTORE;
-    int rc = 0;
-    size_t cap = 0;
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st) {
-        rc = IFL_ESTORE;
-        goto out;
-    }
     bind_text(st, 1, ws);
     sqlite3_bind_int64(st, 2, after_seq);
     sqlite3_bind_int(st, 3, limit);
+    size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            *items = xrealloc(*items, cap * sizeof **items);
-        }
+        *items = grow(*items, *n, &cap, sizeof **items);
         struct store_event *ev = &(*items)[(*n)++];
         memset(ev, 0, sizeof *ev);
         ev->seq = sqlite3_column_int64(st, 0);
@@ -1453,11 +1430,8 @@ static int op_events_list(struct store *base, const char *ws, int64_t after_seq,
         ev->data = col_str(st, 6);
         ev->created_at = sqlite3_column_int64(st, 7);
     }
-    if (r != SQLITE_DONE)
-        rc = db_err(c, e, "events_list");
-    done_stmt(st);
-out:
-    reader_put(s, c);
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "events_list");
+    read_end(s, c, st);
     return rc;
 }
 

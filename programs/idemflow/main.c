@@ -36,7 +36,7 @@ static void usage(FILE *f)
 {
     fputs("usage:\n"
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
-          "                 [--max-body BYTES] [--workers N] [--lease-ms MS]\n"
+          "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--test-clock]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
@@ -159,6 +159,7 @@ static int cmd_id(int argc, char **argv)
 struct serve_opts {
     const char *listen, *db, *load;
     size_t max_body;
+    int test_clock;
     struct engine_run_opts run;
 };
 
@@ -337,6 +338,8 @@ static int cmd_serve(int argc, char **argv)
             o.db = v, i++;
         else if (strcmp(a, "--load") == 0 && v)
             o.load = v, i++;
+        else if (strcmp(a, "--test-clock") == 0)
+            o.test_clock = 1;
         else if (strcmp(a, "--max-body") == 0 && v) {
             char *end = NULL;
             unsigned long long n = strtoull(v, &end, 10);
@@ -413,7 +416,11 @@ static int cmd_serve(int argc, char **argv)
         log_error("serve.engine", "%s", e.msg);
         goto out;
     }
-    api = api_new(g, &(struct api_opts){.max_body = o.max_body, .admin_token = admin});
+    if (o.test_clock)
+        log_warn("serve.test_clock",
+                 "POST /v1/test/clock may move this engine's clock forward (tests only)");
+    api = api_new(g, &(struct api_opts){
+                         .max_body = o.max_body, .admin_token = admin, .test_clock = o.test_clock});
     struct http_opts ho = {
         .listen = o.listen,
         .max_body = o.max_body,

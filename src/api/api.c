@@ -825,6 +825,36 @@ static void h_metrics(struct call *c)
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
 
+/* POST /v1/test/clock {"advanceMs": N}: moves the engine's wall clock
+ * forward (serve --test-clock only; 404 otherwise) and wakes the workers, so
+ * tests see Retry-After waits, backoff and deadlines pass without sleeping.
+ * Leases run on the same clock: advance only while no step is executing. */
+static void h_test_clock(struct call *c)
+{
+    if (!c->a->o.test_clock) {
+        api_problem(c->res, 404, "not-found", "no such resource", NULL);
+        return;
+    }
+    json_t *body = body_json(c, NULL);
+    if (!body)
+        return;
+    json_t *v = json_object_get(body, "advanceMs");
+    double d = json_is_number(v) ? json_number_value(v) : -1;
+    int64_t ms = d >= 1 && d <= 366.0 * 86400 * 1000 && d == (double)(int64_t)d ? (int64_t)d : -1;
+    json_decref(body);
+    if (ms < 1 || ms > 366LL * 86400 * 1000) {
+        api_problem(c->res, 422, "validation-error",
+                    "advanceMs must be an integer from 1 to 31622400000 (366 days)", "/advanceMs");
+        return;
+    }
+    int64_t off = clock_advance(ms);
+    engine_wake(c->a->g);
+    json_t *o = json_object();
+    json_object_set_new(o, "offsetMs", json_integer(off));
+    json_object_set_new(o, "now", ts_json(clock_now_ms()));
+    reply_json(c->res, 200, o);
+}
+
 /* ---- routing ------------------------------------------------------------------------ */
 
 struct route {
@@ -859,6 +889,7 @@ static const struct route routes[] = {
     {"POST", {"v1", "workspaces", "*", "executions", "*", "steps", "*", "resolve"}, 8, h_resolve},
     {"GET", {"v1", "workspaces", "*", "dead-letters"}, 4, h_dead_letters},
     {"GET", {"v1", "workspaces", "*", "events"}, 4, h_events},
+    {"POST", {"v1", "test", "clock"}, 3, h_test_clock},
 };
 
 static int split(struct call *c, const char *path)

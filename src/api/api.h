@@ -18,6 +18,7 @@ struct api_opts {
     size_t max_body;         /* bytes; for the 413 detail */
     int max_depth;           /* JSON nesting limit for bodies */
     const char *admin_token; /* NULL = no auth (loopback only) */
+    int test_clock;          /* serve POST /v1/test/clock (tests only) */
 };
 
 /* Borrows g, which must outlive the api. */

@@ -57,8 +57,7 @@ static void idle_wait(struct engine *g, unsigned long seen, int64_t until_ms)
     pthread_mutex_lock(&g->wmu);
     if (!g->stopping && g->wake_seq == seen) {
         struct timespec ts;
-        ts.tv_sec = (time_t)(until_ms / 1000);
-        ts.tv_nsec = (long)(until_ms % 1000) * 1000000L;
+        clock_abstime(until_ms, &ts);
         pthread_cond_timedwait(&g->wcv, &g->wmu, &ts);
     }
     pthread_mutex_unlock(&g->wmu);
@@ -394,7 +393,8 @@ static void *sweeper_main(void *arg)
         /* Sleep a full period: work wake-ups share the condition variable,
          * and must not turn the sweeper into a busy scanner. */
         int64_t until = clock_now_ms() + period;
-        struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000L};
+        struct timespec ts;
+        clock_abstime(until, &ts);
         pthread_mutex_lock(&g->wmu);
         while (!g->stopping && clock_now_ms() < until)
             pthread_cond_timedwait(&g->wcv, &g->wmu, &ts);

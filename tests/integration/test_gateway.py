@@ -113,19 +113,119 @@ def test_500_after_commit_is_ambiguous_and_retried(server, mock):
     assert mock.charges("o-3") == 1
 
 
-def test_retry_after_is_honoured_in_both_forms(server, mock):
-    setup_pay(server, mock)
-    for spec, order in (("status=429:retry_after=1:count=1", "o-4"),
-                        ("status=503:retry_after_date=1:count=1", "o-5")):
-        mock.faults(spec)
-        x = finished(server, pay(server, order))
-        ch = steps_of(x)["charge"]
-        assert x["status"] == "completed" and mock.charges(order) == 1
+@pytest.fixture
+def clock_server(make_server):
+    """An engine whose clock the test moves forward (serve --test-clock)."""
+    s = make_server(extra=["--test-clock"])
+    s.start()
+    return s
+
+
+def advance(server, ms):
+    r = server.post("/v1/test/clock", {"advanceMs": ms})
+    assert r.status == 200, r
+    return r.json
+
+
+def ts(text):
+    from datetime import datetime
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def posts(mock):
+    return mock.call("GET", "/stats")["requests"]["POST /v1/charges"]
+
+
+def charge_step(server, xid):
+    return steps_of(server.get(f"{WS}/executions/{xid}").json)["charge"]
+
+
+def waiting(server, xid, attempts):
+    """Polls until the charge step waits (DISPATCHED, not executing) after
+    `attempts` finished attempts; returns the step."""
+    def check():
+        ch = charge_step(server, xid)
         h = ch["history"]
-        assert [a["outcome"] for a in h] == ["refused", "success"]
-        from datetime import datetime
-        t = [datetime.fromisoformat(a["startedAt"].replace("Z", "+00:00")) for a in h]
-        assert (t[1] - t[0]).total_seconds() >= 0.9, t  # never sooner than Retry-After
+        return ch if (ch["state"] == "DISPATCHED" and len(h) == attempts
+                      and h[-1]["finishedAt"]) else None
+    return wait_for(check)
+
+
+@pytest.mark.parametrize("form", ["retry_after", "retry_after_date"])
+def test_retry_after_is_honoured_in_engine_time(clock_server, mock, form):
+    """An hour's Retry-After, in both forms, without an hour of real time:
+    the retry is scheduled no sooner than the header says, nothing is sent
+    meanwhile, and moving the engine's clock past it sends the retry."""
+    server = clock_server
+    wait_s = 3600 if form == "retry_after" else 7200
+    setup_pay(server, mock, deadlineMs=4 * 3600 * 1000,
+              retry={"maxAttempts": 3, "initialIntervalMs": 10, "maxIntervalMs": 50})
+    mock.faults(f"status=429:{form}={wait_s}:count=1")
+    xid = pay(server, f"o-ra-{form}")
+    ch = waiting(server, xid, 1)
+    refused_at = ts(ch["history"][0]["finishedAt"])
+    due = ts(ch["nextAttemptAt"])
+    assert ch["history"][0]["outcome"] == "refused"
+    assert due - refused_at >= wait_s - 1, (due, refused_at)  # never sooner (date: 1 s rounding)
+    assert due - refused_at <= wait_s + 2
+    assert posts(mock) == 1 and mock.charges(f"o-ra-{form}") == 0
+    advance(server, (wait_s - 60) * 1000)  # not yet due: still waiting, nothing sent
+    assert charge_step(server, xid)["state"] == "DISPATCHED" and posts(mock) == 1
+    advance(server, 61 * 1000)
+    x = finished(server, xid)
+    assert x["status"] == "completed", x
+    h = steps_of(x)["charge"]["history"]
+    assert [a["outcome"] for a in h] == ["refused", "success"]
+    assert ts(h[1]["startedAt"]) >= due
+    assert posts(mock) == 2 and mock.charges(f"o-ra-{form}") == 1
+
+
+def test_backoff_stops_at_the_deadline_in_engine_time(clock_server, mock):
+    """503s with long backoff: every attempt starts inside deadlineMs of the
+    first, and the step fails with deadline_exceeded instead of waiting past it."""
+    server = clock_server
+    deadline_ms = 2 * 3600 * 1000
+    setup_pay(server, mock, deadlineMs=deadline_ms,
+              retry={"maxAttempts": 50, "initialIntervalMs": 20 * 60 * 1000,
+                     "maxIntervalMs": 40 * 60 * 1000})
+    mock.faults("status=503")
+    xid = pay(server, "o-dl")
+
+    def settled():  # not executing, every attempt finished
+        ch = charge_step(server, xid)
+        h = ch["history"]
+        return ch if (ch["state"] != "EXECUTING" and h and h[-1]["finishedAt"]) else None
+
+    for _ in range(60):
+        ch = wait_for(settled)
+        if ch["state"] != "DISPATCHED":
+            break
+        n = len(ch["history"])
+        # jump to the scheduled retry (at least 1 ms, so a zero jitter moves on too)
+        step = ts(ch["nextAttemptAt"]) - ts(advance(server, 1)["now"])
+        if step > 0:
+            advance(server, int(step * 1000) + 1)
+        wait_for(lambda: len(charge_step(server, xid)["history"]) > n)
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "deadline_exceeded", ch
+    h = ch["history"]
+    first = ts(h[0]["startedAt"])
+    assert len(h) >= 2 and all(a["outcome"] == "refused" for a in h[:-1]), h
+    assert h[-1]["outcome"] == "deadline_exceeded", h  # refused, and the next wait crosses it
+    assert all(ts(a["startedAt"]) - first <= deadline_ms / 1000 for a in h)
+    assert posts(mock) == len(h) and mock.charges("o-dl") == 0
+
+
+def test_test_clock_is_off_by_default(server):
+    assert server.post("/v1/test/clock", {"advanceMs": 1000}).status == 404
+
+
+def test_test_clock_rejects_bad_input(clock_server):
+    for bad in ({}, {"advanceMs": 0}, {"advanceMs": -5}, {"advanceMs": "1"},
+                {"advanceMs": 10 ** 13}):
+        r = clock_server.post("/v1/test/clock", bad)
+        assert r.status == 422 and r.json["pointer"] == "/advanceMs", (bad, r)
 
 
 def test_a_wait_past_the_deadline_fails_now(server, mock):

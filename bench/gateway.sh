@@ -258,7 +258,7 @@ for store in $STORES; do
     *) die "unknown store '$store' (sqlite, postgres)" ;;
   esac
   IDEMFLOW_SECRETS_KEY=$KEY "$IDEMFLOW_BIN" serve --listen 127.0.0.1:0 --db "$DBURL" \
-    --workers "$WORKERS" >"$TMP/engine.$store.log" 2>&1 &
+    --workers "$WORKERS" ${BENCH_SERVE_FLAGS:-} >"$TMP/engine.$store.log" 2>&1 &
   ENGINE_PID=$!
   EP=$(wait_port "$TMP/engine.$store.log" "$ENGINE_PID") || die "idemflow did not start on $store"
   base=http://127.0.0.1:$EP

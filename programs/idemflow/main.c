@@ -36,7 +36,8 @@ static void usage(FILE *f)
 {
     fputs("usage:\n"
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
-          "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--test-clock]\n"
+          "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
+          "                 [--test-clock]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
@@ -340,6 +341,8 @@ static int cmd_serve(int argc, char **argv)
             o.load = v, i++;
         else if (strcmp(a, "--test-clock") == 0)
             o.test_clock = 1;
+        else if (strcmp(a, "--no-inline") == 0)
+            o.run.no_inline = 1;
         else if (strcmp(a, "--max-body") == 0 && v) {
             char *end = NULL;
             unsigned long long n = strtoull(v, &end, 10);

@@ -797,6 +797,7 @@ static void h_metrics(struct call *c)
         "idemflow_steps_total{event=\"completed\"} %llu\n"
         "idemflow_steps_total{event=\"failed\"} %llu\n"
         "idemflow_steps_total{event=\"recovered\"} %llu\n"
+        "idemflow_steps_total{event=\"inlined\"} %llu\n"
         "# HELP idemflow_fenced_writes_total Late outcomes from workers whose lease was taken over "
         "(changed nothing).\n"
         "# TYPE idemflow_fenced_writes_total counter\n"
@@ -818,6 +819,7 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->steps_completed),
         (unsigned long long)atomic_load(&m->steps_failed),
         (unsigned long long)atomic_load(&m->steps_recovered),
+        (unsigned long long)atomic_load(&m->steps_inlined),
         (unsigned long long)atomic_load(&m->fenced_writes),
         (unsigned long long)atomic_load(&m->executions_completed),
         (unsigned long long)atomic_load(&m->executions_failed),

@@ -28,6 +28,7 @@ struct engine_opts {
 struct engine_metrics {
     atomic_ullong steps_claimed, steps_completed, steps_failed, steps_recovered;
     atomic_ullong fenced_writes, executions_completed, executions_failed;
+    atomic_ullong steps_inlined; /* TRANSFORMs completed with their predecessor (also completed) */
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -81,6 +82,7 @@ struct engine_run_opts {
     int workers;      /* worker threads; default 4 (more batches in each group commit) */
     int64_t lease_ms; /* step lease; default 15000 */
     int batch;        /* steps claimed per round trip; default 16 */
+    int no_inline;    /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
 };
 
 /* Recovers steps left EXECUTING (SQLite: all at once, the lock proves their

@@ -65,15 +65,66 @@ struct engine {
 struct gw_job;
 #define GW_MAX_INFLIGHT 256
 
-/* Starts a claimed GATEWAY step's call (no outcome yet).  Returns 0, or -1
- * with *err_text (heap JSON) when the request cannot be rendered. */
+/* Starts a claimed GATEWAY step's call (no outcome yet).  Returns 0 — the
+ * call then owns *rows (the execution's rows as read; *rows = NULL, *n = 0),
+ * which plan the inline completions of its successors — or -1 with
+ * *err_text (heap JSON) when the request cannot be rendered. */
 int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
-                    json_t *ctx, const struct store_step *rows, size_t n, char **err_text);
+                    json_t *ctx, struct store_step **rows, size_t *n, char **err_text);
 /* Commits the outcomes of finished calls; returns how many. */
 size_t engine_gw_drain(struct engine *g);
 /* Extends the leases of every call in flight. */
 void engine_gw_renew_leases(struct engine *g);
 int engine_gw_inflight(struct engine *g);
+
+/* ---- inline TRANSFORM completion (inline.c) ------------------------------------
+ * The worker that completes a step evaluates the TRANSFORMs that completion
+ * dispatches (and theirs, up to INLINE_MAX) and commits them COMPLETED in the
+ * same transaction, saving each a claim and an outcome transaction.
+ * steps_apply applies them only while every row of the execution is as the
+ * worker read it; otherwise they stay DISPATCHED for a worker to claim. */
+#define INLINE_MAX 16
+struct inline_item {
+    long vi;
+    char *output;
+    struct decision *dec;
+    size_t nd;
+    int64_t epoch; /* the epoch it gets when applied */
+};
+struct inline_plan {
+    struct inline_item it[INLINE_MAX];
+    struct step_inline items[INLINE_MAX];
+    size_t n;
+    enum step_state *seen_state;
+    int64_t *seen_epoch;
+    size_t n_seen;
+};
+/* Plans the inline completions that completing vertex vi with decisions dec
+ * would make, given the execution's rows as read.  ctx is the completed
+ * step's context ({payload, steps with vi's output, execution}); it is
+ * modified.  An empty plan (p->n = 0) when there is nothing to inline. */
+void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi,
+                        const struct decision *dec, json_t *ctx, const struct store_step *rows,
+                        size_t n, struct inline_plan *p);
+/* Points o at the plan (which must outlive the transaction). */
+void engine_inline_attach(const struct inline_plan *p, struct step_outcome *o, const char *worker);
+/* After the commit: metrics and trace lines for what was applied. */
+void engine_inline_done(struct engine *g, const struct inline_plan *p,
+                        const struct step_outcome *o);
+void engine_inline_clear(struct inline_plan *p);
+
+/* Evaluates TRANSFORM vi's output over ctx: 0 with *out (new reference, may
+ * be NULL = null) and *out_text (heap JSON), or -1 with *err_text (heap
+ * error JSON). */
+int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
+                          json_t *ctx, json_t **out, char **out_text, char **err_text);
+/* Sets steps.<vi> and response to out in ctx and evaluates vi's outgoing
+ * edge conditions: a heap array, one per edge (engine_decisions_free). */
+struct decision *engine_decide_edges(const struct wf *w, long vi, json_t *ctx, json_t *out);
+void engine_decisions_free(struct decision *d, size_t n);
+
+/* Counts an execution that reached a terminal status (metrics). */
+void engine_count_status(struct engine *g, const char *status);
 
 /* JSONata's $boolean casting of a result (NULL = undefined = false). */
 int engine_truthy(json_t *v);

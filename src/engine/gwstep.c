@@ -46,6 +46,9 @@ struct gw_job {
     struct gw_request req, vreq;
     int phase; /* 0: the call, 1: the verify request */
     int64_t first_attempt_ms;
+    struct store_step *rows; /* the execution as read at the claim */
+    size_t nrows;
+    char *worker;
     struct gw_response *resp;
     struct gw_job *next;  /* done queue */
     struct gw_job *inext; /* in-flight list */
@@ -57,6 +60,8 @@ static void job_free(struct gw_job *j)
         return;
     free(j->vertex);
     free(j->workspace);
+    free(j->worker);
+    store_steps_free(j->rows, j->nrows);
     json_decref(j->ctx);
     gw_request_clear(&j->req);
     gw_request_clear(&j->vreq);
@@ -216,7 +221,7 @@ static int64_t first_attempt(struct engine *g, const char *xid, const char *vert
 }
 
 int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
-                    json_t *ctx, const struct store_step *rows, size_t n, char **err_text)
+                    json_t *ctx, struct store_step **rows, size_t *n, char **err_text)
 {
     const struct wf_vertex *v = &w->v[vi];
     struct gw_job *j = xcalloc(1, sizeof *j);
@@ -232,13 +237,17 @@ int engine_gw_start(struct engine *g, const struct store_claim *c, const struct 
     j->first_attempt_ms = first_attempt(g, c->execution_id, c->vertex, clock_now_ms());
     struct ifl_err e = {0};
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
-        (verify_first(rows, n, c->vertex) && v->verify &&
+        (verify_first(*rows, *n, c->vertex) && v->verify &&
          render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
         *err_text = steps_error_json("request_error", e.msg);
         job_free(j);
         return -1;
     }
     j->phase = j->vreq.url ? 1 : 0;
+    j->rows = *rows;
+    j->nrows = *n;
+    *rows = NULL;
+    *n = 0;
     inflight_add(j);
     submit(j, j->phase ? &j->vreq : &j->req);
     return 0;
@@ -399,6 +408,7 @@ struct gw_outcome {
     char *out_text, *err_text;
     struct decision *d;
     size_t nd;
+    struct inline_plan plan;
 };
 
 static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -439,15 +449,13 @@ size_t engine_gw_drain(struct engine *g)
         if (go->o.to == STEP_COMPLETED) {
             json_t *out = NULL;
             json_parse(go->out_text, strlen(go->out_text), NULL, &out, NULL);
-            const struct wf_vertex *v = &j->w->v[j->vi];
-            json_object_set(json_object_get(j->ctx, "steps"), j->vertex, out);
-            json_object_set(j->ctx, "response", out);
-            go->nd = v->n_out;
-            go->d = xcalloc(go->nd + 1, sizeof *go->d);
-            for (size_t k = 0; k < go->nd; k++)
-                engine_decide(j->w->e[v->out[k]].cond, j->ctx, &go->d[k]);
+            go->nd = j->w->v[j->vi].n_out;
+            go->d = engine_decide_edges(j->w, j->vi, j->ctx, out);
             go->o.dec = go->d;
             json_decref(out);
+            engine_inline_plan(g, j->workspace, j->w, j->vi, go->d, j->ctx, j->rows, j->nrows,
+                               &go->plan);
+            engine_inline_attach(&go->plan, &go->o, g->worker_prefix);
         }
         n++;
     }
@@ -477,6 +485,9 @@ size_t engine_gw_drain(struct engine *g)
             else if (go->o.to != STEP_DISPATCHED)
                 atomic_fetch_add(&g->m.steps_failed, 1);
             wake |= go->o.dispatched;
+            if (go->o.status_changed)
+                engine_count_status(g, go->o.status);
+            engine_inline_done(g, &go->plan, &go->o);
             if (g->trace_fd >= 0 && (go->o.to == STEP_COMPLETED || go->o.to == STEP_FAILED)) {
                 char line[256];
                 int len = snprintf(line, sizeof line, "%s %s %s %lld\n",
@@ -486,10 +497,8 @@ size_t engine_gw_drain(struct engine *g)
                     log_warn("trace.write", "cannot write the trace file");
             }
         }
-        if (go->d)
-            for (size_t k = 0; k < go->nd; k++)
-                free(go->d[k].error);
-        free(go->d);
+        engine_decisions_free(go->d, go->nd);
+        engine_inline_clear(&go->plan);
         free(go->out_text);
         free(go->err_text);
         job_free(go->job);

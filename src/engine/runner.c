@@ -74,17 +74,6 @@ static void trace(struct engine *g, const char *what, const struct store_claim *
         log_warn("trace.write", "cannot write the trace file");
 }
 
-struct secret_ctx {
-    struct engine *g;
-    const char *ws;
-};
-
-static int secret_lookup(void *ctx, const char *name, char **value)
-{
-    struct secret_ctx *sc = ctx;
-    return engine_secret_get(sc->g, sc->ws, name, value, NULL);
-}
-
 /* Applies an outcome, retrying when a concurrent writer changed the rows. */
 static int apply(struct engine *g, struct step_outcome *o, struct ifl_err *e)
 {
@@ -97,7 +86,7 @@ static int apply(struct engine *g, struct step_outcome *o, struct ifl_err *e)
     return rc;
 }
 
-static void count_status(struct engine *g, const char *status)
+void engine_count_status(struct engine *g, const char *status)
 {
     if (strcmp(status, "completed") == 0)
         atomic_fetch_add(&g->m.executions_completed, 1);
@@ -117,14 +106,13 @@ struct pending {
     char *out_text, *err_text;
     struct decision *d;
     size_t nd;
+    struct inline_plan plan;
 };
 
 static void pending_clear(struct pending *p)
 {
-    if (p->d)
-        for (size_t k = 0; k < p->nd; k++)
-            free(p->d[k].error);
-    free(p->d);
+    engine_inline_clear(&p->plan);
+    engine_decisions_free(p->d, p->nd);
     json_decref(p->out);
     json_decref(p->ctx);
     free(p->out_text);
@@ -134,7 +122,7 @@ static void pending_clear(struct pending *p)
 }
 
 /* Runs one claimed step's body and prepares its outcome (no writes). */
-static void execute(struct engine *g, struct pending *p, int64_t claimed_at)
+static void execute(struct engine *g, struct pending *p, int64_t claimed_at, const char *worker)
 {
     const struct store_claim *c = p->c;
     struct ifl_err e = {0};
@@ -166,31 +154,18 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at)
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        if (engine_gw_start(g, c, w, vi, p->ctx, p->rows, p->n, &p->err_text) == 0)
+        if (engine_gw_start(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text) == 0)
             return; /* in flight: the outcome comes when the call ends */
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        struct secret_ctx sc = {g, c->workspace};
-        struct ifl_err te = {0};
-        if (tmpl_eval(w->v[vi].output, p->ctx, secret_lookup, &sc, &p->out, &te) == 0) {
+        if (engine_transform_eval(g, c->workspace, w, vi, p->ctx, &p->out, &p->out_text,
+                                  &p->err_text) == 0)
             to = STEP_COMPLETED;
-            p->out_text = json_to_string(p->out ? p->out : json_null());
-            if (!p->out_text) {
-                to = STEP_FAILED;
-                p->err_text = steps_error_json("invalid_output", "the output is not valid JSON");
-            }
-        } else {
-            p->err_text = steps_error_json("expression_error", te.msg);
-        }
     }
     if (to == STEP_COMPLETED) {
-        json_t *out = p->out ? p->out : json_null();
-        json_object_set(json_object_get(p->ctx, "steps"), c->vertex, out);
         p->nd = w->v[vi].n_out;
-        p->d = xcalloc(p->nd + 1, sizeof *p->d);
-        json_object_set(p->ctx, "response", out);
-        for (size_t k = 0; k < p->nd; k++)
-            engine_decide(w->e[w->v[vi].out[k]].cond, p->ctx, &p->d[k]);
+        p->d = engine_decide_edges(w, vi, p->ctx, p->out);
+        engine_inline_plan(g, c->workspace, w, vi, p->d, p->ctx, p->rows, p->n, &p->plan);
     }
     p->o = (struct step_outcome){
         .w = w,
@@ -206,12 +181,14 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at)
         .dec = p->d,
         .now = clock_now_ms(),
     };
+    engine_inline_attach(&p->plan, &p->o, worker);
     p->ready = 1;
 }
 
 /* Runs a batch of claimed steps, then commits all their outcomes together
  * (one group commit), each outcome its own guarded transaction. */
-static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, int64_t claimed_at)
+static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, int64_t claimed_at,
+                      const char *worker)
 {
     struct pending *p = xcalloc(n, sizeof *p);
     void **args = xcalloc(n, sizeof *args);
@@ -220,7 +197,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         p[i].c = &cl[i];
-        execute(g, &p[i], claimed_at);
+        execute(g, &p[i], claimed_at, worker);
         if (p[i].ready) {
             FAULT("step.before_complete");
             args[k++] = &p[i].o;
@@ -230,8 +207,8 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     int wake = 0;
     for (size_t i = 0; i < k; i++) {
         struct step_outcome *o = args[i];
-        const struct store_claim *c =
-            ((struct pending *)((char *)o - offsetof(struct pending, o)))->c;
+        struct pending *pp = (struct pending *)((char *)o - offsetof(struct pending, o));
+        const struct store_claim *c = pp->c;
         if (rcs[i] == IFL_ECONFLICT)
             rcs[i] = apply(g, o, &errs[i]); /* a concurrent writer: retry alone */
         if (rcs[i]) {
@@ -249,7 +226,9 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         int ok = o->to == STEP_COMPLETED;
         trace(g, ok ? "completed" : "failed", c);
         atomic_fetch_add(ok ? &g->m.steps_completed : &g->m.steps_failed, 1);
-        count_status(g, o->status);
+        if (o->status_changed)
+            engine_count_status(g, o->status);
+        engine_inline_done(g, &pp->plan, o);
         wake |= o->dispatched;
         FAULT("step.after_complete_commit");
     }
@@ -306,7 +285,7 @@ static void *worker_main(void *arg)
             continue;
         }
         atomic_fetch_add(&g->m.steps_claimed, n);
-        run_batch(g, cl, n, now);
+        run_batch(g, cl, n, now, name);
         store_claims_free(cl, n);
     }
     return NULL;

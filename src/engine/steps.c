@@ -168,6 +168,67 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
     *status = steps_status(r, w->nv);
 }
 
+struct steps_sim {
+    struct view v;
+    struct store_step *rows; /* copies: vertex borrowed, error owned */
+    char **vertex;           /* owned vertex names */
+    int *returned;
+};
+
+struct steps_sim *steps_sim_new(const struct wf *w, const struct store_step *rows, size_t n)
+{
+    struct steps_sim *s = xcalloc(1, sizeof *s);
+    s->rows = xcalloc(n ? n : 1, sizeof *s->rows);
+    s->vertex = xcalloc(n ? n : 1, sizeof *s->vertex);
+    s->returned = xcalloc(n ? n : 1, sizeof *s->returned);
+    for (size_t r = 0; r < n; r++) {
+        s->vertex[r] = xstrdup(rows[r].vertex);
+        s->rows[r].vertex = s->vertex[r];
+        s->rows[r].state = rows[r].state;
+        s->rows[r].in_decided = rows[r].in_decided;
+        s->rows[r].in_taken = rows[r].in_taken;
+    }
+    view_init(&s->v, w, s->rows, n, 0);
+    return s;
+}
+
+void steps_sim_complete(struct steps_sim *s, long vi, const struct decision *dec)
+{
+    long r = vi >= 0 && (size_t)vi < s->v.w->nv ? s->v.row_of[vi] : -1;
+    if (r < 0)
+        return;
+    s->rows[r].state = STEP_COMPLETED;
+    const struct wf_vertex *vx = &s->v.w->v[vi];
+    for (size_t k = 0; k < vx->n_out; k++)
+        decide(&s->v, vx->out[k], &dec[k]);
+}
+
+long steps_sim_next(struct steps_sim *s)
+{
+    for (size_t r = 0; r < s->v.n; r++) {
+        if (s->returned[r] || s->rows[r].state != STEP_DISPATCHED || s->v.was[r] != STEP_PENDING)
+            continue;
+        s->returned[r] = 1;
+        return wf_vertex_index(s->v.w, s->rows[r].vertex);
+    }
+    return -1;
+}
+
+void steps_sim_free(struct steps_sim *s)
+{
+    if (!s)
+        return;
+    for (size_t r = 0; r < s->v.n; r++) {
+        free(s->rows[r].error);
+        free(s->vertex[r]);
+    }
+    view_free(&s->v);
+    free(s->rows);
+    free(s->vertex);
+    free(s->returned);
+    free(s);
+}
+
 int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
                 json_t *data, int64_t preset_version, struct ifl_err *e)
 {
@@ -254,9 +315,54 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
     return steps_event(tx, ws, xid, type, d, 0, e);
 }
 
+/* 1 when every row has the state and epoch the worker read. */
+static int as_seen(const struct step_outcome *o, const struct store_step *rows, size_t n)
+{
+    if (!o->seen_state || n != o->n_seen)
+        return 0;
+    for (size_t r = 0; r < n; r++)
+        if (rows[r].state != o->seen_state[r] || rows[r].epoch != o->seen_epoch[r])
+            return 0;
+    return 1;
+}
+
+/* Completes the planned TRANSFORM successors this outcome just dispatched
+ * (see struct step_outcome); stops at the first that does not apply. */
+static int apply_inline(struct store_tx *tx, struct view *v, struct step_outcome *o,
+                        struct ifl_err *e)
+{
+    for (size_t k = 0; k < o->n_inl; k++) {
+        const struct step_inline *in = &o->inl[k];
+        long r = in->vi >= 0 && (size_t)in->vi < v->w->nv ? v->row_of[in->vi] : -1;
+        if (r < 0 || v->rows[r].state != STEP_DISPATCHED || v->was[r] != STEP_PENDING)
+            break;
+        struct store_step *t = &v->rows[r];
+        t->state = STEP_COMPLETED;
+        t->epoch++;
+        t->attempts++;
+        set_text(&t->output, in->output);
+        set_text(&t->error, NULL);
+        int rc = store_tx_attempt_record(tx, o->execution_id, t->vertex, t->epoch, o->worker,
+                                         "completed", e);
+        if (rc)
+            return rc;
+        const struct wf_vertex *vx = &v->w->v[in->vi];
+        for (size_t j = 0; j < vx->n_out; j++)
+            decide(v, vx->out[j], &in->dec[j]);
+        o->inlined++;
+    }
+    v->dispatched = 0;
+    for (size_t r = 0; r < v->n; r++)
+        if (v->dirty[r] && v->rows[r].state == STEP_DISPATCHED)
+            v->dispatched = 1;
+    return 0;
+}
+
 int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct step_outcome *o = arg;
+    o->inlined = 0;
+    o->status_changed = 0;
     o->fenced = 0;
     o->dispatched = 0;
     o->status[0] = '\0';
@@ -284,6 +390,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         snprintf(o->status, sizeof o->status, "%s", x.status);
         goto out;
     }
+    int inline_ok = o->n_inl && o->to == STEP_COMPLETED && as_seen(o, rows, n);
     int64_t claimed_epoch = st->epoch;
     st->state = o->to;
     free(st->lease_owner);
@@ -317,8 +424,11 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         const struct wf_vertex *vx = &o->w->v[vi];
         for (size_t k = 0; k < vx->n_out; k++)
             decide(&v, vx->out[k], &o->dec[k]);
+        if (inline_ok && (rc = apply_inline(tx, &v, o, e)))
+            goto out;
     }
     rc = flush(tx, &v, o->workspace, o->execution_id, x.status, r, o->status, e);
+    o->status_changed = strcmp(o->status, x.status) != 0;
     o->dispatched = v.dispatched;
 out:
     view_free(&v);

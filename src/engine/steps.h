@@ -42,6 +42,13 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
 /* Execution status of spec §5 for a set of rows (static string). */
 const char *steps_status(const struct store_step *rows, size_t n);
 
+/* A TRANSFORM successor the worker already evaluated (engine/inline.c). */
+struct step_inline {
+    long vi;                    /* its workflow vertex */
+    const char *output;         /* JSON text */
+    const struct decision *dec; /* one per outgoing edge, in w->v[vi].out order */
+};
+
 /* An outcome to apply inside a transaction. */
 struct step_outcome {
     const struct wf *w;
@@ -56,11 +63,38 @@ struct step_outcome {
     int bump_epoch;              /* new epoch (fences any holder of the old one) */
     int64_t run_at;              /* DISPATCHED: when it may run again (0 = now) */
     int64_t now;
+    /* Inline completions (optional): applied in order, each only when this
+     * outcome has just dispatched it, and only when every row of the
+     * execution still has the state and epoch the worker read (seen_*, in
+     * vertex-name order) — so each TRANSFORM was evaluated on exactly the
+     * inputs it would see if a worker claimed it now.  Each gets epoch+1,
+     * attempts+1, a finished attempt row by `worker`, and its event; its
+     * own decisions are applied like a real completion's. */
+    const struct step_inline *inl;
+    size_t n_inl;
+    const enum step_state *seen_state;
+    const int64_t *seen_epoch;
+    size_t n_seen;
+    const char *worker;
     /* results */
-    int fenced;      /* the guard failed: nothing was written */
-    int dispatched;  /* some step became DISPATCHED (wake workers) */
-    char status[32]; /* the execution's status afterwards */
+    int inlined;        /* how many of inl[] were applied (a prefix) */
+    int fenced;         /* the guard failed: nothing was written */
+    int dispatched;     /* some step became DISPATCHED (wake workers) */
+    char status[32];    /* the execution's status afterwards */
+    int status_changed; /* … and it changed in this transaction */
 };
+
+/* A dry run of the join rule over a copy of an execution's rows, so a worker
+ * can tell which steps an outcome would dispatch before committing it. */
+struct steps_sim;
+/* Copies what the join rule needs from rows (borrowed only during the call). */
+struct steps_sim *steps_sim_new(const struct wf *w, const struct store_step *rows, size_t n);
+/* Completes vertex vi with decisions dec (one per outgoing edge). */
+void steps_sim_complete(struct steps_sim *s, long vi, const struct decision *dec);
+/* The next vertex the simulated completions dispatched (from PENDING), each
+ * returned once, in row order; -1 when none is left. */
+long steps_sim_next(struct steps_sim *s);
+void steps_sim_free(struct steps_sim *s); /* NULL ok */
 
 /* store_tx_fn: applies a step_outcome (arg).  Returns 0 when fenced too
  * (nothing written, o->fenced = 1). */

@@ -641,6 +641,13 @@ int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const
     return tx->s->ops->tx_attempt_finish(tx, execution_id, vertex, epoch, outcome, error, e);
 }
 
+int store_tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
+                            int64_t epoch, const char *worker, const char *outcome,
+                            struct ifl_err *e)
+{
+    return tx->s->ops->tx_attempt_record(tx, execution_id, vertex, epoch, worker, outcome, e);
+}
+
 int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
 {
     return tx->s->ops->tx_event_append(tx, ev, e);

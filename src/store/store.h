@@ -273,6 +273,12 @@ int store_tx_step_update(struct store_tx *tx, const struct store_step *st,
 int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
                             int64_t epoch, const char *outcome, const char *error,
                             struct ifl_err *e);
+/* Records an attempt that started and finished inside this transaction
+ * (a TRANSFORM completed inline by the worker that completed its
+ * predecessor): started_at = finished_at = now. */
+int store_tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
+                            int64_t epoch, const char *worker, const char *outcome,
+                            struct ifl_err *e);
 /* Appends an event: increments the execution's version and stamps it as the
  * event's aggregate_version (written back into ev). ev->id is generated when
  * empty. */

@@ -66,6 +66,9 @@ struct store_ops {
     int (*tx_attempt_finish)(struct store_tx *tx, const char *execution_id, const char *vertex,
                              int64_t epoch, const char *outcome, const char *error,
                              struct ifl_err *e);
+    int (*tx_attempt_record)(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, const char *worker, const char *outcome,
+                             struct ifl_err *e);
     int (*tx_event_append)(struct store_tx *tx, struct store_event *ev, struct ifl_err *e);
     int (*tx_idem_put)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, int *created, struct store_idem *existing,

@@ -93,6 +93,7 @@ enum stmt {
     S_STEP_INSERT,
     S_STEP_UPDATE,
     S_ATTEMPT_FINISH,
+    S_ATTEMPT_RECORD,
     S_EVENT_APPEND,
     S_EVENT_INSERT,
     S_EVENT_MARK,
@@ -180,6 +181,11 @@ static const struct {
                           " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $4)"
                           " AND vertex = $5"
                           " AND epoch = $6 AND finished_at IS NULL"},
+    [S_ATTEMPT_RECORD] = {"ifl_attempt_record",
+                          "INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
+                          " started_at, finished_at, outcome, execution_seq)"
+                          " SELECT $1::text, $2::text, $3::bigint, $4::text, $5::bigint,"
+                          " $5::bigint, $6::text, seq FROM executions WHERE id = $1"},
     /* An execution's event: bumps its version (the row lock serializes
      * appends per execution) and stamps it, in one round trip. */
     [S_EVENT_APPEND] = {"ifl_event_append",
@@ -1443,6 +1449,25 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     return 0;
 }
 
+static int tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, const char *worker, const char *outcome,
+                             struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, execution_id);
+    arg_s(&p, vertex);
+    arg_i(&p, epoch);
+    arg_s(&p, worker);
+    arg_i(&p, clock_now_ms());
+    arg_s(&p, outcome);
+    PGresult *r = q(t, S_ATTEMPT_RECORD, &p, e);
+    if (!r)
+        return t->fail_rc;
+    PQclear(r);
+    return 0;
+}
+
 /* The version bump is an UPDATE of the execution row: its row lock
  * serializes appends per execution, so aggregate versions are gapless and
  * follow commit order. */
@@ -1915,6 +1940,7 @@ static const struct store_ops pg_ops = {
     .tx_step_insert = tx_step_insert,
     .tx_step_update = tx_step_update,
     .tx_attempt_finish = tx_attempt_finish,
+    .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
     .wait_work = op_wait_work,

@@ -1089,6 +1089,29 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     return rc;
 }
 
+static int tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, const char *worker, const char *outcome,
+                             struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] =
+        "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at,"
+        " finished_at, outcome, execution_seq)"
+        " SELECT ?1, ?2, ?3, ?4, ?5, ?5, ?6, seq FROM executions WHERE id = ?1";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, execution_id);
+    bind_text(st, 2, vertex);
+    sqlite3_bind_int64(st, 3, epoch);
+    bind_text(st, 4, worker);
+    sqlite3_bind_int64(st, 5, clock_now_ms());
+    bind_text(st, 6, outcome);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_record");
+    done_stmt(st);
+    return rc;
+}
+
 static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
 {
     struct conn *c = txc(tx);
@@ -1495,6 +1518,7 @@ static const struct store_ops sqlite_ops = {
     .tx_step_insert = tx_step_insert,
     .tx_step_update = tx_step_update,
     .tx_attempt_finish = tx_attempt_finish,
+    .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
     .execution_get = op_execution_get,

@@ -1,6 +1,9 @@
 """Layer 2 over real HTTP: steps run, branch, join, skip, fail, and are
 retried, resolved and started over by an operator."""
+import os
 import time
+
+from conftest import BACKEND
 
 WS = "/v1/workspaces/eng"
 
@@ -86,6 +89,44 @@ def test_branches_joins_and_skips(server):
     assert y["big"]["state"] == "SKIPPED" and y["small"]["state"] == "COMPLETED"
     assert y["only_small"]["output"] == "after small"
     assert y["join"]["output"] == {"small": "small", "id": other}
+
+
+def metric(server, name):
+    for line in server.get("/metrics").raw.decode().splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[-1]))
+    raise AssertionError(f"no metric {name}")
+
+
+def test_inline_transforms_match_claimed_ones(make_server, workdir):
+    """TRANSFORMs completed inline by their predecessor's worker give the
+    same steps, outputs, histories and events as claimed ones (--no-inline)."""
+    import tempfile
+    results = []
+    for flags in ([], ["--no-inline"]):
+        s = make_server(db=None if BACKEND == "postgres"
+                        else "sqlite:" + os.path.join(tempfile.mkdtemp(dir=workdir), "x.db"),
+                        extra=flags)
+        s.start()
+        put_workflow(s, "branchy", BRANCHY)
+        xid = run(s, "branchy", {"items": [{"price": 60, "qty": 2}]})
+        x = finished(s, xid)
+        assert x["status"] == "completed", x
+        st = steps_of(x)
+        evs = [e for e in s.get(f"{WS}/events?limit=1000").json["items"]
+               if e["executionId"] == xid]
+        assert [e["aggregateVersion"] for e in evs] == list(range(1, len(evs) + 1))
+        results.append((st, sorted(e["type"] for e in evs), metric(s, 'idemflow_steps_total{event="inlined"}')))
+        s.stop()
+    (a, ev_a, inl_a), (b, ev_b, inl_b) = results
+    assert inl_a >= 2 and inl_b == 0  # big and join ride on price's outcome
+    assert ev_a == ev_b
+    for v in a:
+        assert (a[v]["state"], a[v]["output"], a[v]["epoch"], a[v]["attempts"]) == \
+            (b[v]["state"], b[v]["output"], b[v]["epoch"], b[v]["attempts"]), v
+        assert [h["outcome"] for h in a[v]["history"]] == [h["outcome"] for h in b[v]["history"]]
+    # inline: big and join were run by the worker that completed price
+    assert a["big"]["history"][0]["worker"] == a["price"]["history"][0]["worker"]
 
 
 def test_events_carry_increasing_aggregate_versions(server):

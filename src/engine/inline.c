@@ -1,0 +1,164 @@
+/*
+ * inline — TRANSFORM successors completed by the worker that completed
+ * their predecessor, in the same transaction (see engine_int.h).
+ *
+ * A TRANSFORM is a pure function of {payload, steps, execution}: running it
+ * in the completing worker instead of a claiming one changes nothing a
+ * caller can observe except that it saves a claim and a transaction.  The
+ * worker dry-runs the join rule (steps_sim) over the rows it read, evaluates
+ * each TRANSFORM that would be dispatched, and hands the results to
+ * steps_apply, which applies them only if every row is still as read.
+ */
+#include "base/log.h"
+#include "base/mem.h"
+#include "engine/engine_int.h"
+#include "expr/template.h"
+#include "json/json.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct secret_ctx {
+    struct engine *g;
+    const char *ws;
+};
+
+static int secret_lookup(void *ctx, const char *name, char **value)
+{
+    struct secret_ctx *sc = ctx;
+    return engine_secret_get(sc->g, sc->ws, name, value, NULL);
+}
+
+int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
+                          json_t *ctx, json_t **out, char **out_text, char **err_text)
+{
+    struct secret_ctx sc = {g, ws};
+    struct ifl_err te = {0};
+    *out = NULL;
+    *out_text = NULL;
+    if (tmpl_eval(w->v[vi].output, ctx, secret_lookup, &sc, out, &te)) {
+        *err_text = steps_error_json("expression_error", te.msg);
+        return -1;
+    }
+    *out_text = json_to_string(*out ? *out : json_null());
+    if (!*out_text) {
+        json_decref(*out);
+        *out = NULL;
+        *err_text = steps_error_json("invalid_output", "the output is not valid JSON");
+        return -1;
+    }
+    return 0;
+}
+
+struct decision *engine_decide_edges(const struct wf *w, long vi, json_t *ctx, json_t *out)
+{
+    const struct wf_vertex *v = &w->v[vi];
+    json_t *o = out ? out : json_null();
+    json_object_set(json_object_get(ctx, "steps"), v->id, o);
+    json_object_set(ctx, "response", o);
+    struct decision *d = xcalloc(v->n_out + 1, sizeof *d);
+    for (size_t k = 0; k < v->n_out; k++)
+        engine_decide(w->e[v->out[k]].cond, ctx, &d[k]);
+    return d;
+}
+
+void engine_decisions_free(struct decision *d, size_t n)
+{
+    if (!d)
+        return;
+    for (size_t k = 0; k < n; k++)
+        free(d[k].error);
+    free(d);
+}
+
+void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi,
+                        const struct decision *dec, json_t *ctx, const struct store_step *rows,
+                        size_t n, struct inline_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    if (g->run.no_inline || !rows || n == 0)
+        return;
+    struct steps_sim *s = steps_sim_new(w, rows, n);
+    steps_sim_complete(s, vi, dec);
+    long t;
+    while (p->n < INLINE_MAX && (t = steps_sim_next(s)) >= 0) {
+        if (w->v[t].type != WF_TRANSFORM)
+            continue;
+        json_object_del(ctx, "response"); /* a TRANSFORM sees {payload, steps, execution} */
+        json_t *out = NULL;
+        char *out_text = NULL, *err_text = NULL;
+        if (engine_transform_eval(g, ws, w, t, ctx, &out, &out_text, &err_text)) {
+            free(err_text); /* a worker that claims it fails it, with its events */
+            break;
+        }
+        struct inline_item *it = &p->it[p->n];
+        it->vi = t;
+        it->output = out_text;
+        it->nd = w->v[t].n_out;
+        it->dec = engine_decide_edges(w, t, ctx, out);
+        json_decref(out);
+        it->epoch = -1;
+        for (size_t r = 0; r < n; r++)
+            if (strcmp(rows[r].vertex, w->v[t].id) == 0)
+                it->epoch = rows[r].epoch + 1;
+        p->items[p->n] = (struct step_inline){t, it->output, it->dec};
+        p->n++;
+        steps_sim_complete(s, t, it->dec);
+    }
+    steps_sim_free(s);
+    if (!p->n)
+        return;
+    p->seen_state = xcalloc(n, sizeof *p->seen_state);
+    p->seen_epoch = xcalloc(n, sizeof *p->seen_epoch);
+    p->n_seen = n;
+    for (size_t r = 0; r < n; r++) {
+        p->seen_state[r] = rows[r].state;
+        p->seen_epoch[r] = rows[r].epoch;
+    }
+}
+
+void engine_inline_attach(const struct inline_plan *p, struct step_outcome *o, const char *worker)
+{
+    if (!p->n)
+        return;
+    o->inl = p->items;
+    o->n_inl = p->n;
+    o->seen_state = p->seen_state;
+    o->seen_epoch = p->seen_epoch;
+    o->n_seen = p->n_seen;
+    o->worker = worker;
+}
+
+void engine_inline_done(struct engine *g, const struct inline_plan *p, const struct step_outcome *o)
+{
+    if (o->fenced || o->inlined <= 0)
+        return;
+    atomic_fetch_add(&g->m.steps_inlined, (unsigned long)o->inlined);
+    atomic_fetch_add(&g->m.steps_completed, (unsigned long)o->inlined);
+    if (g->trace_fd < 0)
+        return;
+    for (int k = 0; k < o->inlined && (size_t)k < p->n; k++) {
+        const char *vx = o->w->v[p->it[k].vi].id;
+        for (int pass = 0; pass < 2; pass++) {
+            char line[256];
+            int len = snprintf(line, sizeof line, "%s %s %s %lld\n", pass ? "completed" : "run",
+                               o->execution_id, vx, (long long)p->it[k].epoch);
+            if (len > 0 && (size_t)len < sizeof line &&
+                write(g->trace_fd, line, (size_t)len) != len)
+                log_warn("trace.write", "cannot write the trace file");
+        }
+    }
+}
+
+void engine_inline_clear(struct inline_plan *p)
+{
+    for (size_t k = 0; k < p->n; k++) {
+        free(p->it[k].output);
+        engine_decisions_free(p->it[k].dec, p->it[k].nd);
+    }
+    free(p->seen_state);
+    free(p->seen_epoch);
+    memset(p, 0, sizeof *p);
+}

@@ -106,8 +106,10 @@ struct inline_plan {
 void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi,
                         const struct decision *dec, json_t *ctx, const struct store_step *rows,
                         size_t n, struct inline_plan *p);
-/* Points o at the plan (which must outlive the transaction). */
-void engine_inline_attach(const struct inline_plan *p, struct step_outcome *o, const char *worker);
+/* Points o at the plan (which must outlive the transaction); traces each
+ * planned step as "inline" (IDEMFLOW_TRACE_FILE). */
+void engine_inline_attach(struct engine *g, const struct inline_plan *p, struct step_outcome *o,
+                          const char *worker);
 /* After the commit: metrics and trace lines for what was applied. */
 void engine_inline_done(struct engine *g, const struct inline_plan *p,
                         const struct step_outcome *o);

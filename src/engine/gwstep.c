@@ -455,7 +455,7 @@ size_t engine_gw_drain(struct engine *g)
             json_decref(out);
             engine_inline_plan(g, j->workspace, j->w, j->vi, go->d, j->ctx, j->rows, j->nrows,
                                &go->plan);
-            engine_inline_attach(&go->plan, &go->o, g->worker_prefix);
+            engine_inline_attach(g, &go->plan, &go->o, g->worker_prefix);
         }
         n++;
     }

@@ -119,10 +119,23 @@ void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, lo
     }
 }
 
-void engine_inline_attach(const struct inline_plan *p, struct step_outcome *o, const char *worker)
+static void trace(struct engine *g, const char *what, const char *xid, const char *vertex,
+                  int64_t epoch)
+{
+    char line[256];
+    int len = snprintf(line, sizeof line, "%s %s %s %lld\n", what, xid, vertex, (long long)epoch);
+    if (len > 0 && (size_t)len < sizeof line && write(g->trace_fd, line, (size_t)len) != len)
+        log_warn("trace.write", "cannot write the trace file");
+}
+
+void engine_inline_attach(struct engine *g, const struct inline_plan *p, struct step_outcome *o,
+                          const char *worker)
 {
     if (!p->n)
         return;
+    /* Evaluated, not yet applied: the commit decides (docs/faults.md). */
+    for (size_t k = 0; g->trace_fd >= 0 && k < p->n; k++)
+        trace(g, "inline", o->execution_id, o->w->v[p->it[k].vi].id, p->it[k].epoch);
     o->inl = p->items;
     o->n_inl = p->n;
     o->seen_state = p->seen_state;
@@ -137,19 +150,8 @@ void engine_inline_done(struct engine *g, const struct inline_plan *p, const str
         return;
     atomic_fetch_add(&g->m.steps_inlined, (unsigned long)o->inlined);
     atomic_fetch_add(&g->m.steps_completed, (unsigned long)o->inlined);
-    if (g->trace_fd < 0)
-        return;
-    for (int k = 0; k < o->inlined && (size_t)k < p->n; k++) {
-        const char *vx = o->w->v[p->it[k].vi].id;
-        for (int pass = 0; pass < 2; pass++) {
-            char line[256];
-            int len = snprintf(line, sizeof line, "%s %s %s %lld\n", pass ? "completed" : "run",
-                               o->execution_id, vx, (long long)p->it[k].epoch);
-            if (len > 0 && (size_t)len < sizeof line &&
-                write(g->trace_fd, line, (size_t)len) != len)
-                log_warn("trace.write", "cannot write the trace file");
-        }
-    }
+    for (int k = 0; g->trace_fd >= 0 && k < o->inlined && (size_t)k < p->n; k++)
+        trace(g, "completed", o->execution_id, o->w->v[p->it[k].vi].id, p->it[k].epoch);
 }
 
 void engine_inline_clear(struct inline_plan *p)

@@ -181,7 +181,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         .dec = p->d,
         .now = clock_now_ms(),
     };
-    engine_inline_attach(&p->plan, &p->o, worker);
+    engine_inline_attach(g, &p->plan, &p->o, worker);
     p->ready = 1;
 }
 

@@ -36,6 +36,7 @@ struct view {
     int *dirty;
     int dispatched;
     int64_t now;
+    int64_t ver; /* the execution's aggregate version as events are appended */
 };
 
 static void view_init(struct view *v, const struct wf *w, struct store_step *rows, size_t n,
@@ -45,6 +46,7 @@ static void view_init(struct view *v, const struct wf *w, struct store_step *row
     v->rows = rows;
     v->n = n;
     v->now = now;
+    v->ver = 0;
     v->dispatched = 0;
     v->row_of = xmalloc(w->nv * sizeof *v->row_of);
     v->was = xmalloc((n ? n : 1) * sizeof *v->was);
@@ -282,7 +284,8 @@ static const char *step_event_type(enum step_state s)
  * transitions; then the execution status (and its event) when it moved.
  * Skips row `except` (already written by the caller). */
 static int flush(struct store_tx *tx, struct view *v, const char *ws, const char *xid,
-                 const char *old_status, long except, char status_out[32], struct ifl_err *e)
+                 const char *old_status, int64_t ver0, long except, char status_out[32],
+                 struct ifl_err *e)
 {
     for (size_t r = 0; r < v->n; r++) {
         if (!v->dirty[r] || (long)r == except)
@@ -296,23 +299,28 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
         enum step_state now_state = v->rows[r].state;
         if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING) {
             rc = steps_event(tx, ws, xid, step_event_type(v->rows[r].state),
-                             step_event_data(&v->rows[r]), 0, e);
+                             step_event_data(&v->rows[r]), ++v->ver, e);
             if (rc)
                 return rc;
         }
     }
     const char *status = steps_status(v->rows, v->n);
     snprintf(status_out, 32, "%s", status);
-    if (strcmp(status, old_status) == 0)
+    int moved = strcmp(status, old_status) != 0;
+    if (moved) {
+        char type[64];
+        snprintf(type, sizeof type, "execution.%s", status);
+        json_t *d = json_object();
+        json_object_set_new(d, "status", json_string(status));
+        int rc = steps_event(tx, ws, xid, type, d, ++v->ver, e);
+        if (rc)
+            return rc;
+    }
+    /* One write of the execution row: status and the version the events
+     * above were stamped with (read in this transaction: the row is ours). */
+    if (!moved && v->ver == ver0)
         return 0;
-    int rc = store_tx_execution_set_status(tx, xid, status, e);
-    if (rc)
-        return rc;
-    char type[64];
-    snprintf(type, sizeof type, "execution.%s", status);
-    json_t *d = json_object();
-    json_object_set_new(d, "status", json_string(status));
-    return steps_event(tx, ws, xid, type, d, 0, e);
+    return store_tx_execution_set_status(tx, xid, status, v->ver, e);
 }
 
 /* 1 when every row has the state and epoch the worker read. */
@@ -378,6 +386,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     }
     struct view v;
     view_init(&v, o->w, rows, n, o->now);
+    v.ver = x.version;
     long vi = wf_vertex_index(o->w, o->vertex);
     long r = vi >= 0 ? v.row_of[vi] : -1;
     if (r < 0) {
@@ -418,7 +427,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         goto out;
     if (o->to != STEP_DISPATCHED &&
         (rc = steps_event(tx, o->workspace, o->execution_id, step_event_type(o->to),
-                          step_event_data(st), 0, e)))
+                          step_event_data(st), ++v.ver, e)))
         goto out;
     if (o->to == STEP_COMPLETED && o->dec) {
         const struct wf_vertex *vx = &o->w->v[vi];
@@ -427,7 +436,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (inline_ok && (rc = apply_inline(tx, &v, o, e)))
             goto out;
     }
-    rc = flush(tx, &v, o->workspace, o->execution_id, x.status, r, o->status, e);
+    rc = flush(tx, &v, o->workspace, o->execution_id, x.status, x.version, r, o->status, e);
     o->status_changed = strcmp(o->status, x.status) != 0;
     o->dispatched = v.dispatched;
 out:
@@ -472,13 +481,12 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     const char *status = steps_status(rows, n);
     snprintf(a->status, sizeof a->status, "%s", status);
     if (!rc && a->retried) {
-        if (strcmp(status, x.status) != 0)
-            rc = store_tx_execution_set_status(tx, a->execution_id, status, e);
-        if (!rc) {
-            json_t *d = json_object();
-            json_object_set_new(d, "retriedSteps", json_integer(a->retried));
-            rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, 0, e);
-        }
+        json_t *d = json_object();
+        json_object_set_new(d, "retriedSteps", json_integer(a->retried));
+        rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, x.version + 1,
+                         e);
+        if (!rc)
+            rc = store_tx_execution_set_status(tx, a->execution_id, status, x.version + 1, e);
     }
     store_steps_free(rows, n);
     store_execution_clear(&x);

@@ -609,9 +609,9 @@ int store_tx_execution_insert(struct store_tx *tx, const struct store_execution 
 }
 
 int store_tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
-                                  struct ifl_err *e)
+                                  int64_t version, struct ifl_err *e)
 {
-    return tx->s->ops->tx_execution_set_status(tx, id, status, e);
+    return tx->s->ops->tx_execution_set_status(tx, id, status, version, e);
 }
 
 int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,

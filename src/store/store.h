@@ -257,9 +257,11 @@ int store_tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
  * store_execution_create. */
 int store_tx_execution_insert(struct store_tx *tx, const struct store_execution *x, int *created,
                               struct ifl_err *e);
-/* Sets status and bumps updated_at. */
+/* Sets status and bumps updated_at; with version > 0 also sets the
+ * aggregate version (the caller appended events with version_preset up to
+ * it in this transaction, having read the execution in it). */
 int store_tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
-                                  struct ifl_err *e);
+                                  int64_t version, struct ifl_err *e);
 int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
                        size_t *n, struct ifl_err *e);
 int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);

@@ -56,7 +56,7 @@ struct store_ops {
     int (*tx_execution_insert)(struct store_tx *tx, const struct store_execution *x, int *created,
                                struct ifl_err *e);
     int (*tx_execution_set_status)(struct store_tx *tx, const char *id, const char *status,
-                                   struct ifl_err *e);
+                                   int64_t version, struct ifl_err *e);
     int (*tx_steps_get)(struct store_tx *tx, const char *execution_id, struct store_step **items,
                         size_t *n, struct ifl_err *e);
     int (*tx_step_insert)(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);

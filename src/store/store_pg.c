@@ -158,7 +158,9 @@ static const struct {
                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $14, $11, $12, $13)"
                        " ON CONFLICT (id) DO NOTHING RETURNING seq"},
     [S_EXEC_STATUS] = {"ifl_exec_status",
-                       "UPDATE executions SET status = $1, updated_at = $2 WHERE id = $3"},
+                       "UPDATE executions SET status = $1, updated_at = $2,"
+                       " version = CASE WHEN $4::bigint > 0 THEN $4::bigint ELSE version END"
+                       " WHERE id = $3"},
     [S_STEPS_OF] = {"ifl_steps_of",
                     "SELECT " STEP_COLS " FROM steps"
                     " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
@@ -1318,13 +1320,14 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
 }
 
 static int tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
-                                   struct ifl_err *e)
+                                   int64_t version, struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
     struct args p = {0};
     arg_s(&p, status);
     arg_i(&p, clock_now_ms());
     arg_s(&p, id);
+    arg_i(&p, version);
     PGresult *r = q(t, S_EXEC_STATUS, &p, e);
     if (!r)
         return t->fail_rc;

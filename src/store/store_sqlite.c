@@ -926,16 +926,18 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
 }
 
 static int tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
-                                   struct ifl_err *e)
+                                   int64_t version, struct ifl_err *e)
 {
     struct conn *c = txc(tx);
-    static const char sql[] = "UPDATE executions SET status = ?, updated_at = ? WHERE id = ?";
+    static const char sql[] = "UPDATE executions SET status = ?1, updated_at = ?2,"
+                              " version = CASE WHEN ?4 > 0 THEN ?4 ELSE version END WHERE id = ?3";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
     bind_text(st, 1, status);
     sqlite3_bind_int64(st, 2, clock_now_ms());
     bind_text(st, 3, id);
+    sqlite3_bind_int64(st, 4, version);
     int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_set_status");
     done_stmt(st);
     return rc;

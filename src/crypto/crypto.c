@@ -48,14 +48,25 @@ int crypto_random(void *buf, size_t n)
     return RAND_bytes(buf, (int)n) == 1 ? 0 : IFL_EIO;
 }
 
+/* Identifiers (event ids, random execution ids) are drawn from a per-thread
+ * pool refilled 1 KiB at a time: one RAND_bytes call — and one getpid, its
+ * fork check — per 32 ids instead of per id.  Keys and nonces use
+ * crypto_random directly.  The process never forks, so no pool is shared. */
+static _Thread_local uint8_t id_pool[1024];
+static _Thread_local size_t id_left;
+
 int crypto_random_hex32(char out[65])
 {
-    uint8_t r[32];
-    int rc = crypto_random(r, sizeof r);
-    if (rc)
-        return rc;
-    crypto_hex(r, sizeof r, out);
-    OPENSSL_cleanse(r, sizeof r);
+    if (id_left < 32) {
+        int rc = crypto_random(id_pool, sizeof id_pool);
+        if (rc)
+            return rc;
+        id_left = sizeof id_pool;
+    }
+    uint8_t *r = id_pool + sizeof id_pool - id_left;
+    crypto_hex(r, 32, out);
+    OPENSSL_cleanse(r, 32);
+    id_left -= 32;
     return 0;
 }
 

@@ -87,6 +87,22 @@ static void test_equal(void **state)
     assert_false(crypto_equal("abc", 3, "abcd", 4));
 }
 
+/* Ids from the per-thread pool: well-formed and all distinct, across
+ * several refills of the pool. */
+static void test_random_ids_distinct(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    static char ids[N][65];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(crypto_random_hex32(ids[i]), 0);
+        assert_int_equal(strlen(ids[i]), 64);
+        assert_int_equal(strspn(ids[i], "0123456789abcdef"), 64);
+        for (int j = 0; j < i; j++)
+            assert_string_not_equal(ids[i], ids[j]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -95,6 +111,7 @@ int main(void)
         cmocka_unit_test(test_base64_round_trip),
         cmocka_unit_test(test_seal_open),
         cmocka_unit_test(test_equal),
+        cmocka_unit_test(test_random_ids_distinct),
     };
     return cmocka_run_group_tests_name("crypto", tests, NULL, NULL);
 }

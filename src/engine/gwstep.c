@@ -234,7 +234,11 @@ int engine_gw_start(struct engine *g, const struct store_claim *c, const struct 
     j->w = w;
     j->vi = vi;
     j->ctx = json_incref(ctx);
-    j->first_attempt_ms = first_attempt(g, c->execution_id, c->vertex, clock_now_ms());
+    /* The deadline counts from the first attempt: this one, or one in the
+     * history (read only when there is one). */
+    j->first_attempt_ms = c->attempts <= 1
+                              ? clock_now_ms()
+                              : first_attempt(g, c->execution_id, c->vertex, clock_now_ms());
     struct ifl_err e = {0};
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
         (verify_first(*rows, *n, c->vertex) && v->verify &&

@@ -528,6 +528,20 @@ int store_steps_get(struct store *s, const char *execution_id, struct store_step
     return s->ops->steps_get(s, execution_id, items, n, e);
 }
 
+int store_execution_load(struct store *s, const char *ws, const char *id,
+                         struct store_execution *x, struct store_step **items, size_t *n,
+                         struct ifl_err *e)
+{
+    memset(x, 0, sizeof *x);
+    ZERO_OUT(items, n);
+    if (s->ops->execution_load)
+        return s->ops->execution_load(s, ws, id, x, items, n, e);
+    int rc = s->ops->execution_get(s, ws, id, x, e);
+    if (!rc && (rc = s->ops->steps_get(s, id, items, n, e)))
+        store_execution_clear(x);
+    return rc;
+}
+
 int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
                        size_t *n, struct ifl_err *e)
 {

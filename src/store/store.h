@@ -198,6 +198,12 @@ void store_events_free(struct store_event *v, size_t n);
 /* Steps of one execution, in vertex-name order (reads a committed snapshot). */
 int store_steps_get(struct store *s, const char *execution_id, struct store_step **items, size_t *n,
                     struct ifl_err *e);
+/* The execution and its steps (vertex-name order) read from ONE snapshot:
+ * what a worker needs to run a claimed step.  IFL_ENOTFOUND when absent;
+ * on success the caller clears *x and frees *items. */
+int store_execution_load(struct store *s, const char *ws, const char *id,
+                         struct store_execution *x, struct store_step **items, size_t *n,
+                         struct ifl_err *e);
 /* Attempt history of one execution, oldest first. */
 int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
                        size_t *n, struct ifl_err *e);

@@ -29,6 +29,10 @@ struct store_ops {
                          struct store_execution *out, struct ifl_err *e);
     int (*execution_list)(struct store *s, const char *ws, int64_t after_ts, const char *after_id,
                           int limit, struct store_execution **items, size_t *n, struct ifl_err *e);
+    /* Optional (NULL: execution_get, then steps_get): one snapshot. */
+    int (*execution_load)(struct store *s, const char *ws, const char *id,
+                          struct store_execution *x, struct store_step **items, size_t *n,
+                          struct ifl_err *e);
     int (*steps_get)(struct store *s, const char *execution_id, struct store_step **items,
                      size_t *n, struct ifl_err *e);
     int (*attempts_get)(struct store *s, const char *execution_id, struct store_attempt **items,

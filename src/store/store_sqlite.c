@@ -1221,6 +1221,28 @@ static int op_steps_get(struct store *base, const char *execution_id, struct sto
     return rc;
 }
 
+/* One read transaction for both, so the second query finds the pages the
+ * first brought into this connection's cache (a new read transaction after
+ * a commit starts with an emptied cache) and both see one snapshot. */
+static const char sql_read_begin[] = "BEGIN";
+
+static int op_execution_load(struct store *base, const char *ws, const char *id,
+                             struct store_execution *x, struct store_step **items, size_t *n,
+                             struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    struct conn *c = reader_get(s, e);
+    if (!c)
+        return IFL_ESTORE;
+    int rc = ctl(c, sql_read_begin, e);
+    if (!rc && !(rc = exec_get(c, ws, id, x, e)) && (rc = steps_of(c, id, items, n, e)))
+        store_execution_clear(x);
+    if (ctl(c, sql_commit, NULL))
+        exec(c, "ROLLBACK", NULL);
+    reader_put(s, c);
+    return rc;
+}
+
 static int op_attempts_get(struct store *base, const char *execution_id,
                            struct store_attempt **items, size_t *n, struct ifl_err *e)
 {
@@ -1504,6 +1526,7 @@ static const struct store_ops sqlite_ops = {
     .secret_get = op_secret_get,
     .secret_list = op_secret_list,
     .steps_get = op_steps_get,
+    .execution_load = op_execution_load,
     .attempts_get = op_attempts_get,
     .claim = op_claim,
     .lease_renew = op_lease_renew,

@@ -141,8 +141,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
             return;
         }
     }
-    if (store_execution_load(g->store, c->workspace, c->execution_id, &p->x, &p->rows, &p->n,
-                             &e) ||
+    if (store_execution_load(g->store, c->workspace, c->execution_id, &p->x, &p->rows, &p->n, &e) ||
         engine_workflow_get(g, c->workspace, p->x.workflow, p->x.workflow_version, &w, &version,
                             &e)) {
         log_error("step.load_failed", "%s/%s: %s", c->execution_id, c->vertex, e.msg);

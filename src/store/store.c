@@ -528,9 +528,8 @@ int store_steps_get(struct store *s, const char *execution_id, struct store_step
     return s->ops->steps_get(s, execution_id, items, n, e);
 }
 
-int store_execution_load(struct store *s, const char *ws, const char *id,
-                         struct store_execution *x, struct store_step **items, size_t *n,
-                         struct ifl_err *e)
+int store_execution_load(struct store *s, const char *ws, const char *id, struct store_execution *x,
+                         struct store_step **items, size_t *n, struct ifl_err *e)
 {
     memset(x, 0, sizeof *x);
     ZERO_OUT(items, n);

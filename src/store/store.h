@@ -201,9 +201,8 @@ int store_steps_get(struct store *s, const char *execution_id, struct store_step
 /* The execution and its steps (vertex-name order) read from ONE snapshot:
  * what a worker needs to run a claimed step.  IFL_ENOTFOUND when absent;
  * on success the caller clears *x and frees *items. */
-int store_execution_load(struct store *s, const char *ws, const char *id,
-                         struct store_execution *x, struct store_step **items, size_t *n,
-                         struct ifl_err *e);
+int store_execution_load(struct store *s, const char *ws, const char *id, struct store_execution *x,
+                         struct store_step **items, size_t *n, struct ifl_err *e);
 /* Attempt history of one execution, oldest first. */
 int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
                        size_t *n, struct ifl_err *e);

@@ -4,7 +4,7 @@
  * store: applied when the rows are as the worker read them, with an attempt
  * row and an event each; not applied when any row changed meanwhile, nor for
  * a step the outcome did not dispatch; and the dry run (steps_sim) agrees
- * with the join rule.
+ * with the join rule.  Also store_execution_load, which workers read them with.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -313,6 +313,35 @@ static void test_sim_follows_the_join_rule(void **state)
     store_steps_free(rows, n);
 }
 
+/* store_execution_load: the execution and its rows, as the separate reads
+ * give them; an unknown id is IFL_ENOTFOUND with nothing to free. */
+static void test_execution_load(void **state)
+{
+    struct fx *f = *state;
+    struct store_execution x;
+    struct store_step *rows = NULL, *ref = NULL;
+    size_t n = 0, m = 0;
+    assert_int_equal(store_execution_load(f->s, "ws", XID, &x, &rows, &n, NULL), 0);
+    assert_string_equal(x.id, XID);
+    assert_string_equal(x.workflow, "wf");
+    assert_int_equal(store_steps_get(f->s, XID, &ref, &m, NULL), 0);
+    assert_int_equal(n, m);
+    assert_int_equal(n, 6);
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(rows[i].vertex, ref[i].vertex);
+        assert_int_equal(rows[i].state, ref[i].state);
+    }
+    store_steps_free(rows, n);
+    store_steps_free(ref, m);
+    store_execution_clear(&x);
+    rows = NULL;
+    n = 7;
+    assert_int_equal(store_execution_load(f->s, "ws", "nope", &x, &rows, &n, NULL), IFL_ENOTFOUND);
+    assert_null(rows);
+    assert_int_equal(n, 0);
+    assert_int_equal(store_execution_load(f->s, "other", XID, &x, &rows, &n, NULL), IFL_ENOTFOUND);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -321,6 +350,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_inline_only_what_this_outcome_dispatched, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sim_follows_the_join_rule, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_execution_load, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,7 +24,7 @@
 # GWCALLS_BIN ($BUILD/bench/gwcalls), BENCH_STORES ("sqlite postgres";
 # postgres is skipped when PostgreSQL is not installed), BENCH_EXECUTIONS
 # (5000), BENCH_INFLIGHT (200), BENCH_CALLS (20000), BENCH_CEILING_RUNS (3),
-# BENCH_DRIVER_CONNS (16), BENCH_WORKERS (2), BENCH_TIMEOUT (300 s per store),
+# BENCH_DRIVER_CONNS (64), BENCH_WORKERS (4), BENCH_TIMEOUT (300 s per store),
 # BENCH_KEEP (1: keep the temp dir).
 #
 # Exit status 1 when a call or trigger got an unexpected status, an
@@ -42,8 +42,8 @@ EXECS=${BENCH_EXECUTIONS:-5000}
 INFLIGHT=${BENCH_INFLIGHT:-200}
 CALLS=${BENCH_CALLS:-20000}
 CEIL_RUNS=${BENCH_CEILING_RUNS:-3}
-DCONNS=${BENCH_DRIVER_CONNS:-16}
-WORKERS=${BENCH_WORKERS:-2}
+DCONNS=${BENCH_DRIVER_CONNS:-64}
+WORKERS=${BENCH_WORKERS:-4}
 LIMIT=${BENCH_TIMEOUT:-300}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 PY=/usr/bin/python3

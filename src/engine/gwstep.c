@@ -436,6 +436,9 @@ size_t engine_gw_drain(struct engine *g)
         next = j->next;
         struct gw_outcome *go = &outs[n];
         go->o = (struct step_outcome){0};
+        /* A provider that echoes a secret must not get it stored or shown. */
+        gw_response_scrub(j->resp, &j->req);
+        gw_response_scrub(j->resp, &j->vreq);
         if (!decide(j, &go->o, &go->out_text, &go->err_text))
             continue; /* another call is in flight for this job */
         inflight_remove(j);

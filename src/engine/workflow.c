@@ -196,7 +196,15 @@ static int compile_transform(struct wf_vertex *v, json_t *cfg, struct ifl_err *e
         return err_setp(e, IFL_EVALIDATION, p, "a TRANSFORM needs an output template");
     }
     vptr(p, sizeof p, v->id, "/config/output");
-    return tmpl_compile(out, p, &v->output, e);
+    int rc = tmpl_compile(out, p, &v->output, e);
+    /* An output is stored and shown (spec §6: secrets never appear in step
+     * outputs): secrets belong in GATEWAY requests, which keep a masked copy. */
+    const char *sp = rc ? NULL : tmpl_secret_pointer(v->output);
+    if (sp)
+        rc = err_setp(e, IFL_EVALIDATION, sp,
+                      "{{ secrets.… }} is only allowed in a GATEWAY request (url, headers, query, "
+                      "body, verify): a TRANSFORM output is stored and shown");
+    return rc;
 }
 
 static int compile_vertices(struct wf *w, json_t *vertices, struct ifl_err *e)

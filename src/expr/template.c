@@ -195,6 +195,24 @@ int tmpl_is_constant(const struct tmpl *t)
     return t->root.kind == TN_CONST;
 }
 
+static const char *secret_ptr(const struct tnode *n)
+{
+    if (n->kind == TN_SECRET)
+        return n->ptr;
+    if (n->kind == TN_ARR || n->kind == TN_OBJ)
+        for (size_t i = 0; i < n->n; i++) {
+            const char *p = secret_ptr(&n->kids[i]);
+            if (p)
+                return p;
+        }
+    return NULL;
+}
+
+const char *tmpl_secret_pointer(const struct tmpl *t)
+{
+    return secret_ptr(&t->root);
+}
+
 static int subst(const struct tnode *t, tmpl_secret_fn secrets, void *sctx, json_t **out,
                  struct ifl_err *err)
 {

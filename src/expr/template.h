@@ -50,4 +50,9 @@ int tmpl_eval(const struct tmpl *t, json_t *context, tmpl_secret_fn secrets, voi
  * value is the definition itself). */
 int tmpl_is_constant(const struct tmpl *t);
 
+/* The JSON Pointer (base_pointer included) of the first string with a
+ * `{{ secrets.NAME }}` reference, or NULL when there is none.  Borrowed
+ * from t. */
+const char *tmpl_secret_pointer(const struct tmpl *t);
+
 #endif

@@ -138,7 +138,20 @@ char *gw_secret_sentinel(const char *name)
 
 /* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
  * Returns a new heap string, or NULL with *rc set on a resolver error. */
-static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *rc)
+/* Remembers a substituted secret value in r (once). */
+static void keep_secret(struct gw_request *r, const char *val)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->nsecrets; i++)
+        if (strcmp(r->secrets[i], val) == 0)
+            return;
+    r->secrets = xrealloc(r->secrets, (r->nsecrets + 1) * sizeof *r->secrets);
+    r->secrets[r->nsecrets++] = xstrdup(val);
+}
+
+static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *rc,
+                               struct gw_request *keep)
 {
     struct buf b;
     buf_init(&b, 0);
@@ -169,6 +182,7 @@ static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *r
                 return NULL;
             }
             buf_puts(&b, val);
+            keep_secret(keep, val);
             crypto_wipe(val, strlen(val));
             free(val);
         }
@@ -200,6 +214,9 @@ void gw_request_clear(struct gw_request *r)
     free(r->masked_url);
     json_decref(r->masked);
     free(r->idempotency_key);
+    for (size_t i = 0; i < r->nsecrets; i++)
+        wipe_free(r->secrets[i]);
+    free(r->secrets);
     memset(r, 0, sizeof *r);
 }
 
@@ -253,7 +270,7 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
         if (strcasecmp(k, "Content-Type") == 0)
             has_ct = 1;
         int rc = 0;
-        char *masked = replace_sentinels(val, NULL, NULL, &rc);
+        char *masked = replace_sentinels(val, NULL, NULL, &rc, NULL);
         if (strcasecmp(k, "Idempotency-Key") == 0)
             out->idempotency_key = xstrdup(masked);
         json_object_set_new(mh, k, json_string(masked));
@@ -268,13 +285,13 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
         out->nheaders++;
     }
     int rc = 0;
-    out->masked_url = replace_sentinels(out->url, NULL, NULL, &rc);
+    out->masked_url = replace_sentinels(out->url, NULL, NULL, &rc, NULL);
     out->masked = json_object();
     json_object_set_new(out->masked, "method", json_string(out->method));
     json_object_set_new(out->masked, "url", json_string(out->masked_url));
     json_object_set_new(out->masked, "headers", mh);
     if (out->body) {
-        char *mb = replace_sentinels(out->body, NULL, NULL, &rc);
+        char *mb = replace_sentinels(out->body, NULL, NULL, &rc, NULL);
         json_t *pb = NULL;
         json_object_set_new(out->masked, "body",
                             json_parse(mb, strlen(mb), NULL, &pb, NULL) == 0 ? pb
@@ -289,21 +306,21 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
     int rc = 0;
     char *s;
     if (strstr(r->url, SENTINEL_OPEN)) {
-        if (!(s = replace_sentinels(r->url, fn, ctx, &rc)))
+        if (!(s = replace_sentinels(r->url, fn, ctx, &rc, r)))
             return err_set(e, rc, "a secret in the url cannot be resolved");
         wipe_free(r->url);
         r->url = s;
     }
     for (size_t i = 0; i < r->nheaders; i++)
         if (strstr(r->headers[i].value, SENTINEL_OPEN)) {
-            if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc)))
+            if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc, r)))
                 return err_set(e, rc, "a secret in header %s cannot be resolved",
                                r->headers[i].name);
             wipe_free(r->headers[i].value);
             r->headers[i].value = s;
         }
     if (r->body && strstr(r->body, SENTINEL_OPEN)) {
-        if (!(s = replace_sentinels(r->body, fn, ctx, &rc)))
+        if (!(s = replace_sentinels(r->body, fn, ctx, &rc, r)))
             return err_set(e, rc, "a secret in the body cannot be resolved");
         wipe_free(r->body);
         r->body = s;
@@ -320,6 +337,60 @@ void gw_response_clear(struct gw_response *r)
     json_decref(r->headers);
     free(r->body);
     memset(r, 0, sizeof *r);
+}
+
+/* Replaces every occurrence of sec (slen bytes) in [p, p+n) with "****";
+ * returns a new heap buffer (length in *out_n) or NULL when there is none. */
+static char *scrub_bytes(const char *p, size_t n, const char *sec, size_t slen, size_t *out_n)
+{
+    const char *hit = memmem(p, n, sec, slen);
+    if (!hit)
+        return NULL;
+    struct buf b;
+    buf_init(&b, 0);
+    const char *end = p + n;
+    while (hit) {
+        buf_append(&b, p, (size_t)(hit - p));
+        buf_puts(&b, "****");
+        p = hit + slen;
+        hit = memmem(p, (size_t)(end - p), sec, slen);
+    }
+    buf_append(&b, p, (size_t)(end - p));
+    *out_n = b.len;
+    return buf_steal(&b);
+}
+
+void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
+{
+    for (size_t i = 0; req && i < req->nsecrets; i++) {
+        const char *sec = req->secrets[i];
+        size_t slen = strlen(sec), n = 0;
+        if (slen < 4)
+            continue;
+        char *clean;
+        if (resp->body && (clean = scrub_bytes(resp->body, resp->body_len, sec, slen, &n))) {
+            crypto_wipe(resp->body, resp->body_len);
+            free(resp->body);
+            resp->body = clean;
+            resp->body_len = n;
+        }
+        const char *name;
+        json_t *v;
+        json_object_foreach(resp->headers, name, v)
+        {
+            const char *s = json_string_value(v);
+            if (s && (clean = scrub_bytes(s, strlen(s), sec, slen, &n))) {
+                json_string_setn(v, clean, n);
+                free(clean);
+            }
+        }
+        if (strstr(resp->error, sec)) {
+            size_t en = 0;
+            char *e2 = scrub_bytes(resp->error, strlen(resp->error), sec, slen, &en);
+            snprintf(resp->error, sizeof resp->error, "%s", e2);
+            free(e2);
+        }
+    }
 }
 
 int64_t gw_http_date_ms(const char *s)

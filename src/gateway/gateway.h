@@ -62,6 +62,10 @@ struct gw_request {
     json_t *masked;        /* {"method","url","headers","body"} */
     char *idempotency_key; /* the Idempotency-Key header value, if any (masked
                               when it contains a secret) */
+    /* The secret values substituted on the wire (wiped on clear), so that a
+     * response echoing one can be scrubbed (gw_response_scrub). */
+    char **secrets;
+    size_t nsecrets;
 };
 void gw_request_clear(struct gw_request *r);
 
@@ -100,6 +104,10 @@ struct gw_response {
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);
+/* Replaces every occurrence of a secret value that req sent (values of 4
+ * bytes or more; shorter ones would mangle any body) with "****" in the
+ * response's body and header values, before anything stores or shows it. */
+void gw_response_scrub(struct gw_response *resp, const struct gw_request *req);
 
 enum gw_class {
     GW_SUCCESS,      /* 2xx, 3xx → COMPLETED */

@@ -165,18 +165,35 @@ def test_condition_error_fails_the_target_and_the_source_stands(server):
     assert any(d["executionId"] == xid and d["vertex"] == "b" for d in dl)
 
 
-SECRET_FLOW = {
-    "vertices": {
-        "start": {"type": "ENTRY_POINT"},
-        "needs_secret": {"type": "TRANSFORM", "config": {"output": {"auth": "Bearer {{ secrets.TOKEN }}"}}},
-        "after": {"type": "TRANSFORM", "config": {"output": "= 'done ' & payload.n"}},
-    },
-    "edges": [{"from": "start", "to": "needs_secret"}, {"from": "needs_secret", "to": "after"}],
-}
+def secret_flow(server):
+    """A GATEWAY (to the engine's own /healthz) that needs secret TOKEN: it
+    fails while the secret is missing, and runs once it exists."""
+    return {
+        "vertices": {
+            "start": {"type": "ENTRY_POINT"},
+            "needs_secret": {"type": "GATEWAY", "config": {
+                "method": "GET", "url": f"http://127.0.0.1:{server.port}/healthz",
+                "headers": {"Authorization": "Bearer {{ secrets.TOKEN }}"}}},
+            "after": {"type": "TRANSFORM", "config": {"output": "= 'done ' & payload.n"}},
+        },
+        "edges": [{"from": "start", "to": "needs_secret"}, {"from": "needs_secret", "to": "after"}],
+    }
+
+
+def test_secrets_in_a_transform_output_are_rejected(server):
+    """An output is stored and shown; secrets never appear in step outputs."""
+    server.put(WS, {})
+    r = server.put(f"{WS}/workflows/leaky", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "t": {"type": "TRANSFORM",
+                           "config": {"output": {"a": [1, "Bearer {{ secrets.TOKEN }}"]}}}},
+        "edges": [{"from": "start", "to": "t"}]})
+    assert r.status == 422 and r.json["pointer"] == "/vertices/t/config/output/a/1", r
+    assert server.get(f"{WS}/workflows/leaky").status == 404
 
 
 def test_retry_reruns_failed_steps_and_completed_ones_stay(server):
-    put_workflow(server, "secretive", SECRET_FLOW)
+    put_workflow(server, "secretive", secret_flow(server))
     xid = run(server, "secretive", {"n": 1})
     x = finished(server, xid)
     assert x["status"] == "failed"
@@ -191,12 +208,12 @@ def test_retry_reruns_failed_steps_and_completed_ones_stay(server):
     st = steps_of(x)
     assert st["after"]["output"] == "done 1"
     assert st["needs_secret"]["state"] == "COMPLETED"
-    assert [h["outcome"] for h in st["needs_secret"]["history"]] == ["failed", "completed"]
+    assert [h["outcome"] for h in st["needs_secret"]["history"]] == ["failed", "success"]
     assert len(st["start"]["history"]) == 0
 
 
 def test_resolve_completes_a_failed_step_and_continues(server):
-    put_workflow(server, "secretive", SECRET_FLOW)
+    put_workflow(server, "secretive", secret_flow(server))
     xid = run(server, "secretive", {"n": 2})
     finished(server, xid)
     r = server.post(f"{WS}/executions/{xid}/steps/needs_secret/resolve",
@@ -248,7 +265,7 @@ def test_operator_cli(server):
     import json
     import subprocess
     from conftest import BIN
-    put_workflow(server, "secretive", SECRET_FLOW)
+    put_workflow(server, "secretive", secret_flow(server))
     xid = run(server, "secretive", {"n": 3})
     finished(server, xid)
     url = f"http://127.0.0.1:{server.port}"

@@ -327,6 +327,21 @@ def test_sigkill_while_a_charge_is_in_flight_then_restart(make_server, mock):
     assert "lease_expired" in [h["outcome"] for h in steps_of(x)["charge"]["history"]]
 
 
+def assert_secret_nowhere(s):
+    """Stops s, then greps its logs and its database (files or pg_dump)."""
+    s.stop()
+    assert SECRET not in s.logs()
+    if s.db.startswith("sqlite:"):
+        path = s.db[len("sqlite:"):]
+        for suffix in ("", "-wal"):
+            if os.path.exists(path + suffix):
+                with open(path + suffix, "rb") as f:
+                    assert SECRET.encode() not in f.read()
+    else:
+        dump = subprocess.run(["pg_dump", s.db], capture_output=True, check=True).stdout
+        assert SECRET.encode() not in dump
+
+
 def test_secrets_never_reach_storage_logs_or_responses(make_server, mock, workdir):
     s = make_server()
     s.start()
@@ -344,14 +359,61 @@ def test_secrets_never_reach_storage_logs_or_responses(make_server, mock, workdi
     assert failed, "the failed attempt should show its masked request"
     for b in bodies:
         assert SECRET.encode() not in b
-    s.stop()
-    assert SECRET not in s.logs()
-    if s.db.startswith("sqlite:"):
-        path = s.db[len("sqlite:"):]
-        for suffix in ("", "-wal"):
-            if os.path.exists(path + suffix):
-                with open(path + suffix, "rb") as f:
-                    assert SECRET.encode() not in f.read()
-    else:
-        dump = subprocess.run(["pg_dump", s.db], capture_output=True, check=True).stdout
-        assert SECRET.encode() not in dump
+    assert_secret_nowhere(s)
+
+
+def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
+    """A destination that echoes the Authorization header (in its body and a
+    response header): the step output keeps the response, with the secret
+    value replaced by ****, in the API, the event feed, the logs and the
+    database."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            auth = self.headers.get("Authorization", "")
+            data = json.dumps({"youSent": auth, "ok": True}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("X-Echo", auth)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    echo = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    try:
+        s = make_server()
+        s.start()
+        put_workflow(s, "echo", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{echo.server_address[1]}/x",
+                    "headers": {"Authorization": "Bearer {{ secrets.PAY_KEY }}"},
+                    "body": {"n": "= payload.n"}}},
+                "next": {"type": "TRANSFORM", "config": {"output": "= steps.call.body"}},
+            },
+            "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "next"}],
+        })
+        assert s.put(f"{WS}/secrets/PAY_KEY", {"value": SECRET}).status == 204
+        xid = run(s, "echo", {"n": 1})
+        x = finished(s, xid)
+        assert x["status"] == "completed", x
+        out = steps_of(x)["call"]["output"]
+        assert out["body"] == {"youSent": "Bearer ****", "ok": True}
+        assert out["headers"]["x-echo"] == "Bearer ****"
+        assert steps_of(x)["next"]["output"]["youSent"] == "Bearer ****"
+        for raw in (s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw):
+            assert SECRET.encode() not in raw
+        assert_secret_nowhere(s)
+    finally:
+        echo.shutdown()
+        echo.server_close()

@@ -154,6 +154,26 @@ static void test_secrets_are_masked(void **state)
     for (size_t i = 0; i < r.nheaders; i++)
         found |= strcmp(r.headers[i].value, "Bearer sk_live_SECRET") == 0;
     assert_true(found);
+    /* the value is remembered once, though sent twice */
+    assert_int_equal(r.nsecrets, 1);
+    assert_string_equal(r.secrets[0], "sk_live_SECRET");
+
+    /* a provider echoing it: scrubbed from the body, header values and the
+     * transport error text, the rest untouched */
+    struct gw_response resp = {.transport = GW_T_OK, .status = 200};
+    const char echo[] =
+        "{\"auth\":\"Bearer sk_live_SECRET\",\"again\":\"sk_live_SECRETsk_live_SECRET\"}";
+    resp.body = strdup(echo);
+    resp.body_len = strlen(echo);
+    resp.headers = json_pack("{s:s,s:s}", "x-echo", "token=sk_live_SECRET;", "x-other", "plain");
+    snprintf(resp.error, sizeof resp.error, "upstream said sk_live_SECRET");
+    gw_response_scrub(&resp, &r);
+    assert_string_equal(resp.body, "{\"auth\":\"Bearer ****\",\"again\":\"********\"}");
+    assert_int_equal(resp.body_len, strlen(resp.body));
+    assert_string_equal(json_string_value(json_object_get(resp.headers, "x-echo")), "token=****;");
+    assert_string_equal(json_string_value(json_object_get(resp.headers, "x-other")), "plain");
+    assert_string_equal(resp.error, "upstream said ****");
+    gw_response_clear(&resp);
     gw_request_clear(&r);
     json_decref(rendered);
     free(url);

@@ -74,6 +74,11 @@ static void test_rejections(void **state)
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\","
                "\"config\":{\"idempotencyFields\":[\"ok\",\"bad path\"]}}}}",
                "/vertices/a/config/idempotencyFields/1");
+    /* a TRANSFORM output is stored and shown: no secrets in it */
+    expect_bad(
+        "{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+        "\"t\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":{\"x\":[\"{{ secrets.K }}\"]}}}}}",
+        "/vertices/t/config/output/x/0");
 }
 
 static void test_good_graph(void **state)
@@ -83,7 +88,7 @@ static void test_good_graph(void **state)
     int rc = compile("{\"vertices\":{"
                      "\"d\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"= steps.b\"}},"
                      "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"= payload.x\"}},"
-                     "\"c\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"{{ secrets.K }}\"}},"
+                     "\"c\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":\"literal\"}},"
                      "\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"idempotencyFields\":\"x\"}}},"
                      "\"edges\":[{\"from\":\"a\",\"to\":\"b\"},"
                      "{\"from\":\"a\",\"to\":\"c\",\"condition\":\"= payload.x > 1\"},"

@@ -58,7 +58,9 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"order":{"id":"hello-0000000000","amount":1250,"currency":"eur","items":[1,2,3]}}'
 EOF
 cat >"$tmp/new.lua" <<'EOF'
-local n, tid = 0, 0
+-- tid is the global thread:set() writes (a local here would shadow it and
+-- make both threads send the same ids: duplicates, not new triggers)
+local n = 0
 local counter = 0
 function setup(thread) counter = counter + 1; thread:set("tid", counter) end
 function request()

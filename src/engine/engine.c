@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static unsigned hash3(const char *a, const char *b, int v)
 {
@@ -359,38 +360,79 @@ static struct decision *decide_all(const struct wf *w, size_t vi, json_t *ctx, j
     return d;
 }
 
-static void decisions_free(struct decision *d, size_t n)
-{
-    if (!d)
-        return;
-    for (size_t i = 0; i < n; i++)
-        free(d[i].error);
-    free(d);
-}
-
 struct create_args {
     const struct store_execution *x;
     struct store_step *rows;
     size_t nrows;
     const char *status;
     int dispatched;
+    int inlined;        /* TRANSFORMs completed at trigger time */
+    const char *worker; /* … recorded as their attempt's worker */
     int created;
     struct store_execution *existing;
 };
+
+/* 1 for a row completed at trigger time (not the entry: it has no attempt). */
+static int inlined_row(const struct store_step *r)
+{
+    return r->state == STEP_COMPLETED && r->attempts > 0;
+}
+
+/* The TRANSFORMs the entry dispatched (and theirs, up to INLINE_MAX) run now,
+ * in the trigger's thread: they are pure, their inputs are all here, and
+ * they then commit with the execution in its one transaction — no claim, no
+ * outcome transaction.  The first that fails to evaluate stays DISPATCHED,
+ * for a worker to fail it with its error and events. */
+static void inline_initial(struct engine *g, const struct wf *w, struct store_execution *nx,
+                           json_t *ctx, struct create_args *ca)
+{
+    for (int k = 0; k < INLINE_MAX; k++) {
+        long vi = -1;
+        for (size_t r = 0; r < ca->nrows && vi < 0; r++) {
+            long t = wf_vertex_index(w, ca->rows[r].vertex);
+            if (ca->rows[r].state == STEP_DISPATCHED && t >= 0 && w->v[t].type == WF_TRANSFORM)
+                vi = t;
+        }
+        if (vi < 0)
+            return;
+        json_object_del(ctx, "response");
+        json_t *out = NULL;
+        char *out_text = NULL, *err_text = NULL;
+        if (engine_transform_eval(g, nx->workspace, w, vi, ctx, &out, &out_text, &err_text)) {
+            free(err_text);
+            return;
+        }
+        struct decision *d = engine_decide_edges(w, vi, ctx, out);
+        steps_complete_initial(w, ca->rows, ca->nrows, vi, out_text, d);
+        engine_decisions_free(d, w->v[vi].n_out);
+        json_decref(out);
+        free(out_text);
+        ca->inlined++;
+    }
+}
 
 static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
                          struct store_execution *nx, json_t *payload, struct create_args *ca)
 {
     json_t *ctx = engine_context(nx, NULL, 0);
-    json_object_set(json_object_get(ctx, "steps"), w->v[entry].id, payload);
-    struct decision *d = decide_all(w, entry, ctx, payload);
-    json_decref(ctx);
+    struct decision *d = engine_decide_edges(w, (long)entry, ctx, payload);
     steps_initial(w, entry, nx->id, nx->workspace, nx->payload, d, clock_now_ms(), &ca->rows,
                   &ca->nrows, &ca->status);
-    decisions_free(d, w->v[entry].n_out);
+    engine_decisions_free(d, w->v[entry].n_out);
+    ca->worker = g->worker_prefix;
+    if (!g->run.no_inline)
+        inline_initial(g, w, nx, ctx, ca);
+    json_decref(ctx);
+    ca->status = steps_status(ca->rows, ca->nrows);
     nx->status = (char *)ca->status;
-    for (size_t i = 0; i < ca->nrows; i++)
+    /* every event of the creating transaction, stamped 1, 2, … (no bumps) */
+    nx->version = 1;
+    for (size_t i = 0; i < ca->nrows; i++) {
         ca->dispatched |= ca->rows[i].state == STEP_DISPATCHED;
+        nx->version += inlined_row(&ca->rows[i]) || ca->rows[i].state == STEP_SKIPPED ||
+                       ca->rows[i].state == STEP_FAILED;
+    }
+    nx->version += strcmp(ca->status, "running") != 0;
     return 0;
 }
 
@@ -417,26 +459,66 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     json_object_set_new(d, "entryPoint", json_string(x->entry_point));
     if (x->started_over_from)
         json_object_set_new(d, "startedOverFrom", json_string(x->started_over_from));
-    /* The row was inserted with version 1: its created event takes it. */
-    if ((rc = steps_event(tx, x->workspace, x->id, "execution.created", d, 1, e)))
+    /* The row was inserted with the version its last event takes
+     * (prepare_steps counted them); the events are stamped 1, 2, … */
+    int64_t v = 1;
+    if ((rc = steps_event(tx, x->workspace, x->id, "execution.created", d, v, e)))
         return rc;
-    for (size_t i = 0; !rc && i < a->nrows; i++)
-        if (a->rows[i].state == STEP_SKIPPED || a->rows[i].state == STEP_FAILED) {
+    for (size_t i = 0; !rc && i < a->nrows; i++) {
+        const struct store_step *r = &a->rows[i];
+        if (inlined_row(r)) {
+            rc = store_tx_attempt_record(tx, x->id, r->vertex, r->epoch, a->worker, "completed", e);
+            if (!rc)
+                rc = steps_event(tx, x->workspace, x->id, "step.completed", steps_event_data(r),
+                                 ++v, e);
+        } else if (r->state == STEP_SKIPPED || r->state == STEP_FAILED) {
             json_t *sd = json_object();
-            json_object_set_new(sd, "vertex", json_string(a->rows[i].vertex));
-            json_object_set_new(sd, "state", json_string(store_step_state_name(a->rows[i].state)));
+            json_object_set_new(sd, "vertex", json_string(r->vertex));
+            json_object_set_new(sd, "state", json_string(store_step_state_name(r->state)));
             rc = steps_event(tx, x->workspace, x->id,
-                             a->rows[i].state == STEP_SKIPPED ? "step.skipped" : "step.failed", sd,
-                             0, e);
+                             r->state == STEP_SKIPPED ? "step.skipped" : "step.failed", sd, ++v, e);
         }
+    }
     if (!rc && strcmp(a->status, "running") != 0) {
         char type[64];
         snprintf(type, sizeof type, "execution.%s", a->status);
         json_t *sd = json_object();
         json_object_set_new(sd, "status", json_string(a->status));
-        rc = steps_event(tx, x->workspace, x->id, type, sd, 0, e);
+        rc = steps_event(tx, x->workspace, x->id, type, sd, ++v, e);
     }
+    if (!rc && v != x->version)
+        rc = err_set(e, IFL_EINTERNAL, "execution %s: %lld events for version %lld", x->id,
+                     (long long)v, (long long)x->version);
     return rc;
+}
+
+/* Trace lines ("inline" before the commit, "completed" after it) for the
+ * rows completed at trigger time (IDEMFLOW_TRACE_FILE, docs/faults.md). */
+static void trace_inlined(struct engine *g, const struct create_args *ca, const char *what)
+{
+    for (size_t i = 0; g->trace_fd >= 0 && i < ca->nrows; i++) {
+        if (!inlined_row(&ca->rows[i]))
+            continue;
+        char line[256];
+        int n = snprintf(line, sizeof line, "%s %s %s %lld\n", what, ca->x->id, ca->rows[i].vertex,
+                         (long long)ca->rows[i].epoch);
+        if (n > 0 && (size_t)n < sizeof line && write(g->trace_fd, line, (size_t)n) != n)
+            log_warn("trace.write", "cannot write the trace file");
+    }
+}
+
+/* After a creating transaction committed: metrics and traces. */
+static void created(struct engine *g, const struct create_args *ca)
+{
+    if (ca->inlined) {
+        atomic_fetch_add(&g->m.steps_inlined, (unsigned long)ca->inlined);
+        atomic_fetch_add(&g->m.steps_completed, (unsigned long)ca->inlined);
+        trace_inlined(g, ca, "completed");
+    }
+    if (strcmp(ca->status, "running") != 0)
+        engine_count_status(g, ca->status);
+    if (ca->dispatched)
+        engine_wake(g);
 }
 
 /* Compares a stored execution with the trigger that collided with it. */
@@ -541,6 +623,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     nx.version = 1; /* execution.created */
     struct create_args ca = {.x = &nx, .existing = &x};
     rc = prepare_steps(g, w, (size_t)vi, &nx, r->payload, &ca);
+    trace_inlined(g, &ca, "inline");
     if (!rc)
         rc = store_tx_run(g->store, tx_create_execution, &ca, e);
     free(nx.identity);
@@ -553,8 +636,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
         out->same_payload = 1;
         snprintf(out->id, sizeof out->id, "%s", id);
         snprintf(out->status, sizeof out->status, "%s", ca.status);
-        if (ca.dispatched)
-            engine_wake(g);
+        created(g, &ca);
     } else {
         rc = answer_existing(&x, hash, client_mode, out, e);
         store_execution_clear(&x);
@@ -644,7 +726,7 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
     if (!rc && o.dispatched)
         engine_wake(g);
 out:
-    decisions_free(d, d ? w->v[wf_vertex_index(w, vertex)].n_out : 0);
+    engine_decisions_free(d, d ? w->v[wf_vertex_index(w, vertex)].n_out : 0);
     json_decref(ctx);
     free(out_text);
     free(err_text);
@@ -742,12 +824,13 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     a.fingerprint = fp;
     a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
     prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
+    trace_inlined(g, &a.ca, "inline");
     rc = store_tx_run(g->store, tx_start_over, &a, e);
     if (!rc) {
         *replayed = a.replayed;
         snprintf(new_id, 65, "%s", a.replayed ? a.replay_id : nx.id);
-        if (!a.replayed && a.ca.dispatched)
-            engine_wake(g);
+        if (!a.replayed)
+            created(g, &a.ca);
     }
 out:
     store_steps_free(a.ca.rows, a.ca.nrows);

@@ -231,6 +231,24 @@ void steps_sim_free(struct steps_sim *s)
     free(s);
 }
 
+void steps_complete_initial(const struct wf *w, struct store_step *rows, size_t n, long vi,
+                            const char *output, const struct decision *dec)
+{
+    struct view v;
+    view_init(&v, w, rows, n, rows[0].next_run_at);
+    long r = vi >= 0 && (size_t)vi < w->nv ? v.row_of[vi] : -1;
+    if (r >= 0) {
+        struct store_step *t = &rows[r];
+        t->state = STEP_COMPLETED;
+        t->epoch++;
+        t->attempts++;
+        set_text(&t->output, output);
+        for (size_t k = 0; k < w->v[vi].n_out; k++)
+            decide(&v, w->v[vi].out[k], &dec[k]);
+    }
+    view_free(&v);
+}
+
 int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
                 json_t *data, int64_t preset_version, struct ifl_err *e)
 {
@@ -247,7 +265,7 @@ int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char
     return rc;
 }
 
-static json_t *step_event_data(const struct store_step *st)
+json_t *steps_event_data(const struct store_step *st)
 {
     json_t *d = json_object();
     json_object_set_new(d, "vertex", json_string(st->vertex));
@@ -299,7 +317,7 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
         enum step_state now_state = v->rows[r].state;
         if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING) {
             rc = steps_event(tx, ws, xid, step_event_type(v->rows[r].state),
-                             step_event_data(&v->rows[r]), ++v->ver, e);
+                             steps_event_data(&v->rows[r]), ++v->ver, e);
             if (rc)
                 return rc;
         }
@@ -427,7 +445,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         goto out;
     if (o->to != STEP_DISPATCHED &&
         (rc = steps_event(tx, o->workspace, o->execution_id, step_event_type(o->to),
-                          step_event_data(st), ++v.ver, e)))
+                          steps_event_data(st), ++v.ver, e)))
         goto out;
     if (o->to == STEP_COMPLETED && o->dec) {
         const struct wf_vertex *vx = &o->w->v[vi];

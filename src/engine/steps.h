@@ -39,6 +39,15 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
                    const char *payload, const struct decision *dec, int64_t now,
                    struct store_step **rows, size_t *n, const char **status);
 
+/* Completes vertex vi in the rows of an execution not stored yet (a
+ * TRANSFORM run at trigger time): COMPLETED with output, epoch and attempts
+ * +1, then its decisions (one per outgoing edge) applied by the join rule. */
+void steps_complete_initial(const struct wf *w, struct store_step *rows, size_t n, long vi,
+                            const char *output, const struct decision *dec);
+
+/* The data of a step event ({vertex, state, epoch, attempts[, error]}). */
+json_t *steps_event_data(const struct store_step *st);
+
 /* Execution status of spec §5 for a set of rows (static string). */
 const char *steps_status(const struct store_step *rows, size_t n);
 

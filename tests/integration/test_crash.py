@@ -76,7 +76,10 @@ def check_no_completed_step_ran_again(s, ids, trace):
 def test_sigkill_at_fault_point_then_restart(make_server, workdir, point):
     trace = os.path.join(workdir, "trace")
     env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": f"{point}@7"}
-    s = make_server(env=env, extra=["--workers", "2"])
+    # --no-inline: every TRANSFORM goes through claims and leases, the
+    # machinery under test (inline completions commit with their trigger or
+    # predecessor: test_engine.py, test_inline.c)
+    s = make_server(env=env, extra=["--workers", "2", "--no-inline"])
     s.start()
     s.put(WS, {})
     assert s.put(f"{WS}/workflows/branchy", BRANCHY).status == 201
@@ -120,7 +123,7 @@ def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
     # it to the other worker, which completes it; the stalled worker's late
     # completion is then fenced by the epoch guard.
     env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": "step.before_complete:sleep=1500@1"}
-    s = make_server(env=env, extra=["--workers", "2", "--lease-ms", "300"])
+    s = make_server(env=env, extra=["--workers", "2", "--lease-ms", "300", "--no-inline"])
     s.start()
     s.put(WS, {})
     s.put(f"{WS}/workflows/branchy", BRANCHY)

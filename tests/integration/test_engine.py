@@ -129,6 +129,44 @@ def test_inline_transforms_match_claimed_ones(make_server, workdir):
     assert a["big"]["history"][0]["worker"] == a["price"]["history"][0]["worker"]
 
 
+def test_transforms_after_the_entry_complete_in_the_trigger(server):
+    """A TRANSFORM the entry dispatches runs in the trigger's commit: the
+    201 already says completed, with the same histories and events a worker
+    would have left; one that fails to evaluate is left to a worker."""
+    put_workflow(server, "branchy", BRANCHY)
+    before = metric(server, 'idemflow_steps_total{event="inlined"}')
+    r = server.post(f"{WS}/workflows/branchy/entry-points/start/trigger",
+                    {"items": [{"price": 60, "qty": 2}]})
+    assert r.status == 201 and r.json["status"] == "completed", r
+    xid = r.json["executionId"]
+    st = steps_of(server.get(f"{WS}/executions/{xid}").json)
+    assert st["join"]["output"] == {"big": "big:120", "id": xid}
+    for v in ("price", "big", "join"):
+        h = st[v]["history"]
+        assert st[v]["epoch"] == 1 and st[v]["attempts"] == 1
+        assert [(a["epoch"], a["outcome"]) for a in h] == [(1, "completed")], h
+        assert h[0]["finishedAt"]
+    assert metric(server, 'idemflow_steps_total{event="inlined"}') == before + 3
+    evs = [e for e in server.get(f"{WS}/events?limit=1000").json["items"] if e["executionId"] == xid]
+    assert [e["aggregateVersion"] for e in evs] == list(range(1, len(evs) + 1))
+    assert [(e["type"], e["data"].get("vertex")) for e in evs] == [
+        ("execution.created", None), ("step.completed", "price"), ("step.completed", "big"),
+        ("step.skipped", "small"), ("step.skipped", "only_small"), ("step.completed", "join"),
+        ("execution.completed", None)]
+    assert server.get(f"{WS}/executions/{xid}").json["version"] == len(evs)
+
+    put_workflow(server, "boom", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "t": {"type": "TRANSFORM", "config": {"output": "= $error('boom')"}}},
+        "edges": [{"from": "start", "to": "t"}]})
+    r = server.post(f"{WS}/workflows/boom/entry-points/start/trigger", {"n": 1})
+    assert r.status == 201 and r.json["status"] == "running", r
+    x = finished(server, r.json["executionId"])
+    t = steps_of(x)["t"]
+    assert x["status"] == "failed" and t["error"]["code"] == "expression_error", t
+    assert [a["outcome"] for a in t["history"]] == ["failed"]
+
+
 def test_events_carry_increasing_aggregate_versions(server):
     put_workflow(server, "branchy", BRANCHY)
     xid = run(server, "branchy", {"items": [{"price": 1, "qty": 1}]})

@@ -50,7 +50,7 @@ def post_anywhere(servers, start, path, body):
 def test_three_processes_survive_kill_term_stall_and_database_restart(make_server, workdir):
     db = new_db(workdir)
     traces = [os.path.join(workdir, f"trace-{n}") for n in "abc"]
-    common = ["--workers", "2", "--lease-ms", "1500"]
+    common = ["--workers", "2", "--lease-ms", "1500", "--no-inline"]  # steps via claims
     a = make_server(db=db, extra=common,
                     env={"IDEMFLOW_TRACE_FILE": traces[0], "IDEMFLOW_FAULT": "step.before_complete@60"})
     b = make_server(db=db, extra=common, env={"IDEMFLOW_TRACE_FILE": traces[1]})

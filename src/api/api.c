@@ -675,14 +675,9 @@ static void h_events(struct call *c)
     const char *ws = c->seg[2];
     if (workspace_exists(c, ws))
         return;
-    long long after = 0, limit = 100;
+    long long limit = 100;
     const char *aq = c->req->query(c->req, "after"), *lq = c->req->query(c->req, "limit");
     char *end = NULL;
-    if (aq && (after = strtoll(aq, &end, 10), end == aq || *end || after < 0)) {
-        api_problem(c->res, 400, "invalid-parameter", "after must be a cursor from a previous page",
-                    "/after");
-        return;
-    }
     if (lq && (limit = strtoll(lq, &end, 10), end == lq || *end || limit < 1 || limit > 1000)) {
         api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000", "/limit");
         return;
@@ -690,7 +685,13 @@ static void h_events(struct call *c)
     struct store_event *ev = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
-    if (store_events_list(engine_store(c->a->g), ws, after, (int)limit, &ev, &n, &e)) {
+    int rc = store_events_list(engine_store(c->a->g), ws, aq, (int)limit, &ev, &n, &e);
+    if (rc == IFL_EINVAL) {
+        api_problem(c->res, 400, "invalid-parameter", "after must be a cursor from a previous page",
+                    "/after");
+        return;
+    }
+    if (rc) {
         api_problem_err(c->res, &e);
         return;
     }
@@ -709,9 +710,7 @@ static void h_events(struct call *c)
     json_t *o = json_object();
     json_object_set_new(o, "items", items);
     if (n > 0) {
-        char cur[32];
-        snprintf(cur, sizeof cur, "%lld", (long long)ev[n - 1].seq);
-        json_object_set_new(o, "next", json_string(cur));
+        json_object_set_new(o, "next", json_string(ev[n - 1].cursor));
     } else {
         json_object_set_new(o, "next", aq ? json_string(aq) : json_null());
     }

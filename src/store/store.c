@@ -203,6 +203,13 @@ const struct store_migration store_migrations[] = {
      " response JSON NOT NULL,"
      " created_at BIGINT NOT NULL,"
      " PRIMARY KEY (workspace, scope, key));"},
+    /* The event feed on PostgreSQL pages by (transaction id, seq) and only
+     * shows transactions older than every running one, so an event that
+     * commits late can never land behind a cursor (docs/postgres.md).
+     * SQLite's single writer makes seq order commit order already. */
+    {3, "SELECT 1;",
+     "ALTER TABLE events ADD COLUMN txid xid8 NOT NULL DEFAULT pg_current_xact_id();"
+     "CREATE INDEX events_by_ws_tx ON events (workspace, txid, seq);"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
@@ -582,11 +589,11 @@ int store_dead_letters(struct store *s, const char *ws, int limit, struct store_
     return s->ops->dead_letters(s, ws, limit, items, n, e);
 }
 
-int store_events_list(struct store *s, const char *ws, int64_t after_seq, int limit,
+int store_events_list(struct store *s, const char *ws, const char *after, int limit,
                       struct store_event **items, size_t *n, struct ifl_err *e)
 {
     ZERO_OUT(items, n);
-    return s->ops->events_list(s, ws, after_seq, limit, items, n, e);
+    return s->ops->events_list(s, ws, after, limit, items, n, e);
 }
 
 int store_tx_run(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e)

@@ -187,6 +187,7 @@ struct store_event {
     char *type;
     char *data; /* JSON text */
     int64_t created_at;
+    char cursor[48]; /* its feed position, opaque (store_events_list's `after`) */
     /* On append: 1 when the caller already set the execution's version to
      * aggregate_version in this transaction (an execution inserted with
      * version 1 and its execution.created event), so the backend must not
@@ -235,8 +236,13 @@ int store_next_due(struct store *s, int64_t *when, struct ifl_err *e);
 /* FAILED and REQUIRES_RECONCILIATION steps of a workspace, newest first. */
 int store_dead_letters(struct store *s, const char *ws, int limit, struct store_step **items,
                        size_t *n, struct ifl_err *e);
-/* The event feed of a workspace after `after_seq`, in commit order. */
-int store_events_list(struct store *s, const char *ws, int64_t after_seq, int limit,
+/* The event feed of a workspace after the position `after` (an event's
+ * `cursor`; NULL = from the start), in an order no later commit can insert
+ * into: an event never appears before a cursor already handed out (SQLite:
+ * seq order, which is commit order; PostgreSQL: (transaction id, seq) order
+ * of transactions older than every one still running — docs/postgres.md).
+ * IFL_EINVAL for a malformed cursor. */
+int store_events_list(struct store *s, const char *ws, const char *after, int limit,
                       struct store_event **items, size_t *n, struct ifl_err *e);
 
 /* ---- transactions ----------------------------------------------------------

@@ -46,7 +46,7 @@ struct store_ops {
     int (*next_due)(struct store *s, int64_t *when, struct ifl_err *e);
     int (*dead_letters)(struct store *s, const char *ws, int limit, struct store_step **items,
                         size_t *n, struct ifl_err *e);
-    int (*events_list)(struct store *s, const char *ws, int64_t after_seq, int limit,
+    int (*events_list)(struct store *s, const char *ws, const char *after, int limit,
                        struct store_event **items, size_t *n, struct ifl_err *e);
 
     /* Transactions: tx_run runs fn inside one transaction on a backend

@@ -243,10 +243,18 @@ static const struct {
     [S_DEAD] = {"ifl_dead", "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
                             " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
                             " ORDER BY updated_at DESC LIMIT $2"},
+    /* (txid, seq) after the cursor, only transactions older than the oldest
+     * one still running: every event not yet visible belongs to a
+     * transaction at or past that horizon, so none can land behind a cursor
+     * (docs/postgres.md).  A bare-seq cursor (before migration 3) resumes
+     * after that event's own position. */
     [S_EVENTS] = {"ifl_events",
                   "SELECT seq, id, workspace, execution_id, aggregate_version, type, data,"
-                  " created_at FROM events WHERE workspace = $1 AND seq > $2 ORDER BY seq"
-                  " LIMIT $3"},
+                  " created_at, txid::text FROM events WHERE workspace = $1"
+                  " AND (txid, seq) > (COALESCE($2::xid8, (SELECT o.txid FROM events o"
+                  " WHERE o.seq = $3::bigint), '0'::xid8), $3::bigint)"
+                  " AND txid < pg_snapshot_xmin(pg_current_snapshot())"
+                  " ORDER BY txid, seq LIMIT $4"},
     /* Terminates the server process of a broken connection (identified by
      * pid and start time) and reports it while it still exists. */
     [S_SETTLE] = {"ifl_settle", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -1755,6 +1763,7 @@ static int op_dead_letters(struct store *base, const char *ws, int limit, struct
 
 struct events_read {
     const char *ws;
+    const char *after_tx; /* NULL: a legacy bare-seq cursor */
     int64_t after;
     int limit;
     struct store_event **items;
@@ -1766,6 +1775,7 @@ static int body_events(struct pgtx *t, void *arg, struct ifl_err *e)
     struct events_read *a = arg;
     struct args p = {0};
     arg_s(&p, a->ws);
+    arg_s(&p, a->after_tx);
     arg_i(&p, a->after);
     arg_i(&p, a->limit);
     PGresult *r = q(t, S_EVENTS, &p, e);
@@ -1784,18 +1794,39 @@ static int body_events(struct pgtx *t, void *arg, struct ifl_err *e)
         ev->type = col_str(r, row, 5);
         ev->data = col_str(r, row, 6);
         ev->created_at = col_i64(r, row, 7);
+        snprintf(ev->cursor, sizeof ev->cursor, "%s-%lld", PQgetvalue(r, row, 8),
+                 (long long)ev->seq);
     }
     *a->n = n;
     PQclear(r);
     return 0;
 }
 
-/* In seq order.  Sequence order is not commit order under concurrency
- * (docs/postgres.md): a cursor may pass a lower seq that commits later. */
-static int op_events_list(struct store *base, const char *ws, int64_t after_seq, int limit,
+/* Cursor "TXID-SEQ" (or a bare SEQ from before migration 3). */
+static int op_events_list(struct store *base, const char *ws, const char *after, int limit,
                           struct store_event **items, size_t *n, struct ifl_err *e)
 {
-    struct events_read a = {ws, after_seq, limit, items, n};
+    char tx[24] = "0";
+    long long seq = 0;
+    const char *after_tx = tx;
+    if (after) {
+        const char *dash = strchr(after, '-');
+        const char *num = dash ? dash + 1 : after;
+        char *end = NULL;
+        size_t tl = dash ? (size_t)(dash - after) : 0;
+        errno = 0;
+        seq = strtoll(num, &end, 10);
+        if (end == num || *end || seq < 0 || errno || tl >= sizeof tx ||
+            (dash && (tl == 0 || strspn(after, "0123456789") != tl)))
+            return err_set(e, IFL_EINVAL, "malformed event cursor");
+        if (dash) {
+            memcpy(tx, after, tl);
+            tx[tl] = '\0';
+        } else {
+            after_tx = NULL;
+        }
+    }
+    struct events_read a = {ws, after_tx, seq, limit, items, n};
     return run((struct pg *)base, body_events, &a, M_READ, e);
 }
 

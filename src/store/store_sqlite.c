@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <sqlite3.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -1448,10 +1449,18 @@ static int op_dead_letters(struct store *base, const char *ws, int limit, struct
     return rc;
 }
 
-static int op_events_list(struct store *base, const char *ws, int64_t after_seq, int limit,
+static int op_events_list(struct store *base, const char *ws, const char *after, int limit,
                           struct store_event **items, size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
+    long long after_seq = 0;
+    if (after) {
+        char *end = NULL;
+        errno = 0;
+        after_seq = strtoll(after, &end, 10);
+        if (end == after || *end || after_seq < 0 || errno)
+            return err_set(e, IFL_EINVAL, "malformed event cursor");
+    }
     static const char sql[] =
         "SELECT seq, id, workspace, execution_id, aggregate_version, type, data, created_at"
         " FROM events WHERE workspace = ? AND seq > ? ORDER BY seq LIMIT ?";
@@ -1476,6 +1485,7 @@ static int op_events_list(struct store *base, const char *ws, int64_t after_seq,
         ev->type = col_str(st, 5);
         ev->data = col_str(st, 6);
         ev->created_at = sqlite3_column_int64(st, 7);
+        snprintf(ev->cursor, sizeof ev->cursor, "%lld", (long long)ev->seq);
     }
     int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "events_list");
     read_end(s, c, st);

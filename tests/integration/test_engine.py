@@ -180,6 +180,20 @@ def test_events_carry_increasing_aggregate_versions(server):
     page = server.get(f"{WS}/events?limit=2")
     nxt = server.get(f"{WS}/events?limit=2&after={page.json['next']}")
     assert page.json["items"][1]["id"] != nxt.json["items"][0]["id"]
+    # paging through the whole feed gives every event once, in the same order
+    seen, cur = [], None
+    while True:
+        r = server.get(f"{WS}/events?limit=3" + (f"&after={cur}" if cur else ""))
+        assert r.status == 200, r
+        if not r.json["items"]:
+            assert r.json["next"] == cur  # an empty page keeps the cursor
+            break
+        seen += [e["id"] for e in r.json["items"]]
+        cur = r.json["next"]
+    assert seen == [e["id"] for e in server.get(f"{WS}/events?limit=1000").json["items"]]
+    for bad in ("x", "-1", "1-", "a-1", "99999999999999999999999"):
+        r = server.get(f"{WS}/events?after={bad}")
+        assert r.status == 400 and r.json["pointer"] == "/after", (bad, r)
 
 
 def test_condition_error_fails_the_target_and_the_source_stands(server):

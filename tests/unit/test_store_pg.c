@@ -18,6 +18,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -744,6 +745,102 @@ static void test_join_decisions_serialize_per_execution(void **state)
 
 /* ---- events ----------------------------------------------------------------------------- */
 
+/* Orders two PostgreSQL feed cursors "TXID-SEQ". */
+static int cursor_cmp(const char *a, const char *b)
+{
+    unsigned long long ta = strtoull(a, NULL, 10), tb = strtoull(b, NULL, 10);
+    long long sa = strtoll(strchr(a, '-') + 1, NULL, 10),
+              sb = strtoll(strchr(b, '-') + 1, NULL, 10);
+    return ta != tb ? (ta < tb ? -1 : 1) : (sa < sb ? -1 : sa > sb);
+}
+
+/* A workspace-level event (no execution row to lock) of type `arg`. */
+static int tx_ws_event(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct store_event ev = {0};
+    ev.workspace = "ws";
+    ev.type = arg;
+    ev.data = "{}";
+    return store_tx_event_append(tx, &ev, e);
+}
+
+struct late {
+    struct store *s;
+    sem_t inserted, go;
+    int rc;
+};
+
+/* Appends "late" and holds its transaction open until told to commit. */
+static int tx_late(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct late *l = arg;
+    int rc = tx_ws_event(tx, "late", e);
+    if (!rc) {
+        sem_post(&l->inserted);
+        while (sem_wait(&l->go) != 0)
+            ;
+    }
+    return rc;
+}
+
+static void *run_late(void *arg)
+{
+    struct late *l = arg;
+    l->rc = store_tx_run(l->s, tx_late, l, NULL);
+    return NULL;
+}
+
+/* Two writers: "late" takes its seq first but commits after "early".  A
+ * reader must not be handed a cursor past "late" while it is uncommitted
+ * (with seq paging it got "early", moved past, and never saw "late"): it
+ * sees nothing until "late" commits, then both, "late" first. */
+static void test_feed_never_skips_a_late_commit(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h2 = NULL;
+    assert_int_equal(store_open(f->url, &h2, NULL), 0);
+    struct late l = {.s = h2};
+    sem_init(&l.inserted, 0, 0);
+    sem_init(&l.go, 0, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, run_late, &l);
+    while (sem_wait(&l.inserted) != 0)
+        ;
+    assert_int_equal(store_tx_run(f->s, tx_ws_event, "early", NULL), 0);
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(store_events_list(f->s, "ws", NULL, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 0); /* "early" waits behind the open "late" */
+    store_events_free(ev, n);
+    sem_post(&l.go);
+    pthread_join(t, NULL);
+    assert_int_equal(l.rc, 0);
+    assert_int_equal(store_events_list(f->s, "ws", NULL, 1, &ev, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(ev[0].type, "late");
+    char cur[48];
+    snprintf(cur, sizeof cur, "%s", ev[0].cursor);
+    store_events_free(ev, n);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(ev[0].type, "early");
+    int64_t early_seq = ev[0].seq;
+    store_events_free(ev, n);
+    /* a bare seq (a cursor from before migration 3) resumes after that event */
+    char legacy[32];
+    snprintf(legacy, sizeof legacy, "%lld", (long long)early_seq);
+    assert_int_equal(store_events_list(f->s, "ws", legacy, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    store_events_free(ev, n);
+    ev = NULL;
+    assert_int_equal(store_events_list(f->s, "ws", "12-x", 100, &ev, &n, NULL), IFL_EINVAL);
+    assert_int_equal(store_events_list(f->s, "ws", "-5", 100, &ev, &n, NULL), IFL_EINVAL);
+    sem_destroy(&l.inserted);
+    sem_destroy(&l.go);
+    store_close(h2);
+}
+
 static int tx_event(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     (void)arg;
@@ -796,8 +893,8 @@ static void test_aggregate_versions_are_gapless(void **state)
         assert_int_equal(seen[ev[i].aggregate_version]++, 0);
         assert_string_equal(ev[i].execution_id, XID);
         assert_string_equal(ev[i].data, "{\"a\":1}");
-        if (i)
-            assert_true(ev[i].seq > ev[i - 1].seq);
+        if (i) /* feed order: (transaction id, seq), strictly increasing */
+            assert_true(cursor_cmp(ev[i].cursor, ev[i - 1].cursor) > 0);
     }
     free(seen);
     store_events_free(ev, n);
@@ -996,6 +1093,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_join_decisions_serialize_per_execution, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_aggregate_versions_are_gapless, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_feed_never_skips_a_late_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_notify_wakes_another_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_survives_killed_connections, setup, teardown),
     };

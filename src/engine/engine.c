@@ -347,19 +347,6 @@ void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d)
     json_decref(out);
 }
 
-/* Decisions of a completed step's outgoing edges (caller frees with
- * decisions_free). */
-static struct decision *decide_all(const struct wf *w, size_t vi, json_t *ctx, json_t *output)
-{
-    const struct wf_vertex *v = &w->v[vi];
-    struct decision *d = xcalloc(v->n_out + 1, sizeof *d);
-    json_object_set(ctx, "response", output ? output : json_null());
-    for (size_t k = 0; k < v->n_out; k++)
-        engine_decide(w->e[v->out[k]].cond, ctx, &d[k]);
-    json_object_del(ctx, "response");
-    return d;
-}
-
 struct create_args {
     const struct store_execution *x;
     struct store_step *rows;
@@ -620,7 +607,6 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     nx.payload = json_to_string(r->payload);
     snprintf(nx.payload_hash, sizeof nx.payload_hash, "%s", hash);
     nx.test = r->test;
-    nx.version = 1; /* execution.created */
     struct create_args ca = {.x = &nx, .existing = &x};
     rc = prepare_steps(g, w, (size_t)vi, &nx, r->payload, &ca);
     trace_inlined(g, &ca, "inline");
@@ -699,8 +685,7 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
     if (completed) {
         out_text = json_to_string(output ? output : json_null());
         ctx = engine_context(&x, rows, n);
-        json_object_set(json_object_get(ctx, "steps"), vertex, output ? output : json_null());
-        d = decide_all(w, (size_t)vi, ctx, output ? output : json_null());
+        d = engine_decide_edges(w, vi, ctx, output);
     } else {
         err_text = steps_error_json("resolved_failed", "resolved as failed by an operator");
     }
@@ -811,7 +796,6 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     nx.payload = old.payload;
     memcpy(nx.payload_hash, old.payload_hash, sizeof nx.payload_hash);
     nx.test = old.test;
-    nx.version = 1; /* execution.created */
     nx.started_over_from = old.id;
     a.ca.x = &nx;
     a.ca.existing = &existing;

@@ -117,6 +117,28 @@ static void decide(struct view *v, size_t edge, const struct decision *d)
     }
 }
 
+/* Applies vertex vi's decisions (one per outgoing edge) to its targets. */
+static void decide_out(struct view *v, long vi, const struct decision *dec)
+{
+    const struct wf_vertex *vx = &v->w->v[vi];
+    for (size_t k = 0; k < vx->n_out; k++)
+        decide(v, vx->out[k], &dec[k]);
+}
+
+/* Completes row r (vertex vi) as a run of its own would: COMPLETED with
+ * output at epoch+1 after attempt+1, then its decisions. */
+static void complete_row(struct view *v, long r, long vi, const char *output,
+                         const struct decision *dec)
+{
+    struct store_step *t = &v->rows[r];
+    t->state = STEP_COMPLETED;
+    t->epoch++;
+    t->attempts++;
+    set_text(&t->output, output);
+    set_text(&t->error, NULL);
+    decide_out(v, vi, dec);
+}
+
 const char *steps_status(const struct store_step *rows, size_t n)
 {
     int recon = 0, failed = 0;
@@ -159,8 +181,7 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
     }
     struct view v;
     view_init(&v, w, r, w->nv, now);
-    for (size_t k = 0; k < w->v[entry].n_out; k++)
-        decide(&v, w->v[entry].out[k], &dec[k]);
+    decide_out(&v, (long)entry, dec);
     for (size_t i = 0; i < w->nv; i++)
         if (i != entry && w->v[i].type == WF_ENTRY_POINT)
             skip_out(&v, i);
@@ -200,9 +221,7 @@ void steps_sim_complete(struct steps_sim *s, long vi, const struct decision *dec
     if (r < 0)
         return;
     s->rows[r].state = STEP_COMPLETED;
-    const struct wf_vertex *vx = &s->v.w->v[vi];
-    for (size_t k = 0; k < vx->n_out; k++)
-        decide(&s->v, vx->out[k], &dec[k]);
+    decide_out(&s->v, vi, dec);
 }
 
 long steps_sim_next(struct steps_sim *s)
@@ -237,15 +256,8 @@ void steps_complete_initial(const struct wf *w, struct store_step *rows, size_t 
     struct view v;
     view_init(&v, w, rows, n, rows[0].next_run_at);
     long r = vi >= 0 && (size_t)vi < w->nv ? v.row_of[vi] : -1;
-    if (r >= 0) {
-        struct store_step *t = &rows[r];
-        t->state = STEP_COMPLETED;
-        t->epoch++;
-        t->attempts++;
-        set_text(&t->output, output);
-        for (size_t k = 0; k < w->v[vi].n_out; k++)
-            decide(&v, w->v[vi].out[k], &dec[k]);
-    }
+    if (r >= 0)
+        complete_row(&v, r, vi, output, dec);
     view_free(&v);
 }
 
@@ -362,19 +374,12 @@ static int apply_inline(struct store_tx *tx, struct view *v, struct step_outcome
         long r = in->vi >= 0 && (size_t)in->vi < v->w->nv ? v->row_of[in->vi] : -1;
         if (r < 0 || v->rows[r].state != STEP_DISPATCHED || v->was[r] != STEP_PENDING)
             break;
-        struct store_step *t = &v->rows[r];
-        t->state = STEP_COMPLETED;
-        t->epoch++;
-        t->attempts++;
-        set_text(&t->output, in->output);
-        set_text(&t->error, NULL);
+        complete_row(v, r, in->vi, in->output, in->dec);
+        const struct store_step *t = &v->rows[r];
         int rc = store_tx_attempt_record(tx, o->execution_id, t->vertex, t->epoch, o->worker,
                                          "completed", e);
         if (rc)
             return rc;
-        const struct wf_vertex *vx = &v->w->v[in->vi];
-        for (size_t j = 0; j < vx->n_out; j++)
-            decide(v, vx->out[j], &in->dec[j]);
         o->inlined++;
     }
     v->dispatched = 0;
@@ -448,9 +453,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
                           steps_event_data(st), ++v.ver, e)))
         goto out;
     if (o->to == STEP_COMPLETED && o->dec) {
-        const struct wf_vertex *vx = &o->w->v[vi];
-        for (size_t k = 0; k < vx->n_out; k++)
-            decide(&v, vx->out[k], &o->dec[k]);
+        decide_out(&v, vi, o->dec);
         if (inline_ok && (rc = apply_inline(tx, &v, o, e)))
             goto out;
     }

@@ -11,8 +11,9 @@
 #   engine    `idemflow serve` on each store of BENCH_STORES (a fresh SQLite
 #             database; a throwaway tests/pg.sh cluster), workflow
 #             ENTRY_POINT (order.id) -> GATEWAY POST /v1/charges
-#             (Idempotency-Key 'charge-' & order id) -> TRANSFORM.  A Python
-#             driver sends BENCH_EXECUTIONS new triggers over BENCH_DRIVER_CONNS
+#             (Idempotency-Key 'charge-' & order id) -> TRANSFORM.
+#             build/bench/gwdrive (bench/gwdrive.c, one epoll thread) sends
+#             BENCH_EXECUTIONS new triggers over BENCH_DRIVER_CONNS
 #             keep-alive connections, never more than BENCH_INFLIGHT executions
 #             unfinished (it reads the engine's /metrics every 10 ms), then
 #             waits until all finished.  executions/s = completed /
@@ -21,7 +22,8 @@
 #             show exactly one charge for every order.
 #
 # Environment (all optional): BUILD (build), IDEMFLOW_BIN, MOCKPAY_BIN,
-# GWCALLS_BIN ($BUILD/bench/gwcalls), BENCH_STORES ("sqlite postgres";
+# GWCALLS_BIN ($BUILD/bench/gwcalls), GWDRIVE_BIN ($BUILD/bench/gwdrive),
+# BENCH_STORES ("sqlite postgres";
 # postgres is skipped when PostgreSQL is not installed), BENCH_EXECUTIONS
 # (5000), BENCH_INFLIGHT (200), BENCH_CALLS (20000), BENCH_CEILING_RUNS (3),
 # BENCH_DRIVER_CONNS (64), BENCH_WORKERS (4), BENCH_TIMEOUT (300 s per store),
@@ -37,6 +39,7 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 IDEMFLOW_BIN=${IDEMFLOW_BIN:-$BUILD/idemflow}
 MOCKPAY_BIN=${MOCKPAY_BIN:-$BUILD/idemflow-mockpay}
 GWCALLS_BIN=${GWCALLS_BIN:-$BUILD/bench/gwcalls}
+GWDRIVE_BIN=${GWDRIVE_BIN:-$BUILD/bench/gwdrive}
 STORES=${BENCH_STORES:-sqlite postgres}
 EXECS=${BENCH_EXECUTIONS:-5000}
 INFLIGHT=${BENCH_INFLIGHT:-200}
@@ -52,7 +55,7 @@ TARGET=50
 die() { echo "gateway: $*" >&2; exit 1; }
 for tool in curl timeout; do command -v $tool >/dev/null || die "$tool is required"; done
 [ -x "$PY" ] || die "$PY is required"
-for b in "$IDEMFLOW_BIN" "$MOCKPAY_BIN" "$GWCALLS_BIN"; do
+for b in "$IDEMFLOW_BIN" "$MOCKPAY_BIN" "$GWCALLS_BIN" "$GWDRIVE_BIN"; do
   [ -x "$b" ] || die "no binary at $b (run make)"
 done
 
@@ -98,6 +101,9 @@ foreign_pct() {
        { mine += $3 - (($1 " " $2) in a ? a[$1 " " $2] : 0) }
        END { f = tot > 0 ? 100 * (busy - mine) / tot : 0; printf "%d", (f < 0 ? 0 : f) }' "$1" "$2"
 }
+# utime + stime of a process (all its threads, exited ones too), in clock ticks.
+cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+TCK=$(getconf CLK_TCK)
 field() { tr ' ' '\n' <"$1" | sed -n "s/^$2=//p"; }
 
 # ---- the mock provider and the ceiling -----------------------------------------
@@ -117,110 +123,19 @@ echo "gateway: $(nproc) CPUs; ceiling $CEIL_RUNS x $CALLS calls, $INFLIGHT in fl
   "engine: $EXECS executions, <= $INFLIGHT in flight, $WORKERS workers; stores: $STORES"
 for r in $(seq 1 "$CEIL_RUNS"); do
   foreign_snap "$TMP/cpu.0"
+  m0=$(cpu_ticks "$MOCK_PID")
   timeout $((LIMIT)) "$GWCALLS_BIN" "$MOCK/v1/charges" "$CALLS" "$INFLIGHT" "ceiling-r$r" \
     >"$TMP/ceiling.$r" 2>"$TMP/ceiling.$r.err" || die "gwcalls failed: $(cat "$TMP/ceiling.$r.err")"
+  m1=$(cpu_ticks "$MOCK_PID")
   foreign_snap "$TMP/cpu.1"
-  sed -i "s/^RESULT //; s/\$/ foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")/" "$TMP/ceiling.$r"
+  mock_us=$(awk -v m=$((m1 - m0)) -v t="$TCK" -v n="$CALLS" 'BEGIN { printf "%.0f", 1e6 * m / t / n }')
+  sed -i "s/^RESULT //; s/\$/ mock_us=$mock_us foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")/" "$TMP/ceiling.$r"
   printf '  ceiling run %d: %s\n' "$r" "$(cat "$TMP/ceiling.$r")"
 done
 CEIL_FILE=$(for r in $(seq 1 "$CEIL_RUNS"); do echo "$(field "$TMP/ceiling.$r" cps) $TMP/ceiling.$r"; done |
   sort -g | awk '{a[NR] = $2} END {print a[int((NR + 1) / 2)]}')
 CEIL=$(field "$CEIL_FILE" cps)
 curl -fsS --max-time 10 -XPOST "$MOCK/reset" >/dev/null || die "POST /reset failed"
-
-# ---- the driver: new triggers, at most INFLIGHT executions unfinished ---------
-cat >"$TMP/driver.py" <<'EOF'
-import re, socket, sys, threading, time
-port, path, total, target, conns, run, limit = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]),
-    int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], float(sys.argv[7]))
-FIN = re.compile(rb'idemflow_executions_finished_total\{status="(?:completed|failed)"\} (\d+)')
-cv = threading.Condition()
-state = {"next": 0, "finished": 0, "statuses": {}, "errors": 0, "stop": False}
-samples = []
-
-def connect():
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-def roundtrip(s, req, buf):
-    s.sendall(req)
-    while b"\r\n\r\n" not in buf:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    status = int(head[9:12])
-    m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
-    n = int(m.group(1)) if m else 0
-    while len(rest) < n:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        rest += chunk
-    return status, rest[:n], rest[n:]
-
-def poller():
-    s, buf = connect(), b""
-    req = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    while True:
-        _, body, buf = roundtrip(s, req, buf)
-        fin = sum(int(x) for x in FIN.findall(body))
-        with cv:
-            state["finished"] = fin
-            if state["next"] < total:  # the sending phase only
-                samples.append(state["next"] - fin)
-            cv.notify_all()
-            if state["stop"]:
-                return
-        time.sleep(0.01)
-
-def sender():
-    s, buf = connect(), b""
-    while True:
-        with cv:
-            while state["next"] < total and state["next"] - state["finished"] >= target:
-                cv.wait(0.5)
-            if state["next"] >= total:
-                return
-            i = state["next"]
-            state["next"] += 1
-        body = ('{"order":{"id":"gw-%s-%d","amount":1250,"currency":"EUR"},'
-                '"customer":"c-0042","note":"bench"}' % (run, i)).encode()
-        req = (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-               b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
-               b"\r\n\r\n" + body)
-        try:
-            status, _, buf = roundtrip(s, req, buf)
-        except OSError:
-            status = -1
-            s.close()
-            s, buf = connect(), b""
-        with cv:
-            state["statuses"][status] = state["statuses"].get(status, 0) + 1
-
-t0 = time.time()
-pt = threading.Thread(target=poller, daemon=True)
-pt.start()
-ts = [threading.Thread(target=sender) for _ in range(conns)]
-for t in ts: t.start()
-for t in ts: t.join()
-sent = time.time() - t0
-with cv:
-    while state["finished"] < total and time.time() - t0 < limit:
-        cv.wait(0.5)
-    state["stop"] = True
-    fin = state["finished"]
-pt.join(5)
-busy = samples
-st = state["statuses"]
-print("RESULT sent=%d ok=%d other=%d finished=%d send_secs=%.2f secs=%.2f trig_rps=%.1f "
-      "inflight_avg=%.0f inflight_max=%d statuses=%s" % (
-      total, st.get(201, 0), total - st.get(201, 0), fin, sent, time.time() - t0, total / sent,
-      sum(busy) / len(busy) if busy else 0, max(busy) if busy else 0,
-      ",".join("%s:%d" % kv for kv in sorted(st.items()))))
-EOF
 
 wait_port() { # wait_port LOG PID -> the engine's port (at most 30 s)
   local port
@@ -273,8 +188,10 @@ for store in $STORES; do
     "edges": [{"from": "start", "to": "charge"}, {"from": "charge", "to": "receipt"}]}'
 
   foreign_snap "$TMP/cpu.0"
-  timeout $((LIMIT + 30)) $PY "$TMP/driver.py" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" \
+  e0=$(cpu_ticks "$ENGINE_PID") m0=$(cpu_ticks "$MOCK_PID")
+  timeout $((LIMIT + 30)) "$GWDRIVE_BIN" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" \
     >"$TMP/driver.$store" 2>"$TMP/driver.$store.err" || die "driver failed on $store: $(tail -5 "$TMP/driver.$store.err")"
+  e1=$(cpu_ticks "$ENGINE_PID") m1=$(cpu_ticks "$MOCK_PID")
   foreign_snap "$TMP/cpu.1"
   foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")
   sed -i 's/^RESULT //' "$TMP/driver.$store"
@@ -315,7 +232,10 @@ print(s["charges"], len(per), sum(1 for v in per.values() if v == 1), s.get("rep
 EOF
 )
   eps=$(awk -v d="$completed" -v s="$span" 'BEGIN{printf "%.1f", (s > 0 ? 1000 * d / s : 0)}')
-  echo "$store $eps $p50 $p99 $(field "$TMP/driver.$store" trig_rps) $(field "$TMP/driver.$store" inflight_avg) $foreign" >>"$TMP/table"
+  # CPU per execution (us): the engine's and the mock's over the driver's run, the driver's own.
+  cpu=$(awk -v e=$((e1 - e0)) -v m=$((m1 - m0)) -v d="$(field "$TMP/driver.$store" cpu_us)" -v t="$TCK" -v n="$EXECS" \
+    'BEGIN { printf "%.0f %.0f %.0f", 1e6 * e / t / n, 1e6 * m / t / n, d / n }')
+  echo "$store $eps $p50 $p99 $(field "$TMP/driver.$store" trig_rps) $(field "$TMP/driver.$store" inflight_avg) $foreign $cpu" >>"$TMP/table"
   printf '  %s: %s\n  %s: %d rows, %d completed (%d steps), %.0f executions/s, p50 %d ms, p99 %d ms;' \
     "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99"
   printf ' mock: %d charges, %d orders, %d charged once, %d replays; foreign %d%%\n' \
@@ -334,14 +254,15 @@ echo
 echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(uname -sr)"
 printf 'ceiling (gwcalls, same client): %.0f calls/s, p50 %s ms, p99 %s ms (median of %d; foreign %s%%)\n' \
   "$CEIL" "$(field "$CEIL_FILE" p50_ms)" "$(field "$CEIL_FILE" p99_ms)" "$CEIL_RUNS" "$(field "$CEIL_FILE" foreign)"
-printf '%-9s %13s %9s %9s %11s %10s %15s %8s\n' store executions/s "p50 ms" "p99 ms" triggers/s "in flight" \
-  "exec/ceiling" foreign
+printf '%-9s %13s %9s %9s %11s %10s %15s %8s %24s\n' store executions/s "p50 ms" "p99 ms" triggers/s "in flight" \
+  "exec/ceiling" foreign "CPU us engine/mock/drv"
 [ -f "$TMP/table" ] && awk -v c="$CEIL" -v t=$TARGET '{ r = 100 * $2 / c
-  printf "%-9s %13.0f %9d %9d %11.0f %10.0f %14.1f%% %7d%%   (target %d%%: %s)\n", $1, $2, $3, $4, $5, $6, r, $7, t,
-    (r >= t ? "met" : "NOT met") }' "$TMP/table"
+  printf "%-9s %13.0f %9d %9d %11.0f %10.0f %14.1f%% %7d%% %14d / %3d / %3d   (target %d%%: %s)\n", $1, $2, $3, $4, $5, $6, r, $7,
+    $8, $9, $10, t, (r >= t ? "met" : "NOT met") }' "$TMP/table"
 echo "(executions/s and p50/p99 (trigger -> completed) from executions.created_at/updated_at;"
 echo " triggers/s: the driver's rate; in flight: mean unfinished executions it saw; foreign: CPU of"
-echo " other processes, % of all CPUs)"
+echo " other processes, % of all CPUs; CPU us: per execution, of the engine, the mock and the driver;"
+echo " the ceiling's mock_us is the mock's CPU per call)"
 fmax=$({ for r in $(seq 1 "$CEIL_RUNS"); do field "$TMP/ceiling.$r" foreign; done
   [ -f "$TMP/table" ] && awk '{print $7}' "$TMP/table"; } | sort -n | tail -1)
 [ "${fmax:-0}" -le 10 ] || echo "WARNING: other processes took up to ${fmax}% of the CPUs; these figures are not representative"

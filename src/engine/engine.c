@@ -48,6 +48,7 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     pthread_mutex_init(&g->wmu, NULL);
     pthread_mutex_init(&g->gmu, NULL);
     pthread_cond_init(&g->wcv, NULL);
+    pthread_cond_init(&g->scv, NULL);
     g->trace_fd = -1;
     *out = g;
     return 0;
@@ -61,6 +62,7 @@ void engine_free(struct engine *g)
     pthread_mutex_destroy(&g->wmu);
     pthread_mutex_destroy(&g->gmu);
     pthread_cond_destroy(&g->wcv);
+    pthread_cond_destroy(&g->scv);
     for (int i = 0; i < CACHE_BUCKETS; i++) {
         struct latest *l = g->latest[i];
         while (l) {

@@ -41,7 +41,8 @@ struct engine {
     /* runner (runner.c) */
     struct engine_run_opts run;
     pthread_mutex_t wmu;
-    pthread_cond_t wcv;
+    pthread_cond_t wcv; /* workers: work may be there (engine_wake) */
+    pthread_cond_t scv; /* the sweeper: only engine_stop signals it */
     unsigned long wake_seq;
     int stopping;
     int started;

@@ -120,10 +120,14 @@ static void on_done(void *ctx, struct gw_response *resp)
     struct engine *g = j->g;
     j->resp = resp;
     pthread_mutex_lock(&g->gmu);
+    int first = g->gw_done == NULL;
     j->next = g->gw_done;
     g->gw_done = j;
     pthread_mutex_unlock(&g->gmu);
-    engine_wake(g);
+    /* One wake-up per batch of finished calls: a list that was not empty
+     * already had one, and the worker that drains it takes all of it. */
+    if (first)
+        engine_wake(g);
 }
 
 static void submit(struct gw_job *j, const struct gw_request *r)

@@ -368,14 +368,14 @@ static void *sweeper_main(void *arg)
     if (period > 2000)
         period = 2000;
     for (;;) {
-        /* Sleep a full period: work wake-ups share the condition variable,
-         * and must not turn the sweeper into a busy scanner. */
+        /* Sleep a full period on a condition variable of its own: work
+         * wake-ups (one per commit or finished call) are for the workers. */
         int64_t until = clock_now_ms() + period;
         struct timespec ts;
         clock_abstime(until, &ts);
         pthread_mutex_lock(&g->wmu);
         while (!g->stopping && clock_now_ms() < until)
-            pthread_cond_timedwait(&g->wcv, &g->wmu, &ts);
+            pthread_cond_timedwait(&g->scv, &g->wmu, &ts);
         int stop = g->stopping;
         pthread_mutex_unlock(&g->wmu);
         if (stop)
@@ -471,6 +471,7 @@ void engine_stop(struct engine *g)
     pthread_mutex_lock(&g->wmu);
     g->stopping = 1;
     pthread_cond_broadcast(&g->wcv);
+    pthread_cond_broadcast(&g->scv);
     pthread_mutex_unlock(&g->wmu);
     for (int i = 0; i < g->run.workers; i++)
         pthread_join(g->workers[i], NULL);

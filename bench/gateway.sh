@@ -103,6 +103,12 @@ foreign_pct() {
 }
 # utime + stime of a process (all its threads, exited ones too), in clock ticks.
 cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+# The same for a process and its children (the PostgreSQL cluster: the
+# postmaster and its backends, which live as long as the engine's pool).
+tree_ticks() {
+  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v root="$1" '
+    { pid = $1; sub(/^.*\) /, ""); if (pid == root || $2 == root) t += $12 + $13 } END { print t + 0 }'
+}
 TCK=$(getconf CLK_TCK)
 field() { tr ' ' '\n' <"$1" | sed -n "s/^$2=//p"; }
 
@@ -188,10 +194,10 @@ for store in $STORES; do
     "edges": [{"from": "start", "to": "charge"}, {"from": "charge", "to": "receipt"}]}'
 
   foreign_snap "$TMP/cpu.0"
-  e0=$(cpu_ticks "$ENGINE_PID") m0=$(cpu_ticks "$MOCK_PID")
+  e0=$(cpu_ticks "$ENGINE_PID") m0=$(cpu_ticks "$MOCK_PID") p0=$(tree_ticks "$PGROOT")
   timeout $((LIMIT + 30)) "$GWDRIVE_BIN" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" \
     >"$TMP/driver.$store" 2>"$TMP/driver.$store.err" || die "driver failed on $store: $(tail -5 "$TMP/driver.$store.err")"
-  e1=$(cpu_ticks "$ENGINE_PID") m1=$(cpu_ticks "$MOCK_PID")
+  e1=$(cpu_ticks "$ENGINE_PID") m1=$(cpu_ticks "$MOCK_PID") p1=$(tree_ticks "$PGROOT")
   foreign_snap "$TMP/cpu.1"
   foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")
   sed -i 's/^RESULT //' "$TMP/driver.$store"
@@ -232,9 +238,10 @@ print(s["charges"], len(per), sum(1 for v in per.values() if v == 1), s.get("rep
 EOF
 )
   eps=$(awk -v d="$completed" -v s="$span" 'BEGIN{printf "%.1f", (s > 0 ? 1000 * d / s : 0)}')
-  # CPU per execution (us): the engine's and the mock's over the driver's run, the driver's own.
+  # CPU per execution (us): the engine's (plus PostgreSQL's) and the mock's
+  # over the driver's run, the driver's own.
   cpu=$(awk -v e=$((e1 - e0)) -v m=$((m1 - m0)) -v d="$(field "$TMP/driver.$store" cpu_us)" -v t="$TCK" -v n="$EXECS" \
-    'BEGIN { printf "%.0f %.0f %.0f", 1e6 * e / t / n, 1e6 * m / t / n, d / n }')
+    -v pg=$((p1 - p0)) 'BEGIN { printf "%.0f %.0f %.0f %.0f", 1e6 * e / t / n, 1e6 * m / t / n, d / n, 1e6 * pg / t / n }')
   echo "$store $eps $p50 $p99 $(field "$TMP/driver.$store" trig_rps) $(field "$TMP/driver.$store" inflight_avg) $foreign $cpu" >>"$TMP/table"
   printf '  %s: %s\n  %s: %d rows, %d completed (%d steps), %.0f executions/s, p50 %d ms, p99 %d ms;' \
     "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99"
@@ -257,11 +264,12 @@ printf 'ceiling (gwcalls, same client): %.0f calls/s, p50 %s ms, p99 %s ms (medi
 printf '%-9s %13s %9s %9s %11s %10s %15s %8s %24s\n' store executions/s "p50 ms" "p99 ms" triggers/s "in flight" \
   "exec/ceiling" foreign "CPU us engine/mock/drv"
 [ -f "$TMP/table" ] && awk -v c="$CEIL" -v t=$TARGET '{ r = 100 * $2 / c
-  printf "%-9s %13.0f %9d %9d %11.0f %10.0f %14.1f%% %7d%% %14d / %3d / %3d   (target %d%%: %s)\n", $1, $2, $3, $4, $5, $6, r, $7,
-    $8, $9, $10, t, (r >= t ? "met" : "NOT met") }' "$TMP/table"
+  printf "%-9s %13.0f %9d %9d %11.0f %10.0f %14.1f%% %7d%% %14d / %3d / %3d   (target %d%%: %s)%s\n", $1, $2, $3, $4, $5, $6, r, $7,
+    $8, $9, $10, t, (r >= t ? "met" : "NOT met"), ($11 > 0 ? sprintf("; PostgreSQL %d us", $11) : "") }' "$TMP/table"
 echo "(executions/s and p50/p99 (trigger -> completed) from executions.created_at/updated_at;"
 echo " triggers/s: the driver's rate; in flight: mean unfinished executions it saw; foreign: CPU of"
-echo " other processes, % of all CPUs; CPU us: per execution, of the engine, the mock and the driver;"
+echo " other processes, % of all CPUs; CPU us: per execution, of the engine, the mock and the driver"
+echo " (and of the PostgreSQL cluster);"
 echo " the ceiling's mock_us is the mock's CPU per call)"
 fmax=$({ for r in $(seq 1 "$CEIL_RUNS"); do field "$TMP/ceiling.$r" foreign; done
   [ -f "$TMP/table" ] && awk '{print $7}' "$TMP/table"; } | sort -n | tail -1)

@@ -398,15 +398,11 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     o->dispatched = 0;
     o->status[0] = '\0';
     struct store_execution x;
-    int rc = store_tx_execution_get(tx, o->workspace, o->execution_id, &x, e);
-    if (rc)
-        return rc;
     struct store_step *rows = NULL;
     size_t n = 0;
-    if ((rc = store_tx_steps_get(tx, o->execution_id, &rows, &n, e))) {
-        store_execution_clear(&x);
+    int rc = store_tx_execution_load(tx, o->workspace, o->execution_id, &x, &rows, &n, e);
+    if (rc)
         return rc;
-    }
     struct view v;
     view_init(&v, o->w, rows, n, o->now);
     v.ver = x.version;
@@ -473,15 +469,11 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     a->retried = 0;
     a->status[0] = '\0';
     struct store_execution x;
-    int rc = store_tx_execution_get(tx, a->workspace, a->execution_id, &x, e);
-    if (rc)
-        return rc;
     struct store_step *rows = NULL;
     size_t n = 0;
-    if ((rc = store_tx_steps_get(tx, a->execution_id, &rows, &n, e))) {
-        store_execution_clear(&x);
+    int rc = store_tx_execution_load(tx, a->workspace, a->execution_id, &x, &rows, &n, e);
+    if (rc)
         return rc;
-    }
     for (size_t i = 0; !rc && i < n; i++) {
         struct store_step *st = &rows[i];
         enum step_state was = st->state;

@@ -641,6 +641,20 @@ int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct sto
     return tx->s->ops->tx_steps_get(tx, execution_id, items, n, e);
 }
 
+int store_tx_execution_load(struct store_tx *tx, const char *ws, const char *id,
+                            struct store_execution *x, struct store_step **items, size_t *n,
+                            struct ifl_err *e)
+{
+    memset(x, 0, sizeof *x);
+    ZERO_OUT(items, n);
+    if (tx->s->ops->tx_execution_load)
+        return tx->s->ops->tx_execution_load(tx, ws, id, x, items, n, e);
+    int rc = tx->s->ops->tx_execution_get(tx, ws, id, x, e);
+    if (!rc && (rc = tx->s->ops->tx_steps_get(tx, id, items, n, e)))
+        store_execution_clear(x);
+    return rc;
+}
+
 int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struct ifl_err *e)
 {
     return tx->s->ops->tx_step_insert(tx, st, e);

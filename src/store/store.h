@@ -179,7 +179,7 @@ void store_attempts_free(struct store_attempt *v, size_t n);
 
 /* An event of the transactional outbox. */
 struct store_event {
-    int64_t seq;
+    int64_t seq; /* set by reads; an append may leave it 0 (PostgreSQL defers the insert) */
     char id[65];
     char *workspace;
     char execution_id[65];
@@ -275,6 +275,11 @@ int store_tx_execution_set_status(struct store_tx *tx, const char *id, const cha
                                   int64_t version, struct ifl_err *e);
 int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
                        size_t *n, struct ifl_err *e);
+/* store_tx_execution_get (which locks the row), then store_tx_steps_get, in
+ * one round trip where the backend can.  On failure nothing is left to free. */
+int store_tx_execution_load(struct store_tx *tx, const char *ws, const char *id,
+                            struct store_execution *x, struct store_step **items, size_t *n,
+                            struct ifl_err *e);
 int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);
 /* Writes every mutable column of *st for its (execution, vertex) only when
  * the row's state is `expect_state` and (expect_epoch < 0 or) its epoch is

@@ -63,6 +63,10 @@ struct store_ops {
                                    int64_t version, struct ifl_err *e);
     int (*tx_steps_get)(struct store_tx *tx, const char *execution_id, struct store_step **items,
                         size_t *n, struct ifl_err *e);
+    /* Optional (NULL: tx_execution_get, then tx_steps_get). */
+    int (*tx_execution_load)(struct store_tx *tx, const char *ws, const char *id,
+                             struct store_execution *x, struct store_step **items, size_t *n,
+                             struct ifl_err *e);
     int (*tx_step_insert)(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);
     int (*tx_step_update)(struct store_tx *tx, const struct store_step *st,
                           enum step_state expect_state, int64_t expect_epoch, int *changed,

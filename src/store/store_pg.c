@@ -568,10 +568,30 @@ static const char *piped_name(const struct piped *p)
     return p->kind == P_LITERAL ? p->text : stmts[p->id].name;
 }
 
+static int pipe_sync(struct pgtx *t, PGresult **res, int nres, struct ifl_err *e);
+
+/* The connection broke with commands queued: which preparations took is
+ * unknown, so they are made again on the next session. */
+static void pipe_forget(struct pgtx *t)
+{
+    for (int k = 0; k < t->npipe; k++)
+        if (t->pipe[k].kind == P_PREPARE)
+            t->c->prepared[t->pipe[k].id] = 0;
+    t->npipe = 0;
+}
+
+/* A statement's result: note whether it changed rows (a lost COMMIT of a
+ * unit that wrote must be settled, not assumed void). */
+static void note_write(struct pgtx *t, PGresult *r)
+{
+    const char *n = PQcmdTuples(r);
+    if (*n && strcmp(n, "0") != 0 && strncmp(PQcmdStatus(r), "SELECT", 6) != 0)
+        t->wrote = 1;
+}
+
 /* Queues a command in the pipeline (entering pipeline mode, with the
  * transaction's pending BEGIN first).  `id` S_NONE sends the literal
  * `text`.  0, or IFL_ESTORE with the connection marked broken. */
-static int pipe_sync(struct pgtx *t, PGresult **res, int nres, struct ifl_err *e);
 
 static int pipe_send(struct pgtx *t, enum stmt id, const char *text, const struct args *a,
                      struct ifl_err *e)
@@ -612,10 +632,7 @@ static int pipe_send(struct pgtx *t, enum stmt id, const char *text, const struc
     return 0;
 broken:
     c->broken = 1;
-    for (int k = 0; k < t->npipe; k++)
-        if (t->pipe[k].kind == P_PREPARE)
-            c->prepared[t->pipe[k].id] = 0;
-    t->npipe = 0;
+    pipe_forget(t);
     return fail(t, NULL, id == S_NONE ? text : stmts[id].name, e);
 }
 
@@ -657,11 +674,8 @@ static int pipe_sync(struct pgtx *t, PGresult **res, int nres, struct ifl_err *e
         }
         ExecStatusType st = PQresultStatus(r);
         if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
-            if (p->kind == P_QUERY) {
-                const char *n = PQcmdTuples(r);
-                if (*n && strcmp(n, "0") != 0 && strncmp(PQcmdStatus(r), "SELECT", 6) != 0)
-                    t->wrote = 1;
-            }
+            if (p->kind == P_QUERY)
+                note_write(t, r);
             if (nres && k >= want && p->kind != P_PREPARE && nout < nres && !failed)
                 out[nout++] = r;
             else
@@ -686,10 +700,8 @@ static int pipe_sync(struct pgtx *t, PGresult **res, int nres, struct ifl_err *e
             c->broken = 1;
         PQclear(sync);
     }
-    if (c->broken) /* unknown which preparations took: prepare again on a new session */
-        for (int k = 0; k < t->npipe; k++)
-            if (t->pipe[k].kind == P_PREPARE)
-                c->prepared[t->pipe[k].id] = 0;
+    if (c->broken)
+        pipe_forget(t);
     t->npipe = 0;
     t->piping = 0;
     if (!failed && c->broken) {
@@ -744,9 +756,7 @@ static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct if
             return NULL;
         }
     }
-    const char *n = PQcmdTuples(r);
-    if (*n && strcmp(n, "0") != 0 && strncmp(PQcmdStatus(r), "SELECT", 6) != 0)
-        t->wrote = 1;
+    note_write(t, r);
     return r;
 }
 

@@ -230,11 +230,12 @@ EOF
   # The provider's count: exactly one charge per order, one order per execution.
   curl -fsS --max-time 30 "$MOCK/stats" >"$TMP/stats.$store" || die "GET /stats failed"
   curl -fsS --max-time 10 -XPOST "$MOCK/reset" >/dev/null || die "POST /reset failed"
-  read -r charges orders once replays < <($PY - "$TMP/stats.$store" <<'EOF'
+  read -r charges orders once replays conns < <($PY - "$TMP/stats.$store" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 per = s["charges_per_order"]
-print(s["charges"], len(per), sum(1 for v in per.values() if v == 1), s.get("replays", 0))
+print(s["charges"], len(per), sum(1 for v in per.values() if v == 1), s.get("replays", 0),
+      s.get("connections", -1))
 EOF
 )
   eps=$(awk -v d="$completed" -v s="$span" 'BEGIN{printf "%.1f", (s > 0 ? 1000 * d / s : 0)}')
@@ -245,8 +246,8 @@ EOF
   echo "$store $eps $p50 $p99 $(field "$TMP/driver.$store" trig_rps) $(field "$TMP/driver.$store" inflight_avg) $foreign $cpu" >>"$TMP/table"
   printf '  %s: %s\n  %s: %d rows, %d completed (%d steps), %.0f executions/s, p50 %d ms, p99 %d ms;' \
     "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99"
-  printf ' mock: %d charges, %d orders, %d charged once, %d replays; foreign %d%%\n' \
-    "$charges" "$orders" "$once" "$replays" "$foreign"
+  printf ' mock: %d charges, %d orders, %d charged once, %d replays, %d connections; foreign %d%%\n' \
+    "$charges" "$orders" "$once" "$replays" "$conns" "$foreign"
   ok=$(field "$TMP/driver.$store" ok)
   if [ "$ok" -ne "$EXECS" ]; then echo "FAIL: $store: $ok of $EXECS triggers answered 201" >&2; FAIL=1; fi
   if [ "$rows" -ne "$EXECS" ] || [ "$completed" -ne "$EXECS" ] || [ "$steps" -ne $((3 * EXECS)) ]; then

@@ -20,6 +20,7 @@
 struct listener {
     struct MHD_Daemon *d;
     listener_fn fn;
+    listener_conn_fn on_conn;
     void *ctx;
     size_t max_body;
     unsigned port;
@@ -145,8 +146,18 @@ static void __attribute__((format(printf, 2, 0))) mhd_log(void *cls, const char 
     log_warn("mockpay.mhd", "%s", msg);
 }
 
-int listener_start(const char *listen, size_t max_body, listener_fn fn, void *ctx,
-                   struct listener **out, struct ifl_err *e)
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)c;
+    (void)socket_ctx;
+    struct listener *l = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED && l->on_conn)
+        l->on_conn(l->ctx);
+}
+
+int listener_start(const char *listen, size_t max_body, listener_fn fn, listener_conn_fn on_conn,
+                   void *ctx, struct listener **out, struct ifl_err *e)
 {
     char host[128];
     unsigned port;
@@ -173,12 +184,14 @@ int listener_start(const char *listen, size_t max_body, listener_fn fn, void *ct
     }
     struct listener *l = xcalloc(1, sizeof *l);
     l->fn = fn;
+    l->on_conn = on_conn;
     l->ctx = ctx;
     l->max_body = max_body ? max_body : 1u << 16;
     l->d = MHD_start_daemon(
         flags, (uint16_t)port, NULL, NULL, on_request, l, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
-        MHD_OPTION_CONNECTION_LIMIT, 1024u, MHD_OPTION_CONNECTION_TIMEOUT, 60u, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, l, MHD_OPTION_CONNECTION_LIMIT, 1024u,
+        MHD_OPTION_CONNECTION_TIMEOUT, 60u, MHD_OPTION_END);
     if (!l->d) {
         free(l);
         return err_set(e, IFL_EIO, "cannot listen on %s (in use or not permitted)", listen);

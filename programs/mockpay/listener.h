@@ -25,14 +25,17 @@ enum listener_action {
 /* Must be thread safe; fills res (status, body, headers) when it responds. */
 typedef enum listener_action (*listener_fn)(void *ctx, const struct http_req *req,
                                             struct http_res *res);
+/* Called (thread safe) once for every accepted connection. */
+typedef void (*listener_conn_fn)(void *ctx);
 
 struct listener;
 
 /* Binds `listen` ("HOST:PORT", port 0 = any free) and serves.  Bodies over
- * max_body bytes are answered 413 without calling fn.  *out is owned by the
+ * max_body bytes are answered 413 without calling fn.  on_conn (NULL ok)
+ * hears of each new connection, with the same ctx.  *out is owned by the
  * caller (listener_stop).  Returns 0, IFL_EINVAL (bad address) or IFL_EIO. */
-int listener_start(const char *listen, size_t max_body, listener_fn fn, void *ctx,
-                   struct listener **out, struct ifl_err *e);
+int listener_start(const char *listen, size_t max_body, listener_fn fn, listener_conn_fn on_conn,
+                   void *ctx, struct listener **out, struct ifl_err *e);
 /* The bound port. */
 unsigned listener_port(const struct listener *l);
 /* Stops accepting, closes connections, waits for handler threads, frees.

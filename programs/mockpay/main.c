@@ -111,7 +111,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "idemflow-mockpay: --faults: %s\n", e.msg);
         return 2;
     }
-    if (listener_start(listen, MOCKPAY_MAX_BODY, mockpay_handle, m, &l, &e)) {
+    if (listener_start(listen, MOCKPAY_MAX_BODY, mockpay_handle, mockpay_connected, m, &l, &e)) {
         fprintf(stderr, "idemflow-mockpay: %s\n", e.msg);
         mockpay_free(m);
         return e.code == IFL_EINVAL ? 2 : 1;

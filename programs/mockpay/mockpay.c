@@ -84,6 +84,7 @@ struct stats {
     uint64_t responses[600]; /* by status; [0] = dropped */
     uint64_t replays, conflicts, mismatches;
     uint64_t injected[FAULT_NKINDS];
+    uint64_t connections; /* accepted, since start or reset */
 };
 
 struct mockpay {
@@ -572,11 +573,12 @@ static void stats(struct mockpay *m, struct http_res *res)
         json_object_set_new(injected, faults_kind_name((enum fault_kind)k),
                             json_integer((json_int_t)m->st.injected[k]));
     json_t *v = json_pack(
-        "{s:I,s:o,s:o,s:o,s:I,s:I,s:I,s:I,s:o,s:I}", "charges", (json_int_t)m->ncharges,
+        "{s:I,s:o,s:o,s:o,s:I,s:I,s:I,s:I,s:o,s:I,s:I}", "charges", (json_int_t)m->ncharges,
         "charges_per_order", per_order, "requests", requests, "responses", responses, "replays",
         (json_int_t)m->st.replays, "in_flight_conflicts", (json_int_t)m->st.conflicts,
         "key_mismatches", (json_int_t)m->st.mismatches, "dropped", (json_int_t)m->st.responses[0],
-        "faults_injected", injected, "idempotency_keys", (json_int_t)table_count(m->keys));
+        "faults_injected", injected, "idempotency_keys", (json_int_t)table_count(m->keys),
+        "connections", (json_int_t)m->st.connections);
     unlock(m);
     reply_json(res, 200, v);
 }
@@ -703,6 +705,14 @@ static void log_request(const struct mockpay *m, const struct http_req *req,
     }
     buf_free(&b);
     json_decref(o);
+}
+
+void mockpay_connected(void *ctx)
+{
+    struct mockpay *m = ctx;
+    lock(m);
+    m->st.connections++;
+    unlock(m);
 }
 
 enum listener_action mockpay_handle(void *ctx, const struct http_req *req, struct http_res *res)

@@ -44,6 +44,9 @@ int mockpay_new(const struct mockpay_opts *o, struct mockpay **out, struct ifl_e
 /* The request handler (a listener_fn; ctx is the struct mockpay).  Thread
  * safe; blocks for injected latency. */
 enum listener_action mockpay_handle(void *ctx, const struct http_req *req, struct http_res *res);
+/* Counts a new client connection (a listener_conn_fn; ctx is the struct
+ * mockpay), reported by GET /stats as "connections". */
+void mockpay_connected(void *ctx);
 
 /* Makes injected latency end at once (for a prompt graceful exit); requests
  * still complete.  Async-signal unsafe; call from the main thread. */

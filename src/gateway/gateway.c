@@ -663,6 +663,11 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
     c->multi = curl_multi_init();
     c->max_inflight = max_inflight > 0 ? max_inflight : 256;
     curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->max_inflight);
+    /* Keep an idle connection for every call that may be in flight: the
+     * default cache (4 x the handles added at the moment) shrinks whenever
+     * the number of calls dips, closing connections that the next calls
+     * then have to open again. */
+    curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, (long)c->max_inflight);
     pthread_mutex_init(&c->mu, NULL);
     if (!c->multi || pthread_create(&c->thread, NULL, client_main, c) != 0) {
         if (c->multi)

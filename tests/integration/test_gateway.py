@@ -95,6 +95,25 @@ def test_success_sends_the_key_and_completes(server, mock):
     assert mock.charges("o-1") == 1
 
 
+def test_calls_reuse_connections_across_waves(server, mock):
+    """Idle connections stay open between bursts: four waves of 30
+    overlapping calls (each held 300 ms by the mock) open about 30
+    connections, not a share of them again after every wave (libcurl's
+    default cache shrinks with the transfers in flight)."""
+    setup_pay(server, mock)
+    mock.faults("latency=300")
+    before = mock.call("GET", "/stats")["connections"]  # the test's own calls count too
+    n = 30
+    for wave in range(4):
+        ids = [pay(server, f"wave-{wave}-{i}") for i in range(n)]
+        for xid in ids:
+            assert finished(server, xid)["status"] == "completed"
+    st = mock.call("GET", "/stats")
+    assert st["requests"]["POST /v1/charges"] == 4 * n
+    opened = st["connections"] - before - 1  # less this /stats call
+    assert 1 <= opened <= n + 4, opened
+
+
 def test_dropped_response_after_commit_is_retried_with_the_key(server, mock):
     setup_pay(server, mock)
     mock.faults("drop_after_commit:count=1")

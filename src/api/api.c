@@ -793,6 +793,7 @@ static void h_metrics(struct call *c)
         "# HELP idemflow_steps_total Step outcomes.\n"
         "# TYPE idemflow_steps_total counter\n"
         "idemflow_steps_total{event=\"claimed\"} %llu\n"
+        "idemflow_steps_total{event=\"claimed_at_trigger\"} %llu\n"
         "idemflow_steps_total{event=\"completed\"} %llu\n"
         "idemflow_steps_total{event=\"failed\"} %llu\n"
         "idemflow_steps_total{event=\"recovered\"} %llu\n"
@@ -815,6 +816,7 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&a->triggers_deduplicated),
         (unsigned long long)atomic_load(&a->triggers_rejected),
         (unsigned long long)atomic_load(&m->steps_claimed),
+        (unsigned long long)atomic_load(&m->steps_claimed_early),
         (unsigned long long)atomic_load(&m->steps_completed),
         (unsigned long long)atomic_load(&m->steps_failed),
         (unsigned long long)atomic_load(&m->steps_recovered),

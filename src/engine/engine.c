@@ -17,6 +17,7 @@
 #include "json/json.h"
 
 #include "base/clock.h"
+#include "base/fault.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -349,6 +350,7 @@ void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d)
     json_decref(out);
 }
 
+#define EARLY_MAX 8
 struct create_args {
     const struct store_execution *x;
     struct store_step *rows;
@@ -357,6 +359,13 @@ struct create_args {
     int dispatched;
     int inlined;        /* TRANSFORMs completed at trigger time */
     const char *worker; /* … recorded as their attempt's worker */
+    /* GATEWAY steps claimed at trigger time: their rows, their calls */
+    struct {
+        size_t row;
+        struct gw_job *job;
+    } early[EARLY_MAX];
+    size_t nearly;
+    char claimant[112]; /* … recorded as their attempt's worker and lease owner */
     int created;
     struct store_execution *existing;
 };
@@ -400,6 +409,104 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
     }
 }
 
+static struct store_step *rows_dup(const struct store_step *rows, size_t n)
+{
+    struct store_step *c = xcalloc(n ? n : 1, sizeof *c);
+    for (size_t i = 0; i < n; i++) {
+        c[i] = rows[i];
+        c[i].vertex = xstrdup(rows[i].vertex);
+        c[i].workspace = xstrdup(rows[i].workspace);
+        c[i].kind = xstrdup(rows[i].kind);
+        c[i].lease_owner = rows[i].lease_owner ? xstrdup(rows[i].lease_owner) : NULL;
+        c[i].output = rows[i].output ? xstrdup(rows[i].output) : NULL;
+        c[i].error = rows[i].error ? xstrdup(rows[i].error) : NULL;
+    }
+    return c;
+}
+
+/* GATEWAY steps the entry (or an inlined TRANSFORM) dispatched, due now, are
+ * claimed by the creating transaction itself — EXECUTING at epoch 1, leased
+ * to this process, their attempt row open — and their calls start right
+ * after its commit, as a worker's would after a claim: no claim
+ * transaction, no hand-off to a worker, no re-read of the execution.  The
+ * request is rendered first; one that cannot be stays DISPATCHED for a
+ * worker to fail it with its error.  Only while the gateway client has room
+ * (otherwise the workers pace the calls), and never with --no-inline. */
+static void claim_early(struct engine *g, const struct wf *w, const struct store_execution *nx,
+                        struct create_args *ca)
+{
+    if (g->run.no_inline || !g->gw) /* no gateway client: not started (or stopped) */
+        return;
+    int64_t now = clock_now_ms();
+    int room = GW_MAX_INFLIGHT - engine_gw_inflight(g);
+    snprintf(ca->claimant, sizeof ca->claimant, "%s/t", g->worker_prefix);
+    for (size_t r = 0; r < ca->nrows && ca->nearly < EARLY_MAX && (int)ca->nearly < room; r++) {
+        struct store_step *st = &ca->rows[r];
+        long vi = wf_vertex_index(w, st->vertex);
+        if (st->state != STEP_DISPATCHED || vi < 0 || w->v[vi].type != WF_GATEWAY ||
+            st->next_run_at > now)
+            continue;
+        st->state = STEP_EXECUTING;
+        st->epoch++;
+        st->attempts++;
+        st->lease_owner = xstrdup(ca->claimant);
+        st->lease_expires_at = now + g->run.lease_ms;
+        ca->early[ca->nearly++].row = r;
+    }
+    if (!ca->nearly)
+        return;
+    json_t *ctx = engine_context(nx, ca->rows, ca->nrows);
+    size_t kept = 0;
+    for (size_t k = 0; k < ca->nearly; k++) {
+        struct store_step *st = &ca->rows[ca->early[k].row];
+        struct store_claim c = {.vertex = st->vertex,
+                                .workspace = st->workspace,
+                                .kind = st->kind,
+                                .epoch = st->epoch,
+                                .attempts = st->attempts};
+        snprintf(c.execution_id, sizeof c.execution_id, "%s", nx->id);
+        size_t n = ca->nrows;
+        struct store_step *seen = rows_dup(ca->rows, n);
+        char *err = NULL;
+        struct gw_job *j =
+            engine_gw_prepare(g, &c, w, wf_vertex_index(w, st->vertex), ctx, &seen, &n, &err);
+        store_steps_free(seen, n);
+        free(err);
+        if (!j) { /* back to DISPATCHED: a worker fails it (the others' plans go stale: safe) */
+            st->state = STEP_DISPATCHED;
+            st->epoch--;
+            st->attempts--;
+            free(st->lease_owner);
+            st->lease_owner = NULL;
+            st->lease_expires_at = 0;
+            continue;
+        }
+        ca->early[kept].row = ca->early[k].row;
+        ca->early[kept++].job = j;
+    }
+    ca->nearly = kept;
+    json_decref(ctx);
+}
+
+/* After the creating transaction: the early calls start (it committed) or
+ * are dropped (it did not, or found the execution there already). */
+static void early_finish(struct engine *g, struct create_args *ca, int committed)
+{
+    for (size_t k = 0; k < ca->nearly; k++) {
+        if (!committed) {
+            engine_gw_discard(ca->early[k].job);
+            continue;
+        }
+        const struct store_step *st = &ca->rows[ca->early[k].row];
+        atomic_fetch_add(&g->m.steps_claimed, 1);
+        atomic_fetch_add(&g->m.steps_claimed_early, 1);
+        FAULT("step.after_claim");
+        engine_trace(g, "run", st->execution_id, st->vertex, st->epoch);
+        engine_gw_launch(ca->early[k].job);
+    }
+    ca->nearly = 0;
+}
+
 static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
                          struct store_execution *nx, json_t *payload, struct create_args *ca)
 {
@@ -412,6 +519,7 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
     if (!g->run.no_inline)
         inline_initial(g, w, nx, ctx, ca);
     json_decref(ctx);
+    claim_early(g, w, nx, ca);
     ca->status = steps_status(ca->rows, ca->nrows);
     nx->status = (char *)ca->status;
     /* every event of the creating transaction, stamped 1, 2, … (no bumps) */
@@ -440,6 +548,10 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
         return store_tx_execution_get(tx, x->workspace, x->id, a->existing, e);
     for (size_t i = 0; !rc && i < a->nrows; i++)
         rc = store_tx_step_insert(tx, &a->rows[i], e);
+    for (size_t k = 0; !rc && k < a->nearly; k++) {
+        const struct store_step *r = &a->rows[a->early[k].row];
+        rc = store_tx_attempt_record(tx, x->id, r->vertex, r->epoch, a->claimant, NULL, e);
+    }
     if (rc)
         return rc;
     json_t *d = json_object();
@@ -481,19 +593,24 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     return rc;
 }
 
+void engine_trace(struct engine *g, const char *what, const char *xid, const char *vertex,
+                  int64_t epoch)
+{
+    if (g->trace_fd < 0)
+        return;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s %s %s %lld\n", what, xid, vertex, (long long)epoch);
+    if (n > 0 && (size_t)n < sizeof line && write(g->trace_fd, line, (size_t)n) != n)
+        log_warn("trace.write", "cannot write the trace file");
+}
+
 /* Trace lines ("inline" before the commit, "completed" after it) for the
  * rows completed at trigger time (IDEMFLOW_TRACE_FILE, docs/faults.md). */
 static void trace_inlined(struct engine *g, const struct create_args *ca, const char *what)
 {
-    for (size_t i = 0; g->trace_fd >= 0 && i < ca->nrows; i++) {
-        if (!inlined_row(&ca->rows[i]))
-            continue;
-        char line[256];
-        int n = snprintf(line, sizeof line, "%s %s %s %lld\n", what, ca->x->id, ca->rows[i].vertex,
-                         (long long)ca->rows[i].epoch);
-        if (n > 0 && (size_t)n < sizeof line && write(g->trace_fd, line, (size_t)n) != n)
-            log_warn("trace.write", "cannot write the trace file");
-    }
+    for (size_t i = 0; g->trace_fd >= 0 && i < ca->nrows; i++)
+        if (inlined_row(&ca->rows[i]))
+            engine_trace(g, what, ca->x->id, ca->rows[i].vertex, ca->rows[i].epoch);
 }
 
 /* After a creating transaction committed: metrics and traces. */
@@ -614,6 +731,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     trace_inlined(g, &ca, "inline");
     if (!rc)
         rc = store_tx_run(g->store, tx_create_execution, &ca, e);
+    early_finish(g, &ca, !rc && ca.created);
     free(nx.identity);
     free(nx.payload);
     store_steps_free(ca.rows, ca.nrows);
@@ -812,6 +930,7 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
     trace_inlined(g, &a.ca, "inline");
     rc = store_tx_run(g->store, tx_start_over, &a, e);
+    early_finish(g, &a.ca, !rc && !a.replayed && a.ca.created);
     if (!rc) {
         *replayed = a.replayed;
         snprintf(new_id, 65, "%s", a.replayed ? a.replay_id : nx.id);

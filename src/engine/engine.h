@@ -27,6 +27,7 @@ struct engine_opts {
 /* Counters exposed on /metrics. */
 struct engine_metrics {
     atomic_ullong steps_claimed, steps_completed, steps_failed, steps_recovered;
+    atomic_ullong steps_claimed_early; /* … of the claimed: GATEWAYs claimed at trigger time */
     atomic_ullong fenced_writes, executions_completed, executions_failed;
     atomic_ullong steps_inlined; /* TRANSFORMs completed with their predecessor (also completed) */
 };

@@ -72,6 +72,17 @@ struct gw_job;
  * *err_text (heap JSON) when the request cannot be rendered. */
 int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
                     json_t *ctx, struct store_step **rows, size_t *n, char **err_text);
+/* engine_gw_start in two halves, for a step claimed by the transaction that
+ * creates its execution: the request is rendered before that commit (NULL
+ * with *err_text when it cannot be: the step is then left for a worker) and
+ * sent only after it.  prepare takes *rows as start does (also on failure
+ * it leaves them with the caller); the job is then launched (it owns
+ * itself) or discarded. */
+struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
+                                 long vi, json_t *ctx, struct store_step **rows, size_t *n,
+                                 char **err_text);
+void engine_gw_launch(struct gw_job *j);
+void engine_gw_discard(struct gw_job *j);
 /* Commits the outcomes of finished calls; returns how many. */
 size_t engine_gw_drain(struct engine *g);
 /* Extends the leases of every call in flight. */
@@ -136,5 +147,8 @@ int engine_truthy(json_t *v);
 void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d);
 /* The expression context {payload, steps, execution} (new reference). */
 json_t *engine_context(const struct store_execution *x, const struct store_step *rows, size_t n);
+/* Appends "WHAT XID VERTEX EPOCH" to the trace file, if any (docs/faults.md). */
+void engine_trace(struct engine *g, const char *what, const char *xid, const char *vertex,
+                  int64_t epoch);
 
 #endif

@@ -224,8 +224,9 @@ static int64_t first_attempt(struct engine *g, const char *xid, const char *vert
     return first;
 }
 
-int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
-                    json_t *ctx, struct store_step **rows, size_t *n, char **err_text)
+struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
+                                 long vi, json_t *ctx, struct store_step **rows, size_t *n,
+                                 char **err_text)
 {
     const struct wf_vertex *v = &w->v[vi];
     struct gw_job *j = xcalloc(1, sizeof *j);
@@ -249,15 +250,34 @@ int engine_gw_start(struct engine *g, const struct store_claim *c, const struct 
          render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
         *err_text = steps_error_json("request_error", e.msg);
         job_free(j);
-        return -1;
+        return NULL;
     }
     j->phase = j->vreq.url ? 1 : 0;
     j->rows = *rows;
     j->nrows = *n;
     *rows = NULL;
     *n = 0;
+    return j;
+}
+
+void engine_gw_launch(struct gw_job *j)
+{
     inflight_add(j);
     submit(j, j->phase ? &j->vreq : &j->req);
+}
+
+void engine_gw_discard(struct gw_job *j)
+{
+    job_free(j);
+}
+
+int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
+                    json_t *ctx, struct store_step **rows, size_t *n, char **err_text)
+{
+    struct gw_job *j = engine_gw_prepare(g, c, w, vi, ctx, rows, n, err_text);
+    if (!j)
+        return -1;
+    engine_gw_launch(j);
     return 0;
 }
 
@@ -499,14 +519,9 @@ size_t engine_gw_drain(struct engine *g)
             if (go->o.status_changed)
                 engine_count_status(g, go->o.status);
             engine_inline_done(g, &go->plan, &go->o);
-            if (g->trace_fd >= 0 && (go->o.to == STEP_COMPLETED || go->o.to == STEP_FAILED)) {
-                char line[256];
-                int len = snprintf(line, sizeof line, "%s %s %s %lld\n",
-                                   go->o.to == STEP_COMPLETED ? "completed" : "failed",
-                                   go->o.execution_id, go->o.vertex, (long long)go->o.epoch);
-                if (len > 0 && write(g->trace_fd, line, (size_t)len) != len)
-                    log_warn("trace.write", "cannot write the trace file");
-            }
+            if (go->o.to == STEP_COMPLETED || go->o.to == STEP_FAILED)
+                engine_trace(g, go->o.to == STEP_COMPLETED ? "completed" : "failed",
+                             go->o.execution_id, go->o.vertex, go->o.epoch);
         }
         engine_decisions_free(go->d, go->nd);
         engine_inline_clear(&go->plan);

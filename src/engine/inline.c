@@ -110,22 +110,20 @@ void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, lo
     steps_sim_free(s);
     if (!p->n)
         return;
-    p->seen_state = xcalloc(n, sizeof *p->seen_state);
-    p->seen_epoch = xcalloc(n, sizeof *p->seen_epoch);
+    p->seen_state = xcalloc(w->nv, sizeof *p->seen_state);
+    p->seen_epoch = xcalloc(w->nv, sizeof *p->seen_epoch);
     p->n_seen = n;
+    for (size_t k = 0; k < w->nv; k++)
+        p->seen_epoch[k] = -1;
     for (size_t r = 0; r < n; r++) {
-        p->seen_state[r] = rows[r].state;
-        p->seen_epoch[r] = rows[r].epoch;
+        long k = wf_vertex_index(w, rows[r].vertex);
+        if (k < 0 || p->seen_epoch[k] != -1) { /* not this workflow's rows: plan nothing */
+            p->n_seen = (size_t)-1;
+            continue;
+        }
+        p->seen_state[k] = rows[r].state;
+        p->seen_epoch[k] = rows[r].epoch;
     }
-}
-
-static void trace(struct engine *g, const char *what, const char *xid, const char *vertex,
-                  int64_t epoch)
-{
-    char line[256];
-    int len = snprintf(line, sizeof line, "%s %s %s %lld\n", what, xid, vertex, (long long)epoch);
-    if (len > 0 && (size_t)len < sizeof line && write(g->trace_fd, line, (size_t)len) != len)
-        log_warn("trace.write", "cannot write the trace file");
 }
 
 void engine_inline_attach(struct engine *g, const struct inline_plan *p, struct step_outcome *o,
@@ -135,7 +133,7 @@ void engine_inline_attach(struct engine *g, const struct inline_plan *p, struct 
         return;
     /* Evaluated, not yet applied: the commit decides (docs/faults.md). */
     for (size_t k = 0; g->trace_fd >= 0 && k < p->n; k++)
-        trace(g, "inline", o->execution_id, o->w->v[p->it[k].vi].id, p->it[k].epoch);
+        engine_trace(g, "inline", o->execution_id, o->w->v[p->it[k].vi].id, p->it[k].epoch);
     o->inl = p->items;
     o->n_inl = p->n;
     o->seen_state = p->seen_state;
@@ -151,7 +149,7 @@ void engine_inline_done(struct engine *g, const struct inline_plan *p, const str
     atomic_fetch_add(&g->m.steps_inlined, (unsigned long)o->inlined);
     atomic_fetch_add(&g->m.steps_completed, (unsigned long)o->inlined);
     for (int k = 0; g->trace_fd >= 0 && k < o->inlined && (size_t)k < p->n; k++)
-        trace(g, "completed", o->execution_id, o->w->v[p->it[k].vi].id, p->it[k].epoch);
+        engine_trace(g, "completed", o->execution_id, o->w->v[p->it[k].vi].id, p->it[k].epoch);
 }
 
 void engine_inline_clear(struct inline_plan *p)

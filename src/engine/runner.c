@@ -65,13 +65,7 @@ static void idle_wait(struct engine *g, unsigned long seen, int64_t until_ms)
 
 static void trace(struct engine *g, const char *what, const struct store_claim *c)
 {
-    if (g->trace_fd < 0)
-        return;
-    char line[256];
-    int n = snprintf(line, sizeof line, "%s %s %s %lld\n", what, c->execution_id, c->vertex,
-                     (long long)c->epoch);
-    if (n > 0 && (size_t)n < sizeof line && write(g->trace_fd, line, (size_t)n) != n)
-        log_warn("trace.write", "cannot write the trace file");
+    engine_trace(g, what, c->execution_id, c->vertex, c->epoch);
 }
 
 /* Applies an outcome, retrying when a concurrent writer changed the rows. */

@@ -354,13 +354,18 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
 }
 
 /* 1 when every row has the state and epoch the worker read. */
-static int as_seen(const struct step_outcome *o, const struct store_step *rows, size_t n)
+/* Every row as the worker read it: matched by vertex, so the order rows
+ * come in (the store's, or the creating transaction's) does not matter. */
+static int as_seen(const struct step_outcome *o, const struct view *v, size_t n)
 {
     if (!o->seen_state || n != o->n_seen)
         return 0;
-    for (size_t r = 0; r < n; r++)
-        if (rows[r].state != o->seen_state[r] || rows[r].epoch != o->seen_epoch[r])
+    for (size_t vi = 0; vi < o->w->nv; vi++) {
+        long r = v->row_of[vi];
+        if (r < 0 ? o->seen_epoch[vi] != -1
+                  : v->rows[r].state != o->seen_state[vi] || v->rows[r].epoch != o->seen_epoch[vi])
             return 0;
+    }
     return 1;
 }
 
@@ -418,7 +423,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         snprintf(o->status, sizeof o->status, "%s", x.status);
         goto out;
     }
-    int inline_ok = o->n_inl && o->to == STEP_COMPLETED && as_seen(o, rows, n);
+    int inline_ok = o->n_inl && o->to == STEP_COMPLETED && as_seen(o, &v, n);
     int64_t claimed_epoch = st->epoch;
     st->state = o->to;
     free(st->lease_owner);

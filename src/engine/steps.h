@@ -74,8 +74,10 @@ struct step_outcome {
     int64_t now;
     /* Inline completions (optional): applied in order, each only when this
      * outcome has just dispatched it, and only when every row of the
-     * execution still has the state and epoch the worker read (seen_*, in
-     * vertex-name order) — so each TRANSFORM was evaluated on exactly the
+     * execution still has the state and epoch the worker read (seen_*,
+     * indexed by the vertex's index in w; n_seen rows were read; a vertex
+     * without a row has seen_epoch -1) — so each TRANSFORM was evaluated
+     * on exactly the
      * inputs it would see if a worker claimed it now.  Each gets epoch+1,
      * attempts+1, a finished attempt row by `worker`, and its event; its
      * own decisions are applied like a real completion's. */

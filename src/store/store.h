@@ -293,7 +293,9 @@ int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const
                             struct ifl_err *e);
 /* Records an attempt that started and finished inside this transaction
  * (a TRANSFORM completed inline by the worker that completed its
- * predecessor): started_at = finished_at = now. */
+ * predecessor): started_at = finished_at = now.  With outcome NULL, an
+ * attempt that starts now and stays open (a step claimed by the
+ * transaction that created it; store_tx_attempt_finish ends it). */
 int store_tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
                             int64_t epoch, const char *worker, const char *outcome,
                             struct ifl_err *e);

@@ -187,7 +187,8 @@ static const struct {
                           "INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
                           " started_at, finished_at, outcome, execution_seq)"
                           " SELECT $1::text, $2::text, $3::bigint, $4::text, $5::bigint,"
-                          " $5::bigint, $6::text, seq FROM executions WHERE id = $1"},
+                          " CASE WHEN $6::text IS NULL THEN NULL ELSE $5::bigint END, $6::text,"
+                          " seq FROM executions WHERE id = $1"},
     /* An execution's event: bumps its version (the row lock serializes
      * appends per execution) and stamps it, in one round trip. */
     [S_EVENT_APPEND] = {"ifl_event_append",

@@ -1100,7 +1100,8 @@ static int tx_attempt_record(struct store_tx *tx, const char *execution_id, cons
     static const char sql[] =
         "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at,"
         " finished_at, outcome, execution_seq)"
-        " SELECT ?1, ?2, ?3, ?4, ?5, ?5, ?6, seq FROM executions WHERE id = ?1";
+        " SELECT ?1, ?2, ?3, ?4, ?5, CASE WHEN ?6 IS NULL THEN NULL ELSE ?5 END, ?6, seq"
+        " FROM executions WHERE id = ?1";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;

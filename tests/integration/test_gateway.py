@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import BACKEND
-from test_engine import WS, finished, put_workflow, run, steps_of, wait_for
+from test_engine import WS, finished, metric, put_workflow, run, steps_of, wait_for
 
 MOCKPAY = os.environ.get("IDEMFLOW_MOCKPAY",
                          os.path.join(os.path.dirname(__file__), "../../build/idemflow-mockpay"))
@@ -93,6 +93,42 @@ def test_success_sends_the_key_and_completes(server, mock):
     assert ch["output"]["headers"]["idempotency-key"] == "charge-o-1"
     assert steps_of(x)["paid"]["output"] == {"charge": ch["output"]["body"]["id"]}
     assert mock.charges("o-1") == 1
+
+
+def test_the_trigger_claims_the_first_call_and_commits_the_claim_before_sending(server, mock):
+    """The transaction that creates the execution claims its GATEWAY step
+    (EXECUTING, epoch 1, an open attempt by the process's "/t" claimant);
+    the call leaves only after that commit, so while the provider holds it
+    the claim is already visible — a crash now is a crash mid-call, which
+    the sweeper treats by the step's `ambiguous` policy."""
+    setup_pay(server, mock)
+    mock.faults("latency=1500")
+    xid = pay(server, "early-1")
+    x = server.get(f"{WS}/executions/{xid}").json
+    ch = steps_of(x)["charge"]
+    assert ch["state"] == "EXECUTING" and ch["epoch"] == 1 and ch["attempts"] == 1, ch
+    assert ch["leaseOwner"].endswith("/t"), ch
+    assert [(h["worker"], h["finishedAt"]) for h in ch["history"]] == [(ch["leaseOwner"], None)]
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and ch["state"] == "COMPLETED"
+    assert [h["outcome"] for h in ch["history"]] == ["success"]
+    assert steps_of(x)["paid"]["state"] == "COMPLETED"
+    assert metric(server, 'idemflow_steps_total{event="claimed_at_trigger"}') == 1
+    assert mock.charges("early-1") == 1
+
+
+def test_a_call_that_cannot_be_rendered_is_left_for_a_worker_to_fail(server, mock):
+    """No secret PAY_KEY: the trigger does not claim the step; a worker
+    claims it and fails it with request_error, as before."""
+    put_workflow(server, "pay", charge_flow(mock))
+    x = finished(server, pay(server, "early-2"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["state"] == "FAILED", x
+    assert ch["error"]["code"] == "request_error", ch
+    assert [h["worker"].endswith("/t") for h in ch["history"]] == [False]
+    assert metric(server, 'idemflow_steps_total{event="claimed_at_trigger"}') == 0
+    assert mock.charges("early-2") == 0
 
 
 def test_calls_reuse_connections_across_waves(server, mock):
@@ -344,6 +380,34 @@ def test_sigkill_while_a_charge_is_in_flight_then_restart(make_server, mock):
     assert x["status"] == "completed"
     assert mock.charges("o-14") == 1
     assert "lease_expired" in [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+
+
+def test_sigkill_between_the_trigger_claim_and_the_call_then_restart(make_server, mock):
+    """Killed at step.after_claim in the trigger's thread: the execution and
+    its claimed GATEWAY step are committed, no request was sent and no 201
+    went out.  The client's retry finds the execution (200); the restart
+    recovers the step as a call of unknown outcome, re-sent with its key:
+    one charge."""
+    s = make_server(extra=["--lease-ms", "1000"], env={"IDEMFLOW_FAULT": "step.after_claim@1"})
+    s.start()
+    setup_pay(s, mock)
+    body = {"order": {"id": "o-15", "amount": 1250}}
+    path = f"{WS}/workflows/pay/entry-points/order/trigger"
+    try:
+        r = s.post(path, body)
+        raise AssertionError(f"the fault point did not fire: {r!r}")
+    except OSError:
+        pass  # the process died before it answered
+    assert s.proc.wait(timeout=10) == -signal.SIGKILL
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 0
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    r = s.post(path, body)
+    assert r.status == 200, r  # accepted before the kill: found, not made again
+    x = finished(s, r.json["executionId"])
+    assert x["status"] == "completed", x
+    assert mock.charges("o-15") == 1
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == ["lease_expired", "success"]
 
 
 def assert_secret_nowhere(s):

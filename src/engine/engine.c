@@ -706,7 +706,7 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     int client_mode = strcmp(mode, "client") == 0;
 
     /* Fast path for repeats: a WAL read, no write. */
-    struct store_execution x;
+    struct store_execution x = {0}; /* tx_create_execution clears it first */
     if (!r->force_new) {
         rc = store_execution_get(g->store, r->ws, id, &x, NULL);
         if (rc == 0) {

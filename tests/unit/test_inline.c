@@ -152,10 +152,14 @@ static void prepare(struct fx *f, struct run *r, int64_t epoch)
     struct store_step *rows = NULL;
     size_t n = 0;
     assert_int_equal(store_steps_get(f->s, XID, &rows, &n, NULL), 0);
-    assert_true(n <= 8);
-    for (size_t i = 0; i < n; i++) {
-        r->seen_state[i] = rows[i].state;
-        r->seen_epoch[i] = rows[i].epoch;
+    assert_true(n <= 8 && f->w->nv <= 8);
+    for (size_t k = 0; k < f->w->nv; k++)
+        r->seen_epoch[k] = -1;       /* no row (steps.h) */
+    for (size_t i = 0; i < n; i++) { /* indexed by vertex, not by row */
+        long k = wf_vertex_index(f->w, rows[i].vertex);
+        assert_true(k >= 0);
+        r->seen_state[k] = rows[i].state;
+        r->seen_epoch[k] = rows[i].epoch;
     }
     r->inl[0] = (struct step_inline){wf_vertex_index(f->w, "b"), "2", r->taken};
     r->inl[1] = (struct step_inline){wf_vertex_index(f->w, "c"), "3", r->taken};

@@ -41,9 +41,10 @@ struct engine {
     /* runner (runner.c) */
     struct engine_run_opts run;
     pthread_mutex_t wmu;
-    pthread_cond_t wcv; /* workers: work may be there (engine_wake) */
-    pthread_cond_t scv; /* the sweeper: only engine_stop signals it */
-    unsigned long wake_seq;
+    pthread_cond_t wcv;     /* workers: work may be there (engine_wake) */
+    pthread_cond_t scv;     /* the sweeper: only engine_stop signals it */
+    unsigned long wake_seq; /* every wake-up */
+    unsigned long work_seq; /* … of them, those that may have made steps claimable */
     int stopping;
     int started;
     pthread_t *workers;
@@ -65,6 +66,11 @@ struct engine {
 
 struct gw_job;
 #define GW_MAX_INFLIGHT 256
+
+/* Wakes the workers to commit finished calls only: nothing became
+ * claimable, so a worker that found nothing to claim does not ask again
+ * (engine_wake is the one for dispatched work). */
+void engine_wake_drain(struct engine *g);
 
 /* Starts a claimed GATEWAY step's call (no outcome yet).  Returns 0 — the
  * call then owns *rows (the execution's rows as read; *rows = NULL, *n = 0),

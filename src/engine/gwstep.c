@@ -127,7 +127,7 @@ static void on_done(void *ctx, struct gw_response *resp)
     /* One wake-up per batch of finished calls: a list that was not empty
      * already had one, and the worker that drains it takes all of it. */
     if (first)
-        engine_wake(g);
+        engine_wake_drain(g);
 }
 
 static void submit(struct gw_job *j, const struct gw_request *r)

@@ -38,12 +38,23 @@ struct worker_arg {
     int index;
 };
 
-void engine_wake(struct engine *g)
+static void wake(struct engine *g, int work)
 {
     pthread_mutex_lock(&g->wmu);
     g->wake_seq++;
+    g->work_seq += (unsigned long)work;
     pthread_cond_broadcast(&g->wcv);
     pthread_mutex_unlock(&g->wmu);
+}
+
+void engine_wake(struct engine *g)
+{
+    wake(g, 1);
+}
+
+void engine_wake_drain(struct engine *g)
+{
+    wake(g, 0);
 }
 
 const struct engine_metrics *engine_metrics(const struct engine *g)
@@ -245,10 +256,17 @@ static void *worker_main(void *arg)
     snprintf(tname, sizeof tname, "worker-%d", wa->index);
     pthread_setname_np(pthread_self(), tname);
     free(wa);
+    /* After a claim that found nothing: the work_seq it saw and when to ask
+     * again regardless (the next due step, or a second).  Until then only
+     * an engine_wake (work_seq moves) makes a claim worth a transaction;
+     * wake-ups for finished calls (engine_wake_drain) do not. */
+    unsigned long empty_work = 0;
+    int64_t empty_until = INT64_MIN;
     for (;;) {
         pthread_mutex_lock(&g->wmu);
         int stop = g->stopping;
         unsigned long seen = g->wake_seq;
+        unsigned long work = g->work_seq;
         pthread_mutex_unlock(&g->wmu);
         if (stop)
             break;
@@ -263,6 +281,10 @@ static void *worker_main(void *arg)
             idle_wait(g, seen, now + 1000); /* calls in flight will wake us */
             continue;
         }
+        if (work == empty_work && now < empty_until) {
+            idle_wait(g, seen, empty_until); /* nothing new to claim */
+            continue;
+        }
         if (store_claim(g->store, name, limit, now, g->run.lease_ms, &cl, &n, &e)) {
             log_error("worker.claim_failed", "%s", e.msg);
             idle_wait(g, seen, now + 500);
@@ -274,9 +296,12 @@ static void *worker_main(void *arg)
             int64_t until = now + 1000;
             if (due < until)
                 until = due > now ? due : now + 20; /* due but locked elsewhere */
+            empty_work = work;
+            empty_until = until;
             idle_wait(g, seen, until);
             continue;
         }
+        empty_until = INT64_MIN;
         atomic_fetch_add(&g->m.steps_claimed, n);
         run_batch(g, cl, n, now, name);
         store_claims_free(cl, n);

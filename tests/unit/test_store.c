@@ -187,6 +187,64 @@ static void test_existing_row_returned_and_unknown_workspace(void **state)
     assert_int_equal(store_execution_get(s, "other", id, &got, NULL), IFL_ENOTFOUND);
 }
 
+struct batch_arg {
+    char id[65];
+    int fail; /* write, then fail */
+    int runs;
+};
+
+static int insert_then_maybe_fail(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct batch_arg *a = arg;
+    a->runs++;
+    struct store_execution x;
+    fill(&x, a->id, "{}");
+    int created = 0;
+    int rc = store_tx_execution_insert(tx, &x, &created, e);
+    if (!rc && a->fail)
+        rc = err_set(e, IFL_EINVAL, "planned failure");
+    return rc;
+}
+
+/* One batch (one commit), five transactions, the middle one fails after
+ * writing: it rolls back alone, the four others commit. */
+static void test_a_failing_job_does_not_poison_its_batch(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    enum { N = 5 };
+    struct batch_arg a[N];
+    void *args[N];
+    int rcs[N];
+    struct ifl_err errs[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (struct batch_arg){.fail = i == 2};
+        memset(a[i].id, 'd' + i, 64);
+        a[i].id[64] = '\0';
+        args[i] = &a[i];
+    }
+    store_tx_run_many(s, insert_then_maybe_fail, args, N, rcs, errs);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(rcs[i], i == 2 ? IFL_EINVAL : 0);
+        struct store_execution got;
+        assert_int_equal(store_execution_get(s, "ws", a[i].id, &got, NULL),
+                         i == 2 ? IFL_ENOTFOUND : 0);
+        if (i != 2)
+            store_execution_clear(&got);
+    }
+    assert_string_equal(errs[2].msg, "planned failure");
+    /* A lone failing transaction: its error, nothing written, run once. */
+    struct batch_arg lone = {.fail = 1};
+    memset(lone.id, 'k', 64);
+    lone.id[64] = '\0';
+    struct ifl_err e = {0};
+    assert_int_equal(store_tx_run(s, insert_then_maybe_fail, &lone, &e), IFL_EINVAL);
+    assert_int_equal(lone.runs, 1);
+    struct store_execution got;
+    assert_int_equal(store_execution_get(s, "ws", lone.id, &got, NULL), IFL_ENOTFOUND);
+}
+
 static void test_paging(void **state)
 {
     struct store *s = *state;
@@ -248,6 +306,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_secrets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_create_has_one_winner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_row_returned_and_unknown_workspace, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_failing_job_does_not_poison_its_batch, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),

@@ -282,13 +282,12 @@ void engine_secret_release(char *value)
 
 /* ---- execution creation ------------------------------------------------------ */
 
-json_t *engine_context(const struct store_execution *x, const struct store_step *rows, size_t n)
+/* {payload, steps, execution} around payload (a reference is taken). */
+static json_t *context_of(const struct store_execution *x, json_t *payload,
+                          const struct store_step *rows, size_t n)
 {
     json_t *ctx = json_object();
-    json_t *payload = NULL;
-    if (json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL))
-        payload = json_null();
-    json_object_set_new(ctx, "payload", payload);
+    json_object_set(ctx, "payload", payload);
     json_t *steps = json_object();
     for (size_t i = 0; i < n; i++) {
         if (rows[i].state != STEP_COMPLETED || !rows[i].output)
@@ -304,6 +303,16 @@ json_t *engine_context(const struct store_execution *x, const struct store_step 
     json_object_set_new(ex, "workflow", json_string(x->workflow));
     json_object_set_new(ex, "test", json_boolean(x->test));
     json_object_set_new(ctx, "execution", ex);
+    return ctx;
+}
+
+json_t *engine_context(const struct store_execution *x, const struct store_step *rows, size_t n)
+{
+    json_t *payload = NULL;
+    if (json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL))
+        payload = json_null();
+    json_t *ctx = context_of(x, payload, rows, n);
+    json_decref(payload);
     return ctx;
 }
 
@@ -433,7 +442,7 @@ static struct store_step *rows_dup(const struct store_step *rows, size_t n)
  * worker to fail it with its error.  Only while the gateway client has room
  * (otherwise the workers pace the calls), and never with --no-inline. */
 static void claim_early(struct engine *g, const struct wf *w, const struct store_execution *nx,
-                        struct create_args *ca)
+                        json_t *ctx, struct create_args *ca)
 {
     if (g->run.no_inline || !g->gw) /* no gateway client: not started (or stopped) */
         return;
@@ -455,7 +464,10 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
     }
     if (!ca->nearly)
         return;
-    json_t *ctx = engine_context(nx, ca->rows, ca->nrows);
+    /* ctx holds what a worker's context would: the payload and the outputs
+     * of the rows completed so far; each call gets its own copy (the worker
+     * that finishes it adds to it) */
+    json_object_del(ctx, "response");
     size_t kept = 0;
     for (size_t k = 0; k < ca->nearly; k++) {
         struct store_step *st = &ca->rows[ca->early[k].row];
@@ -468,8 +480,10 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         size_t n = ca->nrows;
         struct store_step *seen = rows_dup(ca->rows, n);
         char *err = NULL;
+        json_t *jctx = json_deep_copy(ctx);
         struct gw_job *j =
-            engine_gw_prepare(g, &c, w, wf_vertex_index(w, st->vertex), ctx, &seen, &n, &err);
+            engine_gw_prepare(g, &c, w, wf_vertex_index(w, st->vertex), jctx, &seen, &n, &err);
+        json_decref(jctx);
         store_steps_free(seen, n);
         free(err);
         if (!j) { /* back to DISPATCHED: a worker fails it (the others' plans go stale: safe) */
@@ -485,7 +499,6 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         ca->early[kept++].job = j;
     }
     ca->nearly = kept;
-    json_decref(ctx);
 }
 
 /* After the creating transaction: the early calls start (it committed) or
@@ -510,7 +523,7 @@ static void early_finish(struct engine *g, struct create_args *ca, int committed
 static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
                          struct store_execution *nx, json_t *payload, struct create_args *ca)
 {
-    json_t *ctx = engine_context(nx, NULL, 0);
+    json_t *ctx = context_of(nx, payload, NULL, 0);
     struct decision *d = engine_decide_edges(w, (long)entry, ctx, payload);
     steps_initial(w, entry, nx->id, nx->workspace, nx->payload, d, clock_now_ms(), &ca->rows,
                   &ca->nrows, &ca->status);
@@ -518,8 +531,8 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
     ca->worker = g->worker_prefix;
     if (!g->run.no_inline)
         inline_initial(g, w, nx, ctx, ca);
+    claim_early(g, w, nx, ctx, ca);
     json_decref(ctx);
-    claim_early(g, w, nx, ca);
     ca->status = steps_status(ca->rows, ca->nrows);
     nx->status = (char *)ca->status;
     /* every event of the creating transaction, stamped 1, 2, … (no bumps) */

@@ -118,6 +118,38 @@ def test_the_trigger_claims_the_first_call_and_commits_the_claim_before_sending(
     assert mock.charges("early-1") == 1
 
 
+def test_two_parallel_calls_claimed_by_the_trigger_then_joined(server, mock):
+    """Both GATEWAY successors of the entry are claimed by the trigger and
+    called at once; each call finishes on its own context (two workers may
+    commit them concurrently), and the join sees both outputs."""
+    def gw(suffix):
+        return {"type": "GATEWAY", "config": {
+            "method": "POST", "url": f"{mock.url}/v1/charges",
+            "headers": {"Idempotency-Key": f"= 'charge-' & payload.order.id & '-{suffix}'"},
+            "body": {"order": f"= payload.order.id & '-{suffix}'", "amount": 100},
+            "retry": {"maxAttempts": 3, "initialIntervalMs": 10, "maxIntervalMs": 20}}}
+    put_workflow(server, "split", {
+        "vertices": {
+            "order": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "order.id"}},
+            "a": gw("a"), "b": gw("b"),
+            "both": {"type": "TRANSFORM", "config": {"output": {
+                "a": "= steps.a.body.order", "b": "= steps.b.body.order"}}},
+        },
+        "edges": [{"from": "order", "to": "a"}, {"from": "order", "to": "b"},
+                  {"from": "a", "to": "both"}, {"from": "b", "to": "both"}],
+    })
+    mock.faults("latency=20")
+    ids = [run(server, "split", {"order": {"id": f"s-{i}"}}, entry="order") for i in range(8)]
+    for i, xid in enumerate(ids):
+        x = finished(server, xid)
+        assert x["status"] == "completed", x
+        assert steps_of(x)["both"]["output"] == {"a": f"s-{i}-a", "b": f"s-{i}-b"}
+        for v in "ab":
+            assert [h["worker"].endswith("/t") for h in steps_of(x)[v]["history"]] == [True]
+            assert mock.charges(f"s-{i}-{v}") == 1
+    assert metric(server, 'idemflow_steps_total{event="claimed_at_trigger"}') == 16
+
+
 def test_a_call_that_cannot_be_rendered_is_left_for_a_worker_to_fail(server, mock):
     """No secret PAY_KEY: the trigger does not claim the step; a worker
     claims it and fails it with request_error, as before."""

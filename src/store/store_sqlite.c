@@ -10,7 +10,10 @@
  * returns only after the batch's COMMIT succeeded.
  *
  * Reads use a small pool of read-only connections (WAL readers never block
- * the writer and see every committed batch).
+ * the writer and see every committed batch).  A Bloom filter of the
+ * execution ids (idset.h: filled by a scan at open, then by the writer at
+ * each insert) answers store_execution_get for an id that certainly does
+ * not exist without a read — the trigger's pre-read of a new id.
  *
  * One process per database: an exclusive flock on "<path>.lock" is taken at
  * open and held until close.
@@ -18,6 +21,7 @@
  * Must never: return success for a job whose batch did not commit; hold a
  * reader connection across calls.
  */
+#include "store/idset.h"
 #include "store/store_int.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -27,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <semaphore.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -76,6 +81,11 @@ struct sq {
     int ckpt_wanted, ckpt_stop, ckpt_running;
     struct conn *free_readers;
     int nreaders;
+    struct idset *ids;    /* every execution id the database may hold … */
+    atomic_int ids_ready; /* … once its loader is done */
+    atomic_int ids_stop;
+    pthread_t ids_thread;
+    int ids_running;
 };
 
 /* ---- connections and statements ------------------------------------------ */
@@ -431,6 +441,65 @@ static void bind_text(sqlite3_stmt *st, int i, const char *v)
 }
 
 /* ---- schema ------------------------------------------------------------------ */
+
+/* The id filter: sized at open from the largest seq (instant: the rowid),
+ * filled by a thread of its own from an index-only scan of the ids (about a
+ * second per million executions), so opening does not wait for it.  Until
+ * the scan is done every lookup reads; the writer adds each id it inserts
+ * from the start, so when the scan ends the filter holds every id. */
+static void *ids_main(void *arg)
+{
+    struct sq *s = arg;
+    pthread_setname_np(pthread_self(), "store-ids");
+    struct conn c = {0};
+    sqlite3_stmt *st = NULL;
+    struct ifl_err e = {0};
+    int r = SQLITE_ERROR;
+    int64_t t0 = clock_mono_ms(), n = 0;
+    if (conn_open(&c, s->path, 1, &e) == 0 &&
+        sqlite3_prepare_v2(c.db, "SELECT id FROM executions", -1, &st, NULL) == SQLITE_OK) {
+        while (!atomic_load(&s->ids_stop) && (r = sqlite3_step(st)) == SQLITE_ROW) {
+            idset_add(s->ids, (const char *)sqlite3_column_text(st, 0));
+            n++;
+        }
+    }
+    sqlite3_finalize(st);
+    if (r == SQLITE_DONE) {
+        atomic_store(&s->ids_ready, 1);
+        log_info("store.ids_ready", "id filter ready: %lld executions in %lld ms", (long long)n,
+                 (long long)(clock_mono_ms() - t0));
+    } else if (!atomic_load(&s->ids_stop))
+        log_warn("store.ids", "cannot read the execution ids (%s); every lookup reads",
+                 e.msg[0] ? e.msg : (c.db ? sqlite3_errmsg(c.db) : "?"));
+    conn_close(&c);
+    return NULL;
+}
+
+static int ids_start(struct sq *s, struct ifl_err *e)
+{
+    sqlite3_stmt *st = NULL;
+    int64_t n = 0;
+    if (sqlite3_prepare_v2(s->writer.db, "SELECT max(seq) FROM executions", -1, &st, NULL) !=
+        SQLITE_OK)
+        return db_err(&s->writer, e, "ids");
+    if (sqlite3_step(st) == SQLITE_ROW)
+        n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    s->ids = idset_new((size_t)n + 1000000);
+    if (pthread_create(&s->ids_thread, NULL, ids_main, s) != 0)
+        return err_set(e, IFL_EIO, "cannot start the id filter thread");
+    s->ids_running = 1;
+    return 0;
+}
+
+static void ids_stop(struct sq *s)
+{
+    if (!s->ids_running)
+        return;
+    atomic_store(&s->ids_stop, 1);
+    pthread_join(s->ids_thread, NULL);
+    s->ids_running = 0;
+}
 
 static int migrate(struct sq *s, struct ifl_err *e)
 {
@@ -803,6 +872,8 @@ static int op_execution_get(struct store *base, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
+    if (atomic_load(&s->ids_ready) && !idset_maybe(s->ids, id))
+        return err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
     struct conn *c = reader_get(s, e);
     if (!c)
         return IFL_ESTORE;
@@ -898,6 +969,7 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
                                struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    idset_add(((struct sq *)tx->s)->ids, x->id); /* before it can commit */
     static const char sql[] = "INSERT INTO executions (" EXEC_COLS ")"
                               " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                               " ON CONFLICT (id) DO NOTHING";
@@ -1503,6 +1575,7 @@ static void op_close(struct store *base)
     pthread_cond_signal(&s->cv_work);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    ids_stop(s);
     ckpt_stop(s);
     conn_close(&s->ckpt);
     while (s->free_readers) {
@@ -1520,6 +1593,7 @@ static void op_close(struct store *base)
     pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->cmu);
     pthread_cond_destroy(&s->ccv);
+    idset_free(s->ids);
     free(s->path);
     free(s);
 }
@@ -1604,6 +1678,8 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
         goto fail_early;
     if ((rc = migrate(s, e)))
         goto fail_early;
+    if ((rc = ids_start(s, e)))
+        goto fail_early;
     if ((rc = exec(&s->writer, "PRAGMA wal_autocheckpoint=0", e)))
         goto fail_early;
     sqlite3_wal_hook(s->writer.db, on_wal, s);
@@ -1622,6 +1698,7 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     *out = &s->base;
     return 0;
 fail_early:
+    ids_stop(s);
     ckpt_stop(s);
     conn_close(&s->ckpt);
     conn_close(&s->writer);
@@ -1633,6 +1710,7 @@ fail_early:
     pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->cmu);
     pthread_cond_destroy(&s->ccv);
+    idset_free(s->ids);
     free(s->path);
     free(s);
     return rc;

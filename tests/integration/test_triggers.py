@@ -4,8 +4,11 @@ import os
 import subprocess
 import threading
 
-from conftest import BIN, ORDERS
+import pytest
+
+from conftest import BACKEND, BIN, ORDERS
 from jcs_ref import execution_id
+from test_engine import wait_for
 
 WF = "/v1/workspaces/acme/workflows/orders"
 
@@ -173,6 +176,35 @@ def test_restart_still_deduplicates(make_server):
     assert r2.status == 200, r2
     assert r2.json["executionId"] == r1.json["executionId"]
     assert s.put("/v1/workspaces/acme", {}).status == 200
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="the id filter is SQLite's (one process)")
+def test_restart_with_many_executions_finds_each_once_the_id_filter_is_ready(make_server):
+    """SQLite answers "no such execution" from a filter of the ids, rebuilt
+    by a scan after a restart: once it is ready, every old execution is
+    still found (GET 200, a repeat is 200 and deduplicated) and new ones
+    are created."""
+    s = make_server()
+    s.start()
+    assert s.put("/v1/workspaces/acme", {}).status == 201
+    assert s.put(f"{WF}", ORDERS).status == 201
+    first = {}
+    for i in range(200):
+        r = trigger(s, "order_received", {"order": {"id": f"old-{i}"}})
+        assert r.status == 201, r
+        first[i] = r.json["executionId"]
+    s.stop()
+    s.start()
+    wait_for(lambda: "store.ids_ready" in s.logs() or None)
+    assert "id filter ready: 200 executions" in s.logs()
+    for i, xid in first.items():
+        assert s.get(f"/v1/workspaces/acme/executions/{xid}").status == 200
+        r = trigger(s, "order_received", {"order": {"id": f"old-{i}"}})
+        assert r.status == 200 and r.json["executionId"] == xid, r
+        assert r.json["deduplicated"] is True
+    for i in range(20):
+        assert trigger(s, "order_received", {"order": {"id": f"new-{i}"}}).status == 201
+    assert count_executions(s) == 220
 
 
 def test_sigkill_after_201_keeps_the_execution(make_server):

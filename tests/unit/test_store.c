@@ -298,6 +298,37 @@ static void test_reopen_keeps_data(void **state)
     store_workflow_clear(&w);
 }
 
+/* Executions written before a close are found after the reopen (the id
+ * filter is rebuilt from the table), and ids never written are not. */
+static void test_reopen_finds_every_execution(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    enum { N = 300 };
+    char ids[N][65];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof ids[i], "%064x", i * 7919 + 1);
+        struct store_execution x, existing;
+        fill(&x, ids[i], "{}");
+        assert_int_equal(store_execution_create(s, &x, &created, &existing, NULL), 0);
+        assert_int_equal(created, 1);
+    }
+    store_close(s);
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(url, &s, &e), 0);
+    *state = s;
+    for (int i = 0; i < N; i++) {
+        struct store_execution got;
+        assert_int_equal(store_execution_get(s, "ws", ids[i], &got, NULL), 0);
+        store_execution_clear(&got);
+        char other[65];
+        snprintf(other, sizeof other, "%064x", i * 7919 + 2);
+        assert_int_equal(store_execution_get(s, "ws", other, &got, &e), IFL_ENOTFOUND);
+        assert_non_null(strstr(e.msg, "does not exist"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +342,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),
     };
     return cmocka_run_group_tests_name("store_sqlite", tests, NULL, NULL);
 }

@@ -648,6 +648,14 @@ static void *client_main(void *arg)
             xfer_finish(x, cc, r);
             done(ctx, r);
         }
+        /* Calls that just finished may have made room for queued ones: take
+         * them now rather than after the next event (up to a second away when
+         * these were the last calls in flight). */
+        pthread_mutex_lock(&c->mu);
+        int more = c->queue && inflight < c->max_inflight;
+        pthread_mutex_unlock(&c->mu);
+        if (more)
+            continue;
         if (!stop)
             curl_multi_poll(c->multi, NULL, 0, 1000, NULL);
         else

@@ -443,8 +443,8 @@ static void bind_text(sqlite3_stmt *st, int i, const char *v)
 /* ---- schema ------------------------------------------------------------------ */
 
 /* The id filter: sized at open from the largest seq (instant: the rowid),
- * filled by a thread of its own from an index-only scan of the ids (about a
- * second per million executions), so opening does not wait for it.  Until
+ * filled by a thread of its own from an index-only scan of the ids (half a
+ * second per million executions here), so opening does not wait for it.  Until
  * the scan is done every lookup reads; the writer adds each id it inserts
  * from the start, so when the scan ends the filter holds every id. */
 static void *ids_main(void *arg)

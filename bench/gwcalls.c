@@ -66,6 +66,7 @@ static int render(const char *url, const char *prefix, long i, struct gw_request
     free(key);
     struct ifl_err e = {0};
     int rc = gw_request_build("POST", r, out, &e);
+    out->resend_safe = 1; /* keyed, as the engine's charge calls under `retry` */
     json_decref(r);
     if (rc)
         fprintf(stderr, "gwcalls: %s\n", e.msg);

@@ -252,6 +252,12 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         job_free(j);
         return NULL;
     }
+    /* A second send of the call is harmless only with a key the provider
+     * honours (the `retry` policy says it does); a verify request is a read
+     * when it is a GET or HEAD. */
+    j->req.resend_safe = v->policy.ambiguous == GW_AMB_RETRY && j->req.idempotency_key;
+    j->vreq.resend_safe = j->vreq.method && (strcmp(j->vreq.method, "GET") == 0 ||
+                                             strcmp(j->vreq.method, "HEAD") == 0);
     j->phase = j->vreq.url ? 1 : 0;
     j->rows = *rows;
     j->nrows = *n;

@@ -557,6 +557,8 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
+    if (!req->resend_safe) /* never a silent second send (gateway.h) */
+        curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
     if (strcmp(req->method, "HEAD") == 0)
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     if (req->body) {

@@ -62,6 +62,13 @@ struct gw_request {
     json_t *masked;        /* {"method","url","headers","body"} */
     char *idempotency_key; /* the Idempotency-Key header value, if any (masked
                               when it contains a secret) */
+    /* 1 when sending it twice is harmless (a keyed request under `ambiguous:
+     * retry`, a GET or HEAD).  libcurl, unasked, re-sends a request on a
+     * fresh connection when a reused one dies before any response byte —
+     * which is also what a provider that drops its answer after committing
+     * looks like — so a request without this flag always gets a fresh
+     * connection of its own.  gw_request_build sets 0. */
+    int resend_safe;
     /* The secret values substituted on the wire (wiped on clear), so that a
      * response echoing one can be scrubbed (gw_response_scrub). */
     char **secrets;

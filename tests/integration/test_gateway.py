@@ -372,6 +372,20 @@ def test_reconcile_parks_when_keys_are_ignored_and_resolve_finishes(server, mock
     assert mock.charges("o-11") == 1
 
 
+def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(server, mock):
+    """libcurl re-sends a request on a fresh connection, unasked, when a
+    reused one dies before any response byte — exactly what a provider
+    dropping its answer after committing looks like.  With `ambiguous:
+    reconcile` (the provider ignores keys) that would be a blind second
+    charge: such calls never ride a reused connection."""
+    setup_pay(server, mock, ambiguous="reconcile")
+    assert finished(server, pay(server, "warm"))["status"] == "completed"  # a kept-alive connection
+    mock.faults("ignore_idempotency;drop_after_commit:count=1")
+    x = finished(server, pay(server, "o-16"))
+    assert x["status"] == "requires_reconciliation", x
+    assert mock.charges("o-16") == 1
+
+
 def test_verify_before_resend_without_key_support(server, mock):
     put_workflow(server, "rvw", {
         "vertices": {

@@ -371,6 +371,7 @@ struct create_args {
     /* GATEWAY steps claimed at trigger time: their rows, their calls */
     struct {
         size_t row;
+        long vi;
         struct gw_job *job;
     } early[EARLY_MAX];
     size_t nearly;
@@ -460,7 +461,8 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         st->attempts++;
         st->lease_owner = xstrdup(ca->claimant);
         st->lease_expires_at = now + g->run.lease_ms;
-        ca->early[ca->nearly++].row = r;
+        ca->early[ca->nearly].row = r;
+        ca->early[ca->nearly++].vi = vi;
     }
     if (!ca->nearly)
         return;
@@ -481,8 +483,7 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         struct store_step *seen = rows_dup(ca->rows, n);
         char *err = NULL;
         json_t *jctx = json_deep_copy(ctx);
-        struct gw_job *j =
-            engine_gw_prepare(g, &c, w, wf_vertex_index(w, st->vertex), jctx, &seen, &n, &err);
+        struct gw_job *j = engine_gw_prepare(g, &c, w, ca->early[k].vi, jctx, &seen, &n, &err);
         json_decref(jctx);
         store_steps_free(seen, n);
         free(err);
@@ -495,7 +496,7 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
             st->lease_expires_at = 0;
             continue;
         }
-        ca->early[kept].row = ca->early[k].row;
+        ca->early[kept] = ca->early[k];
         ca->early[kept++].job = j;
     }
     ca->nearly = kept;

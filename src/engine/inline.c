@@ -9,7 +9,6 @@
  * each TRANSFORM that would be dispatched, and hands the results to
  * steps_apply, which applies them only if every row is still as read.
  */
-#include "base/log.h"
 #include "base/mem.h"
 #include "engine/engine_int.h"
 #include "expr/template.h"
@@ -18,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 struct secret_ctx {
     struct engine *g;

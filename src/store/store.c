@@ -614,6 +614,18 @@ void store_tx_run_many(struct store *s, store_tx_fn fn, void **args, size_t n, i
         rcs[i] = s->ops->tx_run(s, fn, args[i], errs ? &errs[i] : NULL);
 }
 
+int store_can_submit(const struct store *s)
+{
+    return s->ops->tx_submit != NULL;
+}
+
+int store_tx_submit(struct store *s, store_tx_fn fn, void *arg, store_done_fn done, void *done_arg)
+{
+    if (!s->ops->tx_submit)
+        return IFL_EUNSUPPORTED;
+    return s->ops->tx_submit(s, fn, arg, done, done_arg);
+}
+
 int store_tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
                            struct store_execution *out, struct ifl_err *e)
 {

@@ -262,6 +262,19 @@ int store_tx_run(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e);
 void store_tx_run_many(struct store *s, store_tx_fn fn, void **args, size_t n, int *rcs,
                        struct ifl_err *errs);
 
+/* Called once when a submitted transaction is durable (rc 0) or rolled back
+ * (rc and *e say why), on the store's writer thread: it must be quick, must
+ * not block and must not call the store. */
+typedef void (*store_done_fn)(void *done_arg, int rc, const struct ifl_err *e);
+/* 1 when the backend can run a transaction without a waiting caller
+ * (SQLite: its writer thread), 0 otherwise (PostgreSQL). */
+int store_can_submit(const struct store *s);
+/* Queues fn(tx, arg) as one transaction and returns at once; done(done_arg,
+ * …) follows as for store_done_fn.  arg must stay valid until then.  0, or
+ * IFL_EBUSY when the store is closing / IFL_EUNSUPPORTED without
+ * store_can_submit (done is then never called). */
+int store_tx_submit(struct store *s, store_tx_fn fn, void *arg, store_done_fn done, void *done_arg);
+
 int store_tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
                            struct store_execution *out, struct ifl_err *e);
 /* Creates the execution (ON CONFLICT DO NOTHING); *created as for

@@ -55,6 +55,9 @@ struct store_ops {
     /* Optional: n independent transactions committed together. */
     void (*tx_run_many)(struct store *s, store_tx_fn fn, void **args, size_t n, int *rcs,
                         struct ifl_err *errs);
+    /* Optional: fn queued, done called after the commit (store_tx_submit). */
+    int (*tx_submit)(struct store *s, store_tx_fn fn, void *arg, store_done_fn done,
+                     void *done_arg);
     int (*tx_execution_get)(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e);
     int (*tx_execution_insert)(struct store_tx *tx, const struct store_execution *x, int *created,

@@ -58,7 +58,8 @@ struct job {
     void *arg;
     int rc;
     struct ifl_err err;
-    sem_t done; /* posted by the writer once the job's batch committed */
+    sem_t done;                 /* posted by the writer once the job's batch committed … */
+    void (*fin)(struct job *j); /* … or, when set, called instead (submitted jobs) */
     struct job *next;
 };
 
@@ -350,12 +351,33 @@ static void *writer_main(void *arg)
         run_batch(s, batch);
         for (struct job *j = batch, *n; j; j = n) {
             n = j->next; /* the waiter may free j once it is posted */
-            sem_post(&j->done);
+            if (j->fin)
+                j->fin(j);
+            else
+                sem_post(&j->done);
         }
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* Appends the chain first..last to the next batch and wakes the writer;
+ * IFL_EBUSY (nothing queued) once the store is closing. */
+static int enqueue(struct sq *s, struct job *first, struct job *last)
+{
+    pthread_mutex_lock(&s->mu);
+    int stopping = s->stopping;
+    if (!stopping) {
+        if (s->tail)
+            s->tail->next = first;
+        else
+            s->head = first;
+        s->tail = last;
+        pthread_cond_signal(&s->cv_work);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return stopping ? IFL_EBUSY : 0;
 }
 
 /* Queues n jobs for the next batch (in order, atomically) and waits until
@@ -367,22 +389,13 @@ static void write_jobs(struct sq *s, struct job *jobs, size_t n)
         sem_init(&jobs[i].done, 0, 0);
         jobs[i].next = i + 1 < n ? &jobs[i + 1] : NULL;
     }
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->mu);
+    if (enqueue(s, &jobs[0], &jobs[n - 1])) {
         for (size_t i = 0; i < n; i++) {
             jobs[i].rc = err_set(&jobs[i].err, IFL_EBUSY, "store is closing");
             sem_destroy(&jobs[i].done);
         }
         return;
     }
-    if (s->tail)
-        s->tail->next = &jobs[0];
-    else
-        s->head = &jobs[0];
-    s->tail = &jobs[n - 1];
-    pthread_cond_signal(&s->cv_work);
-    pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < n; i++) {
         while (sem_wait(&jobs[i].done) != 0)
             ;
@@ -936,6 +949,38 @@ static int op_tx_run(struct store *base, store_tx_fn fn, void *arg, struct ifl_e
 {
     struct tx_job j = {base, fn, arg};
     return write_job((struct sq *)base, job_tx, &j, e);
+}
+
+/* A submitted transaction: queued like any job, its caller called back. */
+struct submitted {
+    struct job j; /* first: the writer hands fin a struct job * */
+    struct tx_job tj;
+    store_done_fn done;
+    void *done_arg;
+};
+
+static void submitted_fin(struct job *j)
+{
+    struct submitted *sj = (struct submitted *)j;
+    sj->done(sj->done_arg, j->rc, &j->err);
+    free(sj);
+}
+
+static int op_tx_submit(struct store *base, store_tx_fn fn, void *arg, store_done_fn done,
+                        void *done_arg)
+{
+    struct sq *s = (struct sq *)base;
+    struct submitted *sj = xcalloc(1, sizeof *sj);
+    sj->tj = (struct tx_job){base, fn, arg};
+    sj->j.fn = job_tx;
+    sj->j.arg = &sj->tj;
+    sj->j.fin = submitted_fin;
+    sj->done = done;
+    sj->done_arg = done_arg;
+    int rc = enqueue(s, &sj->j, &sj->j);
+    if (rc)
+        free(sj);
+    return rc;
 }
 
 /* n transactions in one batch (one fsync), each in its own savepoint. */
@@ -1621,6 +1666,7 @@ static const struct store_ops sqlite_ops = {
     .events_list = op_events_list,
     .tx_run = op_tx_run,
     .tx_run_many = op_tx_run_many,
+    .tx_submit = op_tx_submit,
     .tx_execution_get = tx_execution_get,
     .tx_execution_insert = tx_execution_insert,
     .tx_execution_set_status = tx_execution_set_status,

@@ -245,6 +245,69 @@ static void test_a_failing_job_does_not_poison_its_batch(void **state)
     assert_int_equal(store_execution_get(s, "ws", lone.id, &got, NULL), IFL_ENOTFOUND);
 }
 
+/* Submitted transactions: each caller's done runs once, after its
+ * transaction committed (its row is there) or rolled back alone (not), on
+ * another thread than the submitter's; the submitter never waits. */
+struct submit_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rcs[8];
+    char msgs[8][sizeof(struct ifl_err){0}.msg];
+    pthread_t threads[8];
+};
+
+struct submit_one {
+    struct batch_arg a;
+    struct submit_wait *w;
+    int i;
+};
+
+static void submitted_done(void *arg, int rc, const struct ifl_err *e)
+{
+    struct submit_one *o = arg;
+    pthread_mutex_lock(&o->w->mu);
+    o->w->rcs[o->i] = rc;
+    snprintf(o->w->msgs[o->i], sizeof o->w->msgs[o->i], "%s", rc ? e->msg : "");
+    o->w->threads[o->i] = pthread_self();
+    o->w->done++;
+    pthread_cond_signal(&o->w->cv);
+    pthread_mutex_unlock(&o->w->mu);
+}
+
+static void test_submitted_transactions_call_back_after_commit(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    assert_int_equal(store_can_submit(s), 1);
+    enum { N = 8 };
+    struct submit_wait w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct submit_one o[N];
+    for (int i = 0; i < N; i++) {
+        o[i] = (struct submit_one){.a = {.fail = i == 5}, .w = &w, .i = i};
+        memset(o[i].a.id, 'm' + i, 64);
+        o[i].a.id[64] = '\0';
+        w.rcs[i] = 99;
+        assert_int_equal(store_tx_submit(s, insert_then_maybe_fail, &o[i].a, submitted_done, &o[i]),
+                         0);
+    }
+    pthread_mutex_lock(&w.mu);
+    while (w.done < N)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(w.rcs[i], i == 5 ? IFL_EINVAL : 0);
+        assert_int_equal(o[i].a.runs, 1);
+        assert_false(pthread_equal(w.threads[i], pthread_self()));
+        struct store_execution got;
+        assert_int_equal(store_execution_get(s, "ws", o[i].a.id, &got, NULL),
+                         i == 5 ? IFL_ENOTFOUND : 0);
+        if (i != 5)
+            store_execution_clear(&got);
+    }
+    assert_string_equal(w.msgs[5], "planned failure");
+}
+
 static void test_paging(void **state)
 {
     struct store *s = *state;
@@ -339,6 +402,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_existing_row_returned_and_unknown_workspace, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_failing_job_does_not_poison_its_batch, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_submitted_transactions_call_back_after_commit, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),

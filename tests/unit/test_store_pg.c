@@ -155,6 +155,10 @@ static void test_migrations_and_second_handle(void **state)
     assert_true(v >= 2);
     assert_string_equal(store_backend(f->s), "postgres");
     assert_int_equal(store_ping(f->s, NULL), 0);
+    /* Every transaction has a waiting caller (a connection of its own):
+     * nothing to submit to. */
+    assert_int_equal(store_can_submit(f->s), 0);
+    assert_int_equal(store_tx_submit(f->s, NULL, NULL, NULL, NULL), IFL_EUNSUPPORTED);
     /* Unlike SQLite, several processes share one database. */
     struct store *second = NULL;
     assert_int_equal(store_open(f->url, &second, NULL), 0);

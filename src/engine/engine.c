@@ -659,10 +659,38 @@ static int answer_existing(const struct store_execution *x, const char *hash, in
     return 0;
 }
 
-int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
-                   struct ifl_err *e)
+/* A trigger between its decision to create an execution and the commit of
+ * the creating transaction (engine_trigger_begin/commit/end). */
+struct engine_trigger_op {
+    struct engine *g;
+    char *ws, *wf, *vertex; /* copies: the request's strings may be gone */
+    struct store_execution nx, x;
+    struct create_args ca;
+    char hash[65];
+    int client_mode;
+    int rc; /* of the transaction */
+    struct ifl_err err;
+    engine_trigger_cb cb;
+    void *cb_arg;
+};
+
+static void op_free(struct engine_trigger_op *op)
+{
+    free(op->nx.identity);
+    free(op->nx.payload);
+    store_steps_free(op->ca.rows, op->ca.nrows);
+    store_execution_clear(&op->x);
+    free(op->ws);
+    free(op->wf);
+    free(op->vertex);
+    free(op);
+}
+
+int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
+                         struct engine_trigger_op **opp, struct ifl_err *e)
 {
     memset(out, 0, sizeof *out);
+    *opp = NULL;
     const struct wf *w = NULL;
     int version = 0;
     int rc = engine_workflow_get(g, r->ws, r->wf, 0, &w, &version, e);
@@ -720,51 +748,108 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
     int client_mode = strcmp(mode, "client") == 0;
 
     /* Fast path for repeats: a WAL read, no write. */
-    struct store_execution x = {0}; /* tx_create_execution clears it first */
     if (!r->force_new) {
+        struct store_execution x = {0};
         rc = store_execution_get(g->store, r->ws, id, &x, NULL);
         if (rc == 0) {
             rc = answer_existing(&x, hash, client_mode, out, e);
             store_execution_clear(&x);
             goto done;
         }
+        rc = 0;
     }
 
-    struct store_execution nx = {0};
-    snprintf(nx.id, sizeof nx.id, "%s", id);
-    nx.workspace = (char *)r->ws;
-    nx.workflow = (char *)r->wf;
-    nx.workflow_version = version;
-    nx.entry_point = (char *)r->vertex;
-    nx.identity = json_to_string(identity);
-    nx.payload = json_to_string(r->payload);
-    snprintf(nx.payload_hash, sizeof nx.payload_hash, "%s", hash);
-    nx.test = r->test;
-    struct create_args ca = {.x = &nx, .existing = &x};
-    rc = prepare_steps(g, w, (size_t)vi, &nx, r->payload, &ca);
-    trace_inlined(g, &ca, "inline");
-    if (!rc)
-        rc = store_tx_run(g->store, tx_create_execution, &ca, e);
-    early_finish(g, &ca, !rc && ca.created);
-    free(nx.identity);
-    free(nx.payload);
-    store_steps_free(ca.rows, ca.nrows);
-    if (rc)
-        goto done;
-    if (ca.created) {
-        out->created = 1;
-        out->same_payload = 1;
-        snprintf(out->id, sizeof out->id, "%s", id);
-        snprintf(out->status, sizeof out->status, "%s", ca.status);
-        created(g, &ca);
-    } else {
-        rc = answer_existing(&x, hash, client_mode, out, e);
-        store_execution_clear(&x);
-    }
+    struct engine_trigger_op *op = xcalloc(1, sizeof *op);
+    op->g = g;
+    op->ws = xstrdup(r->ws);
+    op->wf = xstrdup(r->wf);
+    op->vertex = xstrdup(r->vertex);
+    memcpy(op->hash, hash, sizeof hash);
+    op->client_mode = client_mode;
+    struct store_execution *nx = &op->nx;
+    snprintf(nx->id, sizeof nx->id, "%s", id);
+    nx->workspace = op->ws;
+    nx->workflow = op->wf;
+    nx->workflow_version = version;
+    nx->entry_point = op->vertex;
+    nx->identity = json_to_string(identity);
+    nx->payload = json_to_string(r->payload);
+    snprintf(nx->payload_hash, sizeof nx->payload_hash, "%s", hash);
+    nx->test = r->test;
+    op->ca.x = nx;
+    op->ca.existing = &op->x;
+    prepare_steps(g, w, (size_t)vi, nx, r->payload, &op->ca);
+    trace_inlined(g, &op->ca, "inline");
+    *opp = op;
 done:
     json_decref(material);
     json_decref(identity);
     return rc;
+}
+
+static void op_committed(void *arg, int rc, const struct ifl_err *e)
+{
+    struct engine_trigger_op *op = arg;
+    op->rc = rc;
+    if (rc && e)
+        op->err = *e;
+    op->cb(op->cb_arg);
+}
+
+void engine_trigger_commit(struct engine_trigger_op *op, engine_trigger_cb cb, void *arg)
+{
+    op->cb = cb;
+    op->cb_arg = arg;
+    FAULT("trigger.before_commit");
+    int rc = store_tx_submit(op->g->store, tx_create_execution, &op->ca, op_committed, op);
+    if (rc) {
+        struct ifl_err e = {0};
+        err_set(&e, rc, rc == IFL_EBUSY ? "the store is closing" : "the store cannot queue");
+        op_committed(op, rc, &e);
+    }
+}
+
+int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e)
+{
+    struct engine *g = op->g;
+    int rc = op->rc;
+    early_finish(g, &op->ca, !rc && op->ca.created);
+    if (rc) {
+        if (e)
+            *e = op->err;
+    } else if (op->ca.created) {
+        out->created = 1;
+        out->same_payload = 1;
+        snprintf(out->id, sizeof out->id, "%s", op->nx.id);
+        snprintf(out->status, sizeof out->status, "%s", op->ca.status);
+        created(g, &op->ca);
+    } else {
+        rc = answer_existing(&op->x, op->hash, op->client_mode, out, e);
+    }
+    op_free(op);
+    return rc;
+}
+
+int engine_trigger_wait(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e)
+{
+    FAULT("trigger.before_commit");
+    op->rc = store_tx_run(op->g->store, tx_create_execution, &op->ca, &op->err);
+    return engine_trigger_end(op, out, e);
+}
+
+int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
+                   struct ifl_err *e)
+{
+    struct engine_trigger_op *op = NULL;
+    int rc = engine_trigger_begin(g, r, out, &op, e);
+    if (rc || !op)
+        return rc;
+    return engine_trigger_wait(op, out, e);
+}
+
+int engine_can_defer(const struct engine *g)
+{
+    return store_can_submit(g->store);
 }
 
 /* ---- operator actions ------------------------------------------------------------- */

@@ -37,7 +37,7 @@ static void usage(FILE *f)
     fputs("usage:\n"
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
-          "                 [--test-clock]\n"
+          "                 [--http-threads N] [--test-clock]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
@@ -157,10 +157,15 @@ static int cmd_id(int argc, char **argv)
 
 /* ---- idemflow serve ------------------------------------------------------------ */
 
+/* Event-loop threads of the HTTP front by default (when the store lets a
+ * trigger's commit complete without a waiting thread: SQLite). */
+#define HTTP_THREADS 2
+
 struct serve_opts {
     const char *listen, *db, *load;
     size_t max_body;
     int test_clock;
+    int http_threads; /* -1: the default for the store */
     struct engine_run_opts run;
 };
 
@@ -329,7 +334,8 @@ static int is_loopback(const char *listen)
 
 static int cmd_serve(int argc, char **argv)
 {
-    struct serve_opts o = {.listen = "127.0.0.1:8080", .db = "sqlite:./idemflow.db"};
+    struct serve_opts o = {
+        .listen = "127.0.0.1:8080", .db = "sqlite:./idemflow.db", .http_threads = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -359,6 +365,14 @@ static int cmd_serve(int argc, char **argv)
                 return 2;
             }
             o.run.workers = (int)n;
+            i++;
+        } else if (strcmp(a, "--http-threads") == 0 && v) {
+            long long n = flag_int(v, 0, 64);
+            if (n < 0) {
+                fputs("idemflow serve: --http-threads must be 0..64\n", stderr);
+                return 2;
+            }
+            o.http_threads = (int)n;
             i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);
@@ -430,6 +444,9 @@ static int cmd_serve(int argc, char **argv)
         .handler = api_handle,
         .toobig = api_toobig,
         .ctx = api,
+        /* event-driven by default when triggers can wait without a thread */
+        .threads = o.http_threads >= 0 ? (unsigned)o.http_threads
+                                       : (engine_can_defer(g) ? HTTP_THREADS : 0),
     };
     if (http_server_start(&ho, &srv, &e)) {
         log_error("serve.listen", "%s", e.msg);

@@ -35,6 +35,7 @@ struct call {
     struct http_res *res;
     char *seg[MAX_SEGS];
     int nseg;
+    int deferred; /* the answer comes later (http_defer); counted then */
 };
 
 /* ---- responses ---------------------------------------------------------------- */
@@ -356,6 +357,66 @@ static void h_secret_list(struct call *c)
     reply_json(c->res, 200, out);
 }
 
+/* The answer to a trigger that got past the request checks. */
+static void trigger_answer(struct api *a, struct http_res *res, const char *ws, int rc,
+                           struct ifl_err *e, const struct trigger_res *out)
+{
+    if (rc) {
+        if (e->code == IFL_ENOTFOUND && !e->slug[0])
+            err_slug(e, "not-found");
+        api_problem_err(res, e);
+        atomic_fetch_add(&a->triggers_rejected, 1);
+        return;
+    }
+    char loc[256];
+    snprintf(loc, sizeof loc, "/v1/workspaces/%s/executions/%s", ws, out->id);
+    http_res_header(res, "Location", loc);
+    json_t *body = json_object();
+    json_object_set_new(body, "executionId", json_string(out->id));
+    json_object_set_new(body, "deduplicated", json_boolean(!out->created));
+    if (!out->created)
+        json_object_set_new(body, "samePayload", json_boolean(out->same_payload));
+    json_object_set_new(body, "status", json_string(out->status));
+    atomic_fetch_add(out->created ? &a->triggers_created : &a->triggers_deduplicated, 1);
+    reply_json(res, out->created ? 201 : 200, body);
+}
+
+static void count_response(struct api *a, int status)
+{
+    if (status >= 500)
+        atomic_fetch_add(&a->responses_5xx, 1);
+    else if (status >= 400)
+        atomic_fetch_add(&a->responses_4xx, 1);
+}
+
+/* A trigger whose creating transaction commits while its connection waits
+ * (the event-driven front): no thread sleeps on the commit. */
+struct deferred_trigger {
+    struct api *a;
+    char *ws;
+    struct engine_trigger_op *op;
+    struct http_later *later;
+};
+
+static void trigger_committed(void *arg) /* on the store's writer thread */
+{
+    struct deferred_trigger *dt = arg;
+    http_resume(dt->later);
+}
+
+static void trigger_finish(void *arg, const struct http_req *req, struct http_res *res)
+{
+    (void)req;
+    struct deferred_trigger *dt = arg;
+    struct trigger_res out = {0};
+    struct ifl_err e = {0};
+    int rc = engine_trigger_end(dt->op, &out, &e);
+    trigger_answer(dt->a, res, dt->ws, rc, &e, &out);
+    count_response(dt->a, res->status);
+    free(dt->ws);
+    free(dt);
+}
+
 static void trigger(struct call *c, int test)
 {
     struct api *a = c->a;
@@ -396,25 +457,31 @@ static void trigger(struct call *c, int test)
     };
     struct trigger_res out;
     struct ifl_err e = {0};
-    int rc = engine_trigger(a->g, &tr, &out, &e);
-    json_decref(payload);
-    if (rc) {
-        if (e.code == IFL_ENOTFOUND && !e.slug[0])
-            err_slug(&e, "not-found");
-        api_problem_err(c->res, &e);
-        goto rejected;
+    struct engine_trigger_op *op = NULL;
+    int rc;
+    if (engine_can_defer(a->g) && http_can_defer(c->req)) {
+        rc = engine_trigger_begin(a->g, &tr, &out, &op, &e);
+        json_decref(payload);
+        if (!rc && op) {
+            struct deferred_trigger *dt = xcalloc(1, sizeof *dt);
+            dt->a = a;
+            dt->ws = xstrdup(ws);
+            dt->op = op;
+            dt->later = http_defer(c->req, trigger_finish, dt);
+            if (dt->later) {
+                c->deferred = 1;
+                engine_trigger_commit(op, trigger_committed, dt);
+                return;
+            }
+            free(dt->ws); /* a thread per connection: this thread waits */
+            free(dt);
+            rc = engine_trigger_wait(op, &out, &e);
+        }
+    } else {
+        rc = engine_trigger(a->g, &tr, &out, &e);
+        json_decref(payload);
     }
-    char loc[256];
-    snprintf(loc, sizeof loc, "/v1/workspaces/%s/executions/%s", ws, out.id);
-    http_res_header(c->res, "Location", loc);
-    json_t *body = json_object();
-    json_object_set_new(body, "executionId", json_string(out.id));
-    json_object_set_new(body, "deduplicated", json_boolean(!out.created));
-    if (!out.created)
-        json_object_set_new(body, "samePayload", json_boolean(out.same_payload));
-    json_object_set_new(body, "status", json_string(out.status));
-    atomic_fetch_add(out.created ? &a->triggers_created : &a->triggers_deduplicated, 1);
-    reply_json(c->res, out.created ? 201 : 200, body);
+    trigger_answer(a, c->res, ws, rc, &e, &out);
     return;
 rejected:
     atomic_fetch_add(&a->triggers_rejected, 1);
@@ -962,10 +1029,8 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
     else
         api_problem(res, 404, "not-found", "no such resource", NULL);
 done:
-    if (res->status >= 500)
-        atomic_fetch_add(&a->responses_5xx, 1);
-    else if (res->status >= 400)
-        atomic_fetch_add(&a->responses_4xx, 1);
+    if (!c.deferred)
+        count_response(a, res->status);
     for (int i = 0; i < c.nseg; i++)
         free(c.seg[i]);
 }

@@ -6,9 +6,16 @@
  * in.  It knows nothing of routes or JSON beyond the 413 it must answer
  * itself when a body exceeds the cap (the body is never buffered past it).
  *
- * Threads: one thread per connection (libmicrohttpd's model), so a handler
- * may block (e.g. waiting for a group commit) without stalling others.  The
- * handler must be thread safe.
+ * Threads, two models (http_opts.threads):
+ *   0   one thread per connection: a handler may block (e.g. waiting for a
+ *       group commit) without stalling other connections.
+ *   N   event-driven: N threads, each serving its share of the connections
+ *       from an epoll loop.  A handler that blocks stalls its thread's other
+ *       connections for that long, so a handler with a long wait defers its
+ *       answer instead (http_defer): the connection is suspended, and the
+ *       thread serves others until whoever finishes the work resumes it.
+ *       Far fewer threads and context switches per request.
+ * Either way the handler must be thread safe.
  */
 #ifndef IFL_HTTP_HTTP_H
 #define IFL_HTTP_HTTP_H
@@ -59,6 +66,7 @@ struct http_opts {
     size_t max_body;     /* bytes; default 1 MiB */
     unsigned conn_limit; /* default 1024 */
     unsigned timeout_s;  /* idle connection timeout; default 60 */
+    unsigned threads;    /* 0: a thread per connection; N: N event-loop threads */
     http_handler_fn handler;
     http_toobig_fn toobig;
     void *ctx;
@@ -70,10 +78,26 @@ struct http_server;
 int http_server_start(const struct http_opts *o, struct http_server **out, struct ifl_err *e);
 /* The bound port (useful with port 0). */
 unsigned http_server_port(const struct http_server *s);
-/* Stops accepting, waits for in-flight requests, frees. NULL ok. */
+/* Stops accepting, waits for in-flight requests (deferred ones until they
+ * are resumed and answered), frees. NULL ok. */
 void http_server_stop(struct http_server *s);
 /* Stops accepting new connections only (graceful drain begins). */
 void http_server_quiesce(struct http_server *s);
+
+/* Deferred answers (event-driven model only).  In a handler, http_defer
+ * suspends the request and returns a handle; the handler then returns
+ * without filling res.  Some thread later calls http_resume(handle) (once,
+ * and only after http_defer returned); a server thread then calls
+ * finish(arg, req, res), which fills res as a handler would (req is the same
+ * request).  finish runs exactly once, even when the client is gone by then
+ * (res is then discarded).  http_defer returns NULL (nothing suspended: answer
+ * now) in the thread-per-connection model. */
+typedef void (*http_finish_fn)(void *arg, const struct http_req *req, struct http_res *res);
+struct http_later;
+struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, void *arg);
+void http_resume(struct http_later *l);
+/* 1 when http_defer would defer r (the event-driven model). */
+int http_can_defer(const struct http_req *r);
 
 /* Parses a header value that is an RFC 8941 sf-string ("…" with \" and \\
  * escapes) or, leniently, a bare token of printable ASCII without spaces or

@@ -8,6 +8,9 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,13 +20,74 @@ struct http_server {
     struct MHD_Daemon *d;
     struct http_opts o;
     unsigned port;
+    pthread_mutex_t mu; /* guards busy and deferred */
+    pthread_cond_t cv;  /* signalled when either drops to 0 */
+    int busy;           /* requests handed to the handler, answer not yet sent */
+    int deferred;       /* … of which suspended (http_defer), not yet resumed */
 };
 
+/* How long a stop waits for answers still being sent (deferred ones are
+ * always waited for: MHD must not stop with suspended connections). */
+#define DRAIN_MS 10000
+
 struct reqctx {
+    struct http_server *s;
     struct buf body;
     int too_big;
     struct MHD_Connection *conn;
+    int counted; /* in busy */
+    /* a deferred request (http_defer): its answer comes from finish */
+    int deferred;
+    http_finish_fn finish;
+    void *finish_arg;
 };
+
+/* Adds d to a counter (busy or deferred); wakes a stop waiting for 0. */
+static void count(struct http_server *s, int *n, int d)
+{
+    pthread_mutex_lock(&s->mu);
+    *n += d;
+    if (*n == 0)
+        pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Runs a deferred request's finish once; res may be NULL (nobody to answer). */
+static void run_finish(struct reqctx *c, const struct http_req *req, struct http_res *res)
+{
+    http_finish_fn f = c->finish;
+    if (!f)
+        return;
+    c->finish = NULL;
+    struct http_res scratch = {0};
+    f(c->finish_arg, req, res ? res : &scratch);
+    http_res_clear(&scratch);
+    count(c->s, &c->s->deferred, -1);
+}
+
+struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, void *arg)
+{
+    struct reqctx *c = r->impl;
+    if (!c->s->o.threads || c->deferred)
+        return NULL;
+    c->deferred = 1;
+    c->finish = finish;
+    c->finish_arg = arg;
+    count(c->s, &c->s->deferred, 1);
+    MHD_suspend_connection(c->conn); /* before anyone can resume it */
+    return (struct http_later *)c;
+}
+
+int http_can_defer(const struct http_req *r)
+{
+    struct reqctx *c = r->impl;
+    return c->s->o.threads && !c->deferred;
+}
+
+void http_resume(struct http_later *l)
+{
+    MHD_resume_connection(((struct reqctx *)l)->conn);
+}
 
 void http_res_header(struct http_res *res, const char *name, const char *value)
 {
@@ -102,6 +166,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     struct reqctx *c = *con_cls;
     if (!c) {
         c = xcalloc(1, sizeof *c);
+        c->s = s;
         buf_init(&c->body, s->o.max_body);
         c->conn = conn;
         *con_cls = c;
@@ -140,7 +205,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     };
     struct http_res res = {0};
     res.status = 500;
-    s->o.handler(s->o.ctx, &req, &res);
+    if (c->deferred) { /* resumed: the answer is ready */
+        run_finish(c, &req, &res);
+    } else {
+        c->counted = 1;
+        count(s, &s->busy, 1);
+        s->o.handler(s->o.ctx, &req, &res);
+        if (c->deferred) { /* suspended: answered once resumed */
+            http_res_clear(&res);
+            return MHD_YES;
+        }
+    }
     enum MHD_Result ret = send_res(conn, &res);
     http_res_clear(&res);
     return ret;
@@ -152,6 +227,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct reqctx *c = *con_cls;
     if (!c)
         return;
+    if (c->finish) { /* resumed, but the connection ended before the answer */
+        struct http_req req = {.body = "", .header = get_header, .query = get_query, .impl = c};
+        run_finish(c, &req, NULL);
+    }
+    if (c->counted)
+        count(c->s, &c->s->busy, -1);
     buf_free(&c->body);
     free(c);
     *con_cls = NULL;
@@ -233,8 +314,11 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
     struct sockaddr_in sin4 = {0};
     struct sockaddr_in6 sin6 = {0};
     struct sockaddr *sa;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO_INTERNAL_THREAD |
-                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    unsigned flags = MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (o->threads)
+        flags |= MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
+    else
+        flags |= MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO_INTERNAL_THREAD;
     if (inet_pton(AF_INET, host, &sin4.sin_addr) == 1) {
         sin4.sin_family = AF_INET;
         sin4.sin_port = htons((uint16_t)port);
@@ -251,12 +335,18 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
     s->o = *o;
     if (!s->o.max_body)
         s->o.max_body = 1u << 20;
-    s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                            sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
-                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    /* a pool of one is no pool: MHD wants the option only for two or more */
+    s->d = MHD_start_daemon(
+        flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, sa,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
+        o->conn_limit ? o->conn_limit : 1024, MHD_OPTION_CONNECTION_TIMEOUT,
+        o->timeout_s ? o->timeout_s : 60, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        o->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, o->threads, MHD_OPTION_END);
     if (!s->d) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
         free(s);
         return err_set(e, IFL_EIO, "cannot listen on %s (in use or not permitted)", o->listen);
     }
@@ -281,6 +371,23 @@ void http_server_stop(struct http_server *s)
 {
     if (!s)
         return;
+    /* Requests already handed to the handler get their answers first
+     * (MHD_stop_daemon would close their connections unanswered): for up to
+     * DRAIN_MS, and deferred ones always — MHD must not stop with suspended
+     * connections, and whoever deferred them resumes each. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += DRAIN_MS / 1000;
+    pthread_mutex_lock(&s->mu);
+    while (s->deferred || s->busy) {
+        if (s->deferred)
+            pthread_cond_wait(&s->cv, &s->mu);
+        else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    pthread_mutex_unlock(&s->mu);
     MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
     free(s);
 }

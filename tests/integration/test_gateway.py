@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import jcs_ref
 from conftest import BACKEND
 from test_engine import WS, finished, metric, put_workflow, run, steps_of, wait_for
 
@@ -454,6 +455,67 @@ def test_sigkill_between_the_trigger_claim_and_the_call_then_restart(make_server
     assert x["status"] == "completed", x
     assert mock.charges("o-15") == 1
     assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == ["lease_expired", "success"]
+
+
+def send_raw_trigger(s, order):
+    """Sends a trigger for `order` on a socket of its own, without reading the answer."""
+    import socket
+    body = json.dumps({"order": {"id": order, "amount": 1250}}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+    sock.sendall(b"POST " + f"{WS}/workflows/pay/entry-points/order/trigger".encode() +
+                 b" HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" +
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def execution_id(order):
+    return jcs_ref.execution_id("eng", "pay", "order", "fields", {"order.id": order})
+
+
+def test_a_trigger_whose_client_left_before_the_commit_still_runs_once(make_server, mock):
+    """The client hangs up while its trigger waits for the commit (held at
+    trigger.before_commit).  The trigger still commits, its claimed call is
+    still sent once, and the server, which still owes the answer to nobody,
+    stops cleanly afterwards."""
+    s = make_server(env={"IDEMFLOW_FAULT": "trigger.before_commit:sleep=1000@1"})
+    s.start()
+    setup_pay(s, mock)
+    sock = send_raw_trigger(s, "left-1")
+    wait_for(lambda: "fault.fired" in s.logs())
+    sock.close()
+    xid = execution_id("left-1")
+    wait_for(lambda: s.get(f"{WS}/executions/{xid}").status == 200)
+    x = finished(s, xid)
+    assert x["status"] == "completed", x
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == ["success"]
+    assert mock.charges("left-1") == 1
+    r = s.post(f"{WS}/workflows/pay/entry-points/order/trigger",
+               {"order": {"id": "left-1", "amount": 1250}})
+    assert r.status == 200 and r.json["executionId"] == xid, r
+    assert s.stop() == 0
+
+
+def test_a_shutdown_answers_the_triggers_it_accepted(make_server, mock):
+    """SIGTERM while a trigger waits for its commit: the server finishes it,
+    answers 201, then exits 0."""
+    s = make_server(env={"IDEMFLOW_FAULT": "trigger.before_commit:sleep=1000@1"})
+    s.start()
+    setup_pay(s, mock)
+    sock = send_raw_trigger(s, "term-1")
+    wait_for(lambda: "fault.fired" in s.logs())
+    s.proc.send_signal(signal.SIGTERM)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        assert chunk, f"connection closed without an answer: {answer!r}"
+        answer += chunk
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+    assert s.proc.wait(timeout=20) == 0
+    s.start()
+    x = finished(s, execution_id("term-1"))
+    assert x["status"] == "completed", x
+    assert mock.charges("term-1") == 1
 
 
 def assert_secret_nowhere(s):

@@ -26,8 +26,9 @@
 # BENCH_STORES ("sqlite postgres";
 # postgres is skipped when PostgreSQL is not installed), BENCH_EXECUTIONS
 # (5000), BENCH_INFLIGHT (200), BENCH_CALLS (20000), BENCH_CEILING_RUNS (3),
-# BENCH_DRIVER_CONNS (64), BENCH_WORKERS (4), BENCH_TIMEOUT (300 s per store),
-# BENCH_KEEP (1: keep the temp dir).
+# BENCH_DRIVER_CONNS (64), BENCH_POLL_MS (10: how often the driver reads
+# /metrics), BENCH_SERVE_FLAGS (extra `serve` flags), BENCH_WORKERS (4),
+# BENCH_TIMEOUT (300 s per store), BENCH_KEEP (1: keep the temp dir).
 #
 # Exit status 1 when a call or trigger got an unexpected status, an
 # execution did not complete, or an order was not charged exactly once.
@@ -46,6 +47,7 @@ INFLIGHT=${BENCH_INFLIGHT:-200}
 CALLS=${BENCH_CALLS:-20000}
 CEIL_RUNS=${BENCH_CEILING_RUNS:-3}
 DCONNS=${BENCH_DRIVER_CONNS:-64}
+POLL_MS=${BENCH_POLL_MS:-10}
 WORKERS=${BENCH_WORKERS:-4}
 LIMIT=${BENCH_TIMEOUT:-300}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -195,7 +197,7 @@ for store in $STORES; do
 
   foreign_snap "$TMP/cpu.0"
   e0=$(cpu_ticks "$ENGINE_PID") m0=$(cpu_ticks "$MOCK_PID") p0=$(tree_ticks "$PGROOT")
-  timeout $((LIMIT + 30)) "$GWDRIVE_BIN" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" \
+  timeout $((LIMIT + 30)) "$GWDRIVE_BIN" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" "$POLL_MS" \
     >"$TMP/driver.$store" 2>"$TMP/driver.$store.err" || die "driver failed on $store: $(tail -5 "$TMP/driver.$store.err")"
   e1=$(cpu_ticks "$ENGINE_PID") m1=$(cpu_ticks "$MOCK_PID") p1=$(tree_ticks "$PGROOT")
   foreign_snap "$TMP/cpu.1"

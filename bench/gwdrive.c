@@ -127,8 +127,8 @@ static long finished_from(const char *body, size_t n)
 
 int main(int argc, char **argv)
 {
-    if (argc != 8) {
-        fprintf(stderr, "usage: gwdrive PORT PATH TOTAL INFLIGHT CONNS RUN LIMIT_S\n");
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: gwdrive PORT PATH TOTAL INFLIGHT CONNS RUN LIMIT_S [POLL_MS]\n");
         return 2;
     }
     int port = atoi(argv[1]);
@@ -137,7 +137,8 @@ int main(int argc, char **argv)
     int nconns = atoi(argv[5]);
     const char *run = argv[6];
     double limit = atof(argv[7]);
-    if (port <= 0 || total <= 0 || target <= 0 || nconns <= 0 || limit <= 0) {
+    double poll_s = argc == 9 ? atof(argv[8]) / 1000 : 0.01;
+    if (port <= 0 || total <= 0 || target <= 0 || nconns <= 0 || limit <= 0 || poll_s <= 0) {
         fprintf(stderr, "gwdrive: bad arguments\n");
         return 2;
     }
@@ -233,7 +234,7 @@ int main(int argc, char **argv)
                     if (in > inflight_max)
                         inflight_max = in;
                 }
-                next_poll = now_s() + 0.01;
+                next_poll = now_s() + poll_s;
             } else if (status >= 100 && status < 600) {
                 statuses[status]++;
             } else {

@@ -22,6 +22,7 @@
  * reader connection across calls.
  */
 #include "store/idset.h"
+#include "store/walvfs.h"
 #include "store/store_int.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -151,7 +152,8 @@ static int conn_open(struct conn *c, const char *path, int readonly, struct ifl_
 {
     memset(c, 0, sizeof *c);
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (readonly ? 0 : SQLITE_OPEN_CREATE);
-    if (sqlite3_open_v2(path, &c->db, flags, NULL) != SQLITE_OK) {
+    /* writers append to the WAL: one pwrite per commit (walvfs.h) */
+    if (sqlite3_open_v2(path, &c->db, flags, readonly ? NULL : store_walvfs()) != SQLITE_OK) {
         int rc = err_set(e, IFL_ESTORE, "cannot open %s: %s", path,
                          c->db ? sqlite3_errmsg(c->db) : "out of memory");
         conn_close(c);

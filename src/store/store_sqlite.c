@@ -1262,9 +1262,11 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         if (rc)
             return rc;
     }
+    /* seq is the rowid: no RETURNING, which costs SQLite an ephemeral table
+     * (a pager and its cache, made and torn down) per statement */
     static const char sql[] =
         "INSERT INTO events (id, workspace, execution_id, aggregate_version, type, data,"
-        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq";
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1275,12 +1277,10 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
     bind_text(st, 5, ev->type);
     bind_text(st, 6, ev->data ? ev->data : "{}");
     sqlite3_bind_int64(st, 7, ev->created_at);
-    if (sqlite3_step(st) == SQLITE_ROW)
-        ev->seq = sqlite3_column_int64(st, 0);
+    if (sqlite3_step(st) == SQLITE_DONE)
+        ev->seq = sqlite3_last_insert_rowid(c->db);
     else
         rc = db_err(c, e, "event_append");
-    while (sqlite3_step(st) == SQLITE_ROW)
-        ;
     done_stmt(st);
     return rc;
 }

@@ -162,12 +162,16 @@ static int conn_open(struct conn *c, const char *path, int readonly, struct ifl_
     sqlite3_busy_timeout(c->db, 5000);
     /* temp_store=MEMORY: each job's SAVEPOINT keeps its statement journal in
      * memory instead of a temp file (thousands of pwrites per batch
-     * otherwise).  cache_size: the hot tails of the B-trees stay cached. */
+     * otherwise).  cache_size: the hot tails of the B-trees stay cached.
+     * The writer's is kept small (8 MiB) on purpose: every COMMIT ends with
+     * SQLite scanning its whole page-cache hash table (pcache1 truncate), so
+     * a 64 MiB cache spent 8-10 % of the writer's CPU there, 8 MiB about 2 %;
+     * pages it drops are re-read from the OS page cache. */
     const char *pragmas = readonly ? "PRAGMA query_only=1; PRAGMA foreign_keys=ON;"
                                      " PRAGMA cache_size=-16384;"
                                    : "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
                                      " PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"
-                                     " PRAGMA cache_size=-65536;";
+                                     " PRAGMA cache_size=-8192;";
     int rc = exec(c, pragmas, e);
     if (rc)
         conn_close(c);

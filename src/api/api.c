@@ -473,7 +473,7 @@ static void trigger(struct call *c, int test)
                 engine_trigger_commit(op, trigger_committed, dt);
                 return;
             }
-            free(dt->ws); /* a thread per connection: this thread waits */
+            free(dt->ws); /* not deferrable after all: commit and wait here */
             free(dt);
             rc = engine_trigger_wait(op, &out, &e);
         }

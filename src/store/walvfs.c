@@ -98,7 +98,8 @@ static int w_size(sqlite3_file *p, sqlite3_int64 *size)
     return rc != SQLITE_OK ? rc : f->real->pMethods->xFileSize(f->real, size);
 }
 
-/* The rest pass through to the real file. */
+/* The rest pass through to the real file (locks and geometry do not
+ * touch its bytes). */
 #define REAL(p) (((struct walfile *)(p))->real)
 static int w_lock(sqlite3_file *p, int l)
 {
@@ -114,7 +115,9 @@ static int w_reserved(sqlite3_file *p, int *out)
 }
 static int w_fcntl(sqlite3_file *p, int op, void *arg)
 {
-    return REAL(p)->pMethods->xFileControl(REAL(p), op, arg);
+    /* size hints, sync hints, … act on the file: let them see every byte */
+    int rc = flush((struct walfile *)p);
+    return rc != SQLITE_OK ? rc : REAL(p)->pMethods->xFileControl(REAL(p), op, arg);
 }
 static int w_sector(sqlite3_file *p)
 {

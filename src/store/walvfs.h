@@ -10,7 +10,7 @@
  * the default VFS writes in one call) and writes the run with one pwrite
  * before anything that must see it: the
  * sync that makes the commit durable, a read, a size query, a truncate, a
- * write elsewhere in the file, the close.
+ * file control, a write elsewhere in the file, the close.
  *
  * Durability is unchanged: a commit is durable when its xSync returns, and
  * xSync writes the run first.  Readers in other connections only read

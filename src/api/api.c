@@ -459,27 +459,20 @@ static void trigger(struct call *c, int test)
     struct ifl_err e = {0};
     struct engine_trigger_op *op = NULL;
     int rc;
-    if (engine_can_defer(a->g) && http_can_defer(c->req)) {
+    if (engine_can_defer(a->g) && http_can_defer(c->req))
         rc = engine_trigger_begin(a->g, &tr, &out, &op, &e);
-        json_decref(payload);
-        if (!rc && op) {
-            struct deferred_trigger *dt = xcalloc(1, sizeof *dt);
-            dt->a = a;
-            dt->ws = xstrdup(ws);
-            dt->op = op;
-            dt->later = http_defer(c->req, trigger_finish, dt);
-            if (dt->later) {
-                c->deferred = 1;
-                engine_trigger_commit(op, trigger_committed, dt);
-                return;
-            }
-            free(dt->ws); /* not deferrable after all: commit and wait here */
-            free(dt);
-            rc = engine_trigger_wait(op, &out, &e);
-        }
-    } else {
+    else
         rc = engine_trigger(a->g, &tr, &out, &e);
-        json_decref(payload);
+    json_decref(payload);
+    if (!rc && op) { /* answered once its transaction committed */
+        struct deferred_trigger *dt = xcalloc(1, sizeof *dt);
+        dt->a = a;
+        dt->ws = xstrdup(ws);
+        dt->op = op;
+        dt->later = http_defer(c->req, trigger_finish, dt); /* non-NULL: http_can_defer */
+        c->deferred = 1;
+        engine_trigger_commit(op, trigger_committed, dt);
+        return;
     }
     trigger_answer(a, c->res, ws, rc, &e, &out);
     return;

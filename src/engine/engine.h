@@ -82,7 +82,6 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
  *   engine_trigger_begin: everything up to the creating transaction.  Non-zero
  *     is an error as above; 0 with *op NULL is an answer already in *out (a
  *     repeat); 0 with *op set hands the caller an operation it must pass to
- *     engine_trigger_wait (below) or to
  *   engine_trigger_commit, which queues its transaction (engine_can_defer
  *     must be 1) and calls cb(arg) once, when it is durable or failed — on the
  *     store's writer thread, so cb must be quick and must not block;
@@ -95,8 +94,6 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
                          struct engine_trigger_op **op, struct ifl_err *e);
 void engine_trigger_commit(struct engine_trigger_op *op, engine_trigger_cb cb, void *arg);
 int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e);
-/* Instead of commit and end: commits in this thread, waiting (any store). */
-int engine_trigger_wait(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e);
 /* 1 when engine_trigger_commit can queue (the store can submit). */
 int engine_can_defer(const struct engine *g);
 

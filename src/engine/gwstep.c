@@ -303,17 +303,18 @@ static char *class_error(const char *code, const struct gw_job *j, const struct 
     json_t *o = json_object();
     json_object_set_new(o, "code", json_string(code));
     char msg[400];
+    char *url = gw_request_masked_url(&j->req);
     if (r->transport == GW_T_OK)
-        snprintf(msg, sizeof msg, "%s %s answered %ld", j->req.method, j->req.masked_url,
-                 r->status);
+        snprintf(msg, sizeof msg, "%s %s answered %ld", j->req.method, url, r->status);
     else
-        snprintf(msg, sizeof msg, "%s %s: %s (%s)", j->req.method, j->req.masked_url, r->error,
+        snprintf(msg, sizeof msg, "%s %s: %s (%s)", j->req.method, url, r->error,
                  r->transport == GW_T_NOT_SENT ? "not sent" : "sent; outcome unknown");
+    free(url);
     json_object_set_new(o, "message", json_string(msg));
     if (r->transport == GW_T_OK)
         json_object_set_new(o, "status", json_integer(r->status));
     json_object_set_new(o, "attempt", json_integer(j->attempts));
-    json_object_set(o, "request", j->req.masked);
+    json_object_set_new(o, "request", gw_request_masked(&j->req));
     if (verify_first_next)
         json_object_set_new(o, "verifyFirst", json_true());
     char *s = json_to_string(o);

@@ -191,6 +191,13 @@ static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *r
     return buf_steal(&b);
 }
 
+/* s with its secret sentinels shown as "****" (a new heap string). */
+static char *masked_text(const char *s)
+{
+    int rc = 0;
+    return strstr(s, SENTINEL_OPEN) ? replace_sentinels(s, NULL, NULL, &rc, NULL) : xstrdup(s);
+}
+
 static void wipe_free(char *s)
 {
     if (s) {
@@ -208,11 +215,12 @@ void gw_request_clear(struct gw_request *r)
     for (size_t i = 0; i < r->nheaders; i++) {
         free(r->headers[i].name);
         wipe_free(r->headers[i].value);
+        free(r->headers[i].sealed);
     }
     free(r->headers);
     wipe_free(r->body);
-    free(r->masked_url);
-    json_decref(r->masked);
+    free(r->sealed_url);
+    free(r->sealed_body);
     free(r->idempotency_key);
     for (size_t i = 0; i < r->nsecrets; i++)
         wipe_free(r->secrets[i]);
@@ -263,18 +271,13 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     json_t *headers = json_object_get(rendered, "headers");
     out->headers = xcalloc(json_object_size(headers) + 2, sizeof *out->headers);
     int has_ct = 0;
-    json_t *mh = json_object();
     json_object_foreach(headers, k, v)
     {
         char *val = scalar_text(v);
         if (strcasecmp(k, "Content-Type") == 0)
             has_ct = 1;
-        int rc = 0;
-        char *masked = replace_sentinels(val, NULL, NULL, &rc, NULL);
         if (strcasecmp(k, "Idempotency-Key") == 0)
-            out->idempotency_key = xstrdup(masked);
-        json_object_set_new(mh, k, json_string(masked));
-        free(masked);
+            out->idempotency_key = masked_text(val);
         out->headers[out->nheaders].name = xstrdup(k);
         out->headers[out->nheaders].value = val;
         out->nheaders++;
@@ -284,31 +287,48 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
         out->headers[out->nheaders].value = xstrdup("application/json");
         out->nheaders++;
     }
-    int rc = 0;
-    out->masked_url = replace_sentinels(out->url, NULL, NULL, &rc, NULL);
-    out->masked = json_object();
-    json_object_set_new(out->masked, "method", json_string(out->method));
-    json_object_set_new(out->masked, "url", json_string(out->masked_url));
-    json_object_set_new(out->masked, "headers", mh);
-    if (out->body) {
-        char *mb = replace_sentinels(out->body, NULL, NULL, &rc, NULL);
+    return 0;
+}
+
+char *gw_request_masked_url(const struct gw_request *r)
+{
+    return masked_text(r->sealed_url ? r->sealed_url : r->url);
+}
+
+json_t *gw_request_masked(const struct gw_request *r)
+{
+    json_t *m = json_object();
+    json_object_set_new(m, "method", json_string(r->method));
+    char *url = gw_request_masked_url(r);
+    json_object_set_new(m, "url", json_string(url));
+    free(url);
+    json_t *mh = json_object();
+    for (size_t i = 0; i < r->nheaders; i++) {
+        char *val = masked_text(r->headers[i].sealed ? r->headers[i].sealed : r->headers[i].value);
+        json_object_set_new(mh, r->headers[i].name, json_string(val));
+        free(val);
+    }
+    json_object_set_new(m, "headers", mh);
+    if (r->body) {
+        char *mb = masked_text(r->sealed_body ? r->sealed_body : r->body);
         json_t *pb = NULL;
-        json_object_set_new(out->masked, "body",
-                            json_parse(mb, strlen(mb), NULL, &pb, NULL) == 0 ? pb
-                                                                             : json_string(mb));
+        json_object_set_new(
+            m, "body", json_parse(mb, strlen(mb), NULL, &pb, NULL) == 0 ? pb : json_string(mb));
         free(mb);
     }
-    return 0;
+    return m;
 }
 
 int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct ifl_err *e)
 {
     int rc = 0;
     char *s;
+    /* the sentinel forms hold no secret: they are kept for the masked twin */
     if (strstr(r->url, SENTINEL_OPEN)) {
         if (!(s = replace_sentinels(r->url, fn, ctx, &rc, r)))
             return err_set(e, rc, "a secret in the url cannot be resolved");
-        wipe_free(r->url);
+        free(r->sealed_url);
+        r->sealed_url = r->url;
         r->url = s;
     }
     for (size_t i = 0; i < r->nheaders; i++)
@@ -316,13 +336,15 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
             if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc, r)))
                 return err_set(e, rc, "a secret in header %s cannot be resolved",
                                r->headers[i].name);
-            wipe_free(r->headers[i].value);
+            free(r->headers[i].sealed);
+            r->headers[i].sealed = r->headers[i].value;
             r->headers[i].value = s;
         }
     if (r->body && strstr(r->body, SENTINEL_OPEN)) {
         if (!(s = replace_sentinels(r->body, fn, ctx, &rc, r)))
             return err_set(e, rc, "a secret in the body cannot be resolved");
-        wipe_free(r->body);
+        free(r->sealed_body);
+        r->sealed_body = r->body;
         r->body = s;
     }
     return 0;

@@ -48,6 +48,7 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e);
 
 struct gw_header {
     char *name, *value;
+    char *sealed; /* the value with its secret sentinels, once unsealed (else NULL) */
 };
 
 struct gw_request {
@@ -56,10 +57,9 @@ struct gw_request {
     struct gw_header *headers;
     size_t nheaders;
     char *body; /* NULL for none */
-    /* The same request with every substituted secret replaced by "****":
-     * the only form that may be stored, returned or logged. */
-    char *masked_url;
-    json_t *masked;        /* {"method","url","headers","body"} */
+    /* url and body with their secret sentinels, kept by gw_request_unseal
+     * when it substituted one (else NULL): what gw_request_masked* masks. */
+    char *sealed_url, *sealed_body;
     char *idempotency_key; /* the Idempotency-Key header value, if any (masked
                               when it contains a secret) */
     /* 1 when sending it twice is harmless (a keyed request under `ambiguous:
@@ -75,6 +75,13 @@ struct gw_request {
     size_t nsecrets;
 };
 void gw_request_clear(struct gw_request *r);
+
+/* The same request with every substituted secret replaced by "****": the
+ * only form that may be stored, returned or logged.  Built on demand (only
+ * failures show it): {"method","url","headers","body"} as a new reference,
+ * and the url alone as a heap string. */
+json_t *gw_request_masked(const struct gw_request *r);
+char *gw_request_masked_url(const struct gw_request *r);
 
 /* Renders `rendered` (the evaluated {url, headers, query, body} template,
  * borrowed; strings may contain secret sentinels, see gw_secret_sentinel)

@@ -143,12 +143,24 @@ static void test_secrets_are_masked(void **state)
     assert_int_equal(gw_request_build(NULL, rendered, &r, NULL), 0);
     assert_string_equal(r.method, "POST");
     assert_string_equal(r.idempotency_key, "charge-42");
-    char *masked = json_to_string(r.masked);
+    json_t *mj = gw_request_masked(&r);
+    char *masked = json_to_string(mj), *murl = gw_request_masked_url(&r);
     assert_null(strstr(masked, "sk_live"));
     assert_non_null(strstr(masked, "Bearer ****"));
-    assert_non_null(strstr(r.masked_url, "token=****&a%20b=c%26d"));
-    free(masked);
+    assert_non_null(strstr(murl, "token=****&a%20b=c%26d"));
     assert_int_equal(gw_request_unseal(&r, resolver, NULL, NULL), 0);
+    /* unsealed, the masked twin is the same: no secret, the same masks */
+    json_t *mj2 = gw_request_masked(&r);
+    char *masked2 = json_to_string(mj2), *murl2 = gw_request_masked_url(&r);
+    assert_string_equal(masked2, masked);
+    assert_string_equal(murl2, murl);
+    assert_null(strstr(masked2, "sk_live"));
+    free(masked);
+    free(masked2);
+    free(murl);
+    free(murl2);
+    json_decref(mj);
+    json_decref(mj2);
     assert_non_null(strstr(r.url, "token=sk_live_SECRET"));
     int found = 0;
     for (size_t i = 0; i < r.nheaders; i++)

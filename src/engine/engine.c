@@ -419,17 +419,21 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
     }
 }
 
-static struct store_step *rows_dup(const struct store_step *rows, size_t n)
+/* What a call's job keeps of the rows it was claimed with: the join state
+ * its completion plans with (engine_inline_plan: vertex, state, epoch, join
+ * counters).  Outputs are in the job's context already, and a new
+ * execution's rows carry no error for verify_first to read. */
+static struct store_step *rows_for_job(const struct store_step *rows, size_t n)
 {
     struct store_step *c = xcalloc(n ? n : 1, sizeof *c);
     for (size_t i = 0; i < n; i++) {
-        c[i] = rows[i];
+        memcpy(c[i].execution_id, rows[i].execution_id, sizeof c[i].execution_id);
         c[i].vertex = xstrdup(rows[i].vertex);
-        c[i].workspace = xstrdup(rows[i].workspace);
-        c[i].kind = xstrdup(rows[i].kind);
-        c[i].lease_owner = rows[i].lease_owner ? xstrdup(rows[i].lease_owner) : NULL;
-        c[i].output = rows[i].output ? xstrdup(rows[i].output) : NULL;
-        c[i].error = rows[i].error ? xstrdup(rows[i].error) : NULL;
+        c[i].state = rows[i].state;
+        c[i].epoch = rows[i].epoch;
+        c[i].attempts = rows[i].attempts;
+        c[i].in_decided = rows[i].in_decided;
+        c[i].in_taken = rows[i].in_taken;
     }
     return c;
 }
@@ -467,8 +471,10 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
     if (!ca->nearly)
         return;
     /* ctx holds what a worker's context would: the payload and the outputs
-     * of the rows completed so far; each call gets its own copy (the worker
-     * that finishes it adds to it) */
+     * of the rows completed so far.  The worker that finishes a call adds to
+     * its context, so each call has its own; the last takes ctx itself (the
+     * caller only drops it after this), the others a copy.  The payload may
+     * stay shared with the request: nothing writes to it. */
     json_object_del(ctx, "response");
     size_t kept = 0;
     for (size_t k = 0; k < ca->nearly; k++) {
@@ -480,9 +486,9 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
                                 .attempts = st->attempts};
         snprintf(c.execution_id, sizeof c.execution_id, "%s", nx->id);
         size_t n = ca->nrows;
-        struct store_step *seen = rows_dup(ca->rows, n);
+        struct store_step *seen = rows_for_job(ca->rows, n);
         char *err = NULL;
-        json_t *jctx = json_deep_copy(ctx);
+        json_t *jctx = k + 1 == ca->nearly ? json_incref(ctx) : json_deep_copy(ctx);
         struct gw_job *j = engine_gw_prepare(g, &c, w, ca->early[k].vi, jctx, &seen, &n, &err);
         json_decref(jctx);
         store_steps_free(seen, n);

@@ -5,6 +5,7 @@
 #include "base/err.h"
 #include "base/mem.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,10 +14,22 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+/* SHA-256 fetched once: EVP_sha256() makes OpenSSL 3 look the
+ * implementation up again on every digest (544 against 218 ns for a
+ * 100-byte input, measured with a throwaway program). */
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
 void crypto_sha256(const void *data, size_t len, uint8_t out[CRYPTO_SHA256_LEN])
 {
     unsigned int n = 0;
-    EVP_Digest(data, len, out, &n, EVP_sha256(), NULL);
+    pthread_once(&sha256_once, sha256_fetch);
+    EVP_Digest(data, len, out, &n, sha256_md ? sha256_md : EVP_sha256(), NULL);
 }
 
 void crypto_hex(const uint8_t *in, size_t n, char *out)

@@ -349,9 +349,11 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
 }
 
 /* Turns a finished call into an outcome.  Returns 1 when an outcome is ready
- * in *o (with texts in *out_text / *err_text), 0 when another call was
- * started instead (verify said "not done": re-send). */
-static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, char **err_text)
+ * in *o (with texts in *out_text / *err_text, and a completed step's output
+ * also as JSON in *out, a new reference), 0 when another call was started
+ * instead (verify said "not done": re-send). */
+static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, json_t **out_json,
+                  char **err_text)
 {
     const struct wf_vertex *v = &j->w->v[j->vi];
     const struct gw_policy *p = &v->policy;
@@ -373,7 +375,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, cha
             if (done) {
                 json_object_set_new(out, "verified", json_true());
                 *out_text = json_to_string(out);
-                json_decref(out);
+                *out_json = out;
                 o->to = STEP_COMPLETED;
                 o->attempt_outcome = "verified";
                 return 1;
@@ -431,7 +433,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, cha
     }
     json_t *out = gw_output(r);
     *out_text = json_to_string(out);
-    json_decref(out);
+    *out_json = out;
     o->to = STEP_COMPLETED;
     return 1;
 }
@@ -470,7 +472,8 @@ size_t engine_gw_drain(struct engine *g)
         /* A provider that echoes a secret must not get it stored or shown. */
         gw_response_scrub(j->resp, &j->req);
         gw_response_scrub(j->resp, &j->vreq);
-        if (!decide(j, &go->o, &go->out_text, &go->err_text))
+        json_t *out = NULL;
+        if (!decide(j, &go->o, &go->out_text, &out, &go->err_text))
             continue; /* another call is in flight for this job */
         inflight_remove(j);
         FAULT("gateway.after_response");
@@ -485,8 +488,6 @@ size_t engine_gw_drain(struct engine *g)
         go->o.error = go->err_text;
         go->o.now = clock_now_ms();
         if (go->o.to == STEP_COMPLETED) {
-            json_t *out = NULL;
-            json_parse(go->out_text, strlen(go->out_text), NULL, &out, NULL);
             go->nd = j->w->v[j->vi].n_out;
             go->d = engine_decide_edges(j->w, j->vi, j->ctx, out);
             go->o.dec = go->d;

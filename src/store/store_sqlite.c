@@ -968,11 +968,48 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
 struct sq_tx {
     struct store_tx base;
     struct conn *c;
+    /* The last execution this transaction named, and its seq: the key of its
+     * steps and attempts.  Looked up once, not by a subquery on the random id
+     * index in every statement (about ten a GATEWAY execution). */
+    char seq_id[65];
+    int64_t seq;
 };
 
 static struct conn *txc(struct store_tx *tx)
 {
     return ((struct sq_tx *)tx)->c;
+}
+
+static void tx_seq_remember(struct store_tx *tx, const char *id, int64_t seq)
+{
+    struct sq_tx *t = (struct sq_tx *)tx;
+    snprintf(t->seq_id, sizeof t->seq_id, "%s", id);
+    t->seq = seq;
+}
+
+/* The seq of execution id in *seq, 0 when there is none. */
+static int tx_seq(struct store_tx *tx, const char *id, int64_t *seq, struct ifl_err *e)
+{
+    struct sq_tx *t = (struct sq_tx *)tx;
+    if (t->seq_id[0] && strcmp(t->seq_id, id) == 0) {
+        *seq = t->seq;
+        return 0;
+    }
+    *seq = 0;
+    static const char sql[] = "SELECT seq FROM executions WHERE id = ?";
+    sqlite3_stmt *st = stmt(t->c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, id);
+    int r = sqlite3_step(st), rc = 0;
+    if (r == SQLITE_ROW) {
+        *seq = sqlite3_column_int64(st, 0);
+        tx_seq_remember(tx, id, *seq);
+    } else if (r != SQLITE_DONE) {
+        rc = db_err(t->c, e, "execution_seq");
+    }
+    done_stmt(st);
+    return rc;
 }
 
 struct tx_job {
@@ -984,7 +1021,7 @@ struct tx_job {
 static int job_tx(struct conn *c, void *arg, struct ifl_err *e)
 {
     struct tx_job *j = arg;
-    struct sq_tx tx = {{j->s}, c};
+    struct sq_tx tx = {.base = {j->s}, .c = c};
     return j->fn(&tx.base, j->arg, e);
 }
 
@@ -1050,7 +1087,25 @@ static void op_tx_run_many(struct store *base, store_tx_fn fn, void **args, size
 static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e)
 {
-    return exec_get(txc(tx), ws, id, out, e);
+    struct conn *c = txc(tx);
+    static const char sql[] =
+        "SELECT " EXEC_COLS ", seq FROM executions WHERE id = ? AND workspace = ?";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, id);
+    bind_text(st, 2, ws);
+    int rc = 0, r = sqlite3_step(st);
+    if (r == SQLITE_ROW) {
+        read_execution(st, out);
+        tx_seq_remember(tx, id, sqlite3_column_int64(st, 14));
+    } else if (r == SQLITE_DONE) {
+        rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
+    } else {
+        rc = db_err(c, e, "execution_get");
+    }
+    done_stmt(st);
+    return rc;
 }
 
 static int tx_execution_insert(struct store_tx *tx, const struct store_execution *x, int *created,
@@ -1083,6 +1138,8 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
     done_stmt(st);
     if (!rc)
         *created = sqlite3_changes(c->db) == 1;
+    if (!rc && *created)
+        tx_seq_remember(tx, x->id, sqlite3_last_insert_rowid(c->db));
     return rc;
 }
 
@@ -1090,16 +1147,20 @@ static int tx_execution_set_status(struct store_tx *tx, const char *id, const ch
                                    int64_t version, struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    int64_t seq;
+    int rc = tx_seq(tx, id, &seq, e);
+    if (rc || !seq)
+        return rc;
     static const char sql[] = "UPDATE executions SET status = ?1, updated_at = ?2,"
-                              " version = CASE WHEN ?4 > 0 THEN ?4 ELSE version END WHERE id = ?3";
+                              " version = CASE WHEN ?4 > 0 THEN ?4 ELSE version END WHERE seq = ?3";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
     bind_text(st, 1, status);
     sqlite3_bind_int64(st, 2, clock_now_ms());
-    bind_text(st, 3, id);
+    sqlite3_bind_int64(st, 3, seq);
     sqlite3_bind_int64(st, 4, version);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_set_status");
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_set_status");
     done_stmt(st);
     return rc;
 }
@@ -1162,7 +1223,17 @@ static int steps_of(struct conn *c, const char *id, struct store_step **items, s
 static int tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
                         size_t *n, struct ifl_err *e)
 {
-    return steps_of(txc(tx), execution_id, items, n, e);
+    int64_t seq;
+    int rc = tx_seq(tx, execution_id, &seq, e);
+    if (rc || !seq)
+        return rc;
+    static const char sql[] =
+        "SELECT " STEP_COLS " FROM steps WHERE execution_seq = ? ORDER BY vertex";
+    sqlite3_stmt *st = stmt(txc(tx), sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    sqlite3_bind_int64(st, 1, seq);
+    return collect_steps(txc(tx), st, items, n, e);
 }
 
 static void bind_step_mutables(sqlite3_stmt *st, const struct store_step *x, int64_t now)
@@ -1183,11 +1254,14 @@ static void bind_step_mutables(sqlite3_stmt *st, const struct store_step *x, int
 static int tx_step_insert(struct store_tx *tx, const struct store_step *x, struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    int64_t seq;
+    int rc = tx_seq(tx, x->execution_id, &seq, e);
+    if (rc)
+        return rc;
     static const char sql[] =
         "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at, next_run_at,"
         " in_decided, in_taken, output, error, updated_at, execution_id, vertex, workspace, kind,"
-        " execution_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?12, ?, ?, ?,"
-        " (SELECT seq FROM executions WHERE id = ?12))";
+        " execution_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1196,7 +1270,11 @@ static int tx_step_insert(struct store_tx *tx, const struct store_step *x, struc
     bind_text(st, 13, x->vertex);
     bind_text(st, 14, x->workspace);
     bind_text(st, 15, x->kind);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_insert");
+    if (seq) /* none: NULL, refused by the NOT NULL constraint */
+        sqlite3_bind_int64(st, 16, seq);
+    else
+        sqlite3_bind_null(st, 16);
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_insert");
     done_stmt(st);
     return rc;
 }
@@ -1206,23 +1284,26 @@ static int tx_step_update(struct store_tx *tx, const struct store_step *x,
                           struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    int64_t seq;
+    int rc = tx_seq(tx, x->execution_id, &seq, e);
+    *changed = 0;
+    if (rc || !seq)
+        return rc;
     static const char sql[] =
         "UPDATE steps SET state = ?, attempts = ?, epoch = ?, lease_owner = ?,"
         " lease_expires_at = ?, next_run_at = ?, in_decided = ?, in_taken = ?, output = ?,"
         " error = ?, updated_at = ?"
-        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) AND vertex = ? AND state "
-        "= ?"
-        " AND (? < 0 OR epoch = ?)";
+        " WHERE execution_seq = ? AND vertex = ? AND state = ? AND (? < 0 OR epoch = ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
     bind_step_mutables(st, x, clock_now_ms());
-    bind_text(st, 12, x->execution_id);
+    sqlite3_bind_int64(st, 12, seq);
     bind_text(st, 13, x->vertex);
     bind_text(st, 14, store_step_state_name(expect_state));
     sqlite3_bind_int64(st, 15, expect_epoch);
     sqlite3_bind_int64(st, 16, expect_epoch);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_update");
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_update");
     done_stmt(st);
     if (!rc)
         *changed = sqlite3_changes(c->db) == 1;
@@ -1234,9 +1315,12 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
                              struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    int64_t seq;
+    int rc = tx_seq(tx, execution_id, &seq, e);
+    if (rc || !seq)
+        return rc;
     static const char sql[] = "UPDATE step_attempts SET finished_at = ?, outcome = ?, error = ?"
-                              " WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?) "
-                              "AND vertex = ? AND epoch = ?"
+                              " WHERE execution_seq = ? AND vertex = ? AND epoch = ?"
                               " AND finished_at IS NULL";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
@@ -1244,10 +1328,10 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     sqlite3_bind_int64(st, 1, clock_now_ms());
     bind_text(st, 2, outcome);
     bind_text(st, 3, error);
-    bind_text(st, 4, execution_id);
+    sqlite3_bind_int64(st, 4, seq);
     bind_text(st, 5, vertex);
     sqlite3_bind_int64(st, 6, epoch);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_finish");
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_finish");
     done_stmt(st);
     return rc;
 }
@@ -1257,21 +1341,25 @@ static int tx_attempt_record(struct store_tx *tx, const char *execution_id, cons
                              struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    int64_t seq;
+    int rc = tx_seq(tx, execution_id, &seq, e);
+    if (rc || !seq) /* no such execution: nothing to record */
+        return rc;
     static const char sql[] =
         "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at,"
         " finished_at, outcome, execution_seq)"
-        " SELECT ?1, ?2, ?3, ?4, ?5, CASE WHEN ?6 IS NULL THEN NULL ELSE ?5 END, ?6, seq"
-        " FROM executions WHERE id = ?1";
+        " VALUES (?1, ?2, ?3, ?4, ?5, CASE WHEN ?6 IS NULL THEN NULL ELSE ?5 END, ?6, ?7)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
+    sqlite3_bind_int64(st, 7, seq);
     bind_text(st, 1, execution_id);
     bind_text(st, 2, vertex);
     sqlite3_bind_int64(st, 3, epoch);
     bind_text(st, 4, worker);
     sqlite3_bind_int64(st, 5, clock_now_ms());
     bind_text(st, 6, outcome);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_record");
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_record");
     done_stmt(st);
     return rc;
 }

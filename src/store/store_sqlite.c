@@ -901,12 +901,13 @@ static void read_execution(sqlite3_stmt *st, struct store_execution *x)
     x->started_over_from = col_str(st, 13);
 }
 
+/* Both also read seq (column 14): the transaction's one costs nothing more. */
 static const char sql_exec_get[] =
-    "SELECT " EXEC_COLS " FROM executions WHERE id = ? AND workspace = ?";
+    "SELECT " EXEC_COLS ", seq FROM executions WHERE id = ? AND workspace = ?";
 
-/* Reads one execution on connection c. */
+/* Reads one execution on connection c, and its seq when seq is not NULL. */
 static int exec_get(struct conn *c, const char *ws, const char *id, struct store_execution *out,
-                    struct ifl_err *e)
+                    int64_t *seq, struct ifl_err *e)
 {
     sqlite3_stmt *st = stmt(c, sql_exec_get, e);
     if (!st)
@@ -914,9 +915,11 @@ static int exec_get(struct conn *c, const char *ws, const char *id, struct store
     bind_text(st, 1, id);
     bind_text(st, 2, ws);
     int rc = 0, r = sqlite3_step(st);
-    if (r == SQLITE_ROW)
+    if (r == SQLITE_ROW) {
         read_execution(st, out);
-    else if (r == SQLITE_DONE)
+        if (seq)
+            *seq = sqlite3_column_int64(st, 14);
+    } else if (r == SQLITE_DONE)
         rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
     else
         rc = db_err(c, e, "execution_get");
@@ -933,7 +936,7 @@ static int op_execution_get(struct store *base, const char *ws, const char *id,
     struct conn *c = reader_get(s, e);
     if (!c)
         return IFL_ESTORE;
-    int rc = exec_get(c, ws, id, out, e);
+    int rc = exec_get(c, ws, id, out, NULL, e);
     reader_put(s, c);
     return rc;
 }
@@ -1087,24 +1090,10 @@ static void op_tx_run_many(struct store *base, store_tx_fn fn, void **args, size
 static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *out, struct ifl_err *e)
 {
-    struct conn *c = txc(tx);
-    static const char sql[] =
-        "SELECT " EXEC_COLS ", seq FROM executions WHERE id = ? AND workspace = ?";
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st)
-        return IFL_ESTORE;
-    bind_text(st, 1, id);
-    bind_text(st, 2, ws);
-    int rc = 0, r = sqlite3_step(st);
-    if (r == SQLITE_ROW) {
-        read_execution(st, out);
-        tx_seq_remember(tx, id, sqlite3_column_int64(st, 14));
-    } else if (r == SQLITE_DONE) {
-        rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
-    } else {
-        rc = db_err(c, e, "execution_get");
-    }
-    done_stmt(st);
+    int64_t seq = 0;
+    int rc = exec_get(txc(tx), ws, id, out, &seq, e);
+    if (!rc)
+        tx_seq_remember(tx, id, seq);
     return rc;
 }
 
@@ -1485,7 +1474,7 @@ static int op_execution_load(struct store *base, const char *ws, const char *id,
     if (!c)
         return IFL_ESTORE;
     int rc = ctl(c, sql_read_begin, e);
-    if (!rc && !(rc = exec_get(c, ws, id, x, e)) && (rc = steps_of(c, id, items, n, e)))
+    if (!rc && !(rc = exec_get(c, ws, id, x, NULL, e)) && (rc = steps_of(c, id, items, n, e)))
         store_execution_clear(x);
     if (ctl(c, sql_commit, NULL))
         exec(c, "ROLLBACK", NULL);

@@ -590,8 +590,8 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
         if (inlined_row(r)) {
             rc = store_tx_attempt_record(tx, x->id, r->vertex, r->epoch, a->worker, "completed", e);
             if (!rc)
-                rc = steps_event(tx, x->workspace, x->id, "step.completed", steps_event_data(r),
-                                 ++v, e);
+                rc = steps_event_text(tx, x->workspace, x->id, "step.completed",
+                                      steps_event_data_text(r), ++v, e);
         } else if (r->state == STEP_SKIPPED || r->state == STEP_FAILED) {
             json_t *sd = json_object();
             json_object_set_new(sd, "vertex", json_string(r->vertex));
@@ -603,9 +603,8 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     if (!rc && strcmp(a->status, "running") != 0) {
         char type[64];
         snprintf(type, sizeof type, "execution.%s", a->status);
-        json_t *sd = json_object();
-        json_object_set_new(sd, "status", json_string(a->status));
-        rc = steps_event(tx, x->workspace, x->id, type, sd, ++v, e);
+        rc = steps_event_text(tx, x->workspace, x->id, type, steps_status_data_text(a->status), ++v,
+                              e);
     }
     if (!rc && v != x->version)
         rc = err_set(e, IFL_EINTERNAL, "execution %s: %lld events for version %lld", x->id,

@@ -261,20 +261,54 @@ void steps_complete_initial(const struct wf *w, struct store_step *rows, size_t 
     view_free(&v);
 }
 
-int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
-                json_t *data, int64_t preset_version, struct ifl_err *e)
+int steps_event_text(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                     char *data, int64_t preset_version, struct ifl_err *e)
 {
     struct store_event ev = {0};
     ev.workspace = (char *)ws;
     snprintf(ev.execution_id, sizeof ev.execution_id, "%s", xid);
     ev.type = (char *)type;
-    ev.data = json_to_string(data);
-    json_decref(data);
+    ev.data = data;
     ev.aggregate_version = preset_version;
     ev.version_preset = preset_version > 0;
     int rc = store_tx_event_append(tx, &ev, e);
-    free(ev.data);
+    free(data);
     return rc;
+}
+
+int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                json_t *data, int64_t preset_version, struct ifl_err *e)
+{
+    char *text = json_to_string(data);
+    json_decref(data);
+    return steps_event_text(tx, ws, xid, type, text, preset_version, e);
+}
+
+char *steps_event_data_text(const struct store_step *st)
+{
+    if (st->error) { /* the error is embedded as JSON: the general path */
+        json_t *d = steps_event_data(st);
+        char *text = json_to_string(d);
+        json_decref(d);
+        return text;
+    }
+    struct buf b;
+    buf_init(&b, 0);
+    buf_puts(&b, "{\"vertex\":");
+    json_write_string(st->vertex, &b);
+    buf_printf(&b, ",\"state\":\"%s\",\"epoch\":%lld,\"attempts\":%d}",
+               store_step_state_name(st->state), (long long)st->epoch, st->attempts);
+    return buf_steal(&b);
+}
+
+char *steps_status_data_text(const char *status)
+{
+    struct buf b;
+    buf_init(&b, 0);
+    buf_puts(&b, "{\"status\":");
+    json_write_string(status, &b);
+    buf_putc(&b, '}');
+    return buf_steal(&b);
 }
 
 json_t *steps_event_data(const struct store_step *st)
@@ -328,8 +362,8 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
             return err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
         enum step_state now_state = v->rows[r].state;
         if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING) {
-            rc = steps_event(tx, ws, xid, step_event_type(v->rows[r].state),
-                             steps_event_data(&v->rows[r]), ++v->ver, e);
+            rc = steps_event_text(tx, ws, xid, step_event_type(v->rows[r].state),
+                                  steps_event_data_text(&v->rows[r]), ++v->ver, e);
             if (rc)
                 return rc;
         }
@@ -340,9 +374,7 @@ static int flush(struct store_tx *tx, struct view *v, const char *ws, const char
     if (moved) {
         char type[64];
         snprintf(type, sizeof type, "execution.%s", status);
-        json_t *d = json_object();
-        json_object_set_new(d, "status", json_string(status));
-        int rc = steps_event(tx, ws, xid, type, d, ++v->ver, e);
+        int rc = steps_event_text(tx, ws, xid, type, steps_status_data_text(status), ++v->ver, e);
         if (rc)
             return rc;
     }
@@ -450,8 +482,8 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
                                       o->attempt_outcome, o->error, e)))
         goto out;
     if (o->to != STEP_DISPATCHED &&
-        (rc = steps_event(tx, o->workspace, o->execution_id, step_event_type(o->to),
-                          steps_event_data(st), ++v.ver, e)))
+        (rc = steps_event_text(tx, o->workspace, o->execution_id, step_event_type(o->to),
+                               steps_event_data_text(st), ++v.ver, e)))
         goto out;
     if (o->to == STEP_COMPLETED && o->dec) {
         decide_out(&v, vi, o->dec);

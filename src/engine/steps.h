@@ -47,6 +47,9 @@ void steps_complete_initial(const struct wf *w, struct store_step *rows, size_t 
 
 /* The data of a step event ({vertex, state, epoch, attempts[, error]}). */
 json_t *steps_event_data(const struct store_step *st);
+/* The same as compact JSON text (caller frees), written directly: events
+ * are written on the store's writer thread, a few per execution. */
+char *steps_event_data_text(const struct store_step *st);
 
 /* Execution status of spec §5 for a set of rows (static string). */
 const char *steps_status(const struct store_step *rows, size_t n);
@@ -126,6 +129,11 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);
  * in this transaction (no bump). */
 int steps_event(struct store_tx *tx, const char *ws, const char *xid, const char *type,
                 json_t *data, int64_t preset_version, struct ifl_err *e);
+/* The same with data as JSON text (taken, freed). */
+int steps_event_text(struct store_tx *tx, const char *ws, const char *xid, const char *type,
+                     char *data, int64_t preset_version, struct ifl_err *e);
+/* {"status": status} as JSON text (caller frees). */
+char *steps_status_data_text(const char *status);
 
 /* JSON text {"code": code, "message": msg} (caller frees). */
 char *steps_error_json(const char *code, const char *msg);

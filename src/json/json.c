@@ -472,6 +472,11 @@ int json_write(const json_t *v, struct buf *out)
     return write_top(v, out, 0);
 }
 
+int json_write_string(const char *s, struct buf *out)
+{
+    return put_string(out, s, strlen(s));
+}
+
 char *json_to_string(const json_t *v)
 {
     struct buf b;

@@ -50,6 +50,10 @@ int json_jcs(const json_t *v, struct buf *out);
  * escaping as JCS) to out.  Same errors as json_jcs. */
 int json_write(const json_t *v, struct buf *out);
 
+/* Appends s (NUL-terminated) as a JSON string, escaped as json_write
+ * does.  Returns 0 or IFL_ETOOBIG. */
+int json_write_string(const char *s, struct buf *out);
+
 /* Convenience: compact JSON as a fresh heap string (caller frees), or NULL
  * when v holds a non-finite number. */
 char *json_to_string(const json_t *v);

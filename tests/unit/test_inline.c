@@ -346,6 +346,37 @@ static void test_execution_load(void **state)
     assert_int_equal(store_execution_load(f->s, "other", XID, &x, &rows, &n, NULL), IFL_ENOTFOUND);
 }
 
+/* The event data written directly is what the JSON form serializes to:
+ * escapes, large epochs, each state; with an error, the general path. */
+static void test_event_data_text_matches_the_json_form(void **state)
+{
+    (void)state;
+    const char *vertices[] = {"charge", "quote\"back\\slash", "tab\there", "ünï/\x01"};
+    enum step_state states[] = {STEP_COMPLETED, STEP_FAILED, STEP_SKIPPED,
+                                STEP_REQUIRES_RECONCILIATION};
+    for (size_t i = 0; i < 4; i++) {
+        struct store_step st = {0};
+        st.vertex = (char *)vertices[i];
+        st.state = states[i];
+        st.epoch =
+            i == 3 ? 9007199254740991LL : (int64_t)i; /* 2^53 - 1: beyond it JSON numbers round */
+        st.attempts = (int)i * 7;
+        st.error = i == 1 ? "{\"code\":\"x\",\"message\":\"m \\\"q\\\"\"}" : NULL;
+        json_t *d = steps_event_data(&st);
+        char *want = json_to_string(d), *got = steps_event_data_text(&st);
+        assert_string_equal(got, want);
+        free(want);
+        free(got);
+        json_decref(d);
+    }
+    json_t *sd = json_pack("{s:s}", "status", "completed");
+    char *want = json_to_string(sd), *got = steps_status_data_text("completed");
+    assert_string_equal(got, want);
+    free(want);
+    free(got);
+    json_decref(sd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +386,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sim_follows_the_join_rule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_execution_load, setup, teardown),
+        cmocka_unit_test(test_event_data_text_matches_the_json_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -310,9 +310,9 @@ static void run_batch(struct sq *s, struct job *batch)
  * whatever the WAL held when it started (PASSIVE: it never blocks the
  * writer), but under sustained load the writer commits again meanwhile, so
  * it never catches up: the WAL grew without bound (160 MB in 6 s of the
- * gateway bench), every commit extended the file (an ext4 journal commit in
- * each fdatasync), and each pass copied the last commit's pages again with
- * nothing to de-duplicate.  So the work is split: past CKPT_FRAMES frames
+ * gateway bench), every commit extended the file (so each fdatasync also
+ * wrote the file's metadata), and each pass copied the last commit's pages
+ * again with nothing to de-duplicate.  So the work is split: past CKPT_FRAMES frames
  * the checkpointer copies the bulk, then the writer, between two batches,
  * copies the few frames committed since (ckpt_catch_up), and its next
  * transaction rewinds the WAL.  A reader still using old frames only delays

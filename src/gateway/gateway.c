@@ -631,8 +631,12 @@ int gw_call(const struct gw_request *req, long timeout_ms, struct gw_response *o
 struct gw_client {
     CURLM *multi;
     pthread_t thread;
-    pthread_mutex_t mu;
-    struct xfer *queue;
+    pthread_mutex_t mu; /* guards queue, tail, woken, stopping */
+    struct xfer *queue, **tail;
+    /* A wakeup is on its way and the thread has not yet taken the queue:
+     * further submits need not wake it again (one wakeup, not one per call,
+     * when calls arrive faster than the thread turns around). */
+    int woken;
     int stopping;
     int max_inflight;
 };
@@ -645,12 +649,15 @@ static void *client_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int stop = c->stopping;
+        c->woken = 0; /* a submit from now on wakes the poll below */
         while (c->queue && inflight < c->max_inflight) {
             struct xfer *x = c->queue;
             c->queue = x->next;
             curl_multi_add_handle(c->multi, x->h);
             inflight++;
         }
+        if (!c->queue)
+            c->tail = &c->queue;
         pthread_mutex_unlock(&c->mu);
         if (stop && inflight == 0)
             break;
@@ -700,6 +707,7 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
      * the number of calls dips, closing connections that the next calls
      * then have to open again. */
     curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, (long)c->max_inflight);
+    c->tail = &c->queue;
     pthread_mutex_init(&c->mu, NULL);
     if (!c->multi || pthread_create(&c->thread, NULL, client_main, c) != 0) {
         if (c->multi)
@@ -719,12 +727,13 @@ void gw_client_submit(struct gw_client *c, const struct gw_request *req, long ti
     x->done = done;
     x->ctx = ctx;
     pthread_mutex_lock(&c->mu);
-    struct xfer **tail = &c->queue;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = x;
+    *c->tail = x;
+    c->tail = &x->next;
+    int wake = !c->woken;
+    c->woken = 1;
     pthread_mutex_unlock(&c->mu);
-    curl_multi_wakeup(c->multi);
+    if (wake)
+        curl_multi_wakeup(c->multi);
 }
 
 void gw_client_free(struct gw_client *c)

@@ -5,9 +5,10 @@
  * been fsynced.  To keep that affordable, every write goes through ONE writer
  * thread that owns the only write connection and commits whatever jobs have
  * queued up while the previous commit was syncing (group commit): a batch of
- * N jobs costs one fsync.  Each job runs inside its own SAVEPOINT, so a job
- * that fails rolls back alone and never poisons its batch.  A caller's call
- * returns only after the batch's COMMIT succeeded.
+ * N jobs costs one fsync.  A job that fails rolls back alone and never
+ * poisons its batch: the batch then runs again with each job in its own
+ * SAVEPOINT (run_batch).  A caller's call returns only after the batch's
+ * COMMIT succeeded.
  *
  * Reads use a small pool of read-only connections (WAL readers never block
  * the writer and see every committed batch).  A Bloom filter of the
@@ -267,10 +268,11 @@ static int ctl(struct conn *c, const char *sql, struct ifl_err *e)
     return rc;
 }
 
-static void run_batch(struct sq *s, struct job *batch)
+/* The careful form of a batch: each job in its own savepoint, so one that
+ * fails rolls back alone. */
+static void run_batch_guarded(struct conn *c, struct job *batch)
 {
     struct ifl_err e;
-    struct conn *c = &s->writer;
     int txrc = ctl(c, sql_begin, &e);
     for (struct job *j = batch; j; j = j->next) {
         if (txrc) {
@@ -298,6 +300,31 @@ static void run_batch(struct sq *s, struct job *batch)
                 j->err = e;
             }
     }
+}
+
+/* Runs a batch as one transaction.  Jobs almost never fail, so the batch is
+ * first run without savepoints (two statements per job, and the copies of
+ * every page a job touches again into the statement journal, saved); the
+ * first job that fails rolls the whole batch back, and it runs again in the
+ * careful form (a lone job's rollback is already its own).  Running a job
+ * twice is allowed: a job derives everything from what it reads and resets
+ * its outputs (store.h, "transactions"). */
+static void run_batch(struct sq *s, struct job *batch)
+{
+    struct ifl_err e;
+    struct conn *c = &s->writer;
+    int txrc = ctl(c, sql_begin, &e);
+    for (struct job *j = batch; !txrc && j; j = j->next) {
+        err_clear(&j->err);
+        if ((j->rc = j->fn(c, j->arg, &j->err)))
+            txrc = j->rc;
+    }
+    if (!txrc && !(txrc = ctl(c, sql_commit, &e)))
+        return;
+    exec(c, "ROLLBACK", NULL);
+    if (!batch->next && batch->rc)
+        return; /* a lone job that failed: rolled back, its error stands */
+    run_batch_guarded(c, batch);
 }
 
 /* ---- checkpoints ----------------------------------------------------------- */
@@ -976,7 +1003,29 @@ struct sq_tx {
      * index in every statement (about ten a GATEWAY execution). */
     char seq_id[65];
     int64_t seq;
+    /* Appended events not yet inserted: they go in by EV_ROWS in one
+     * statement (tx_events_flush), at the latest when the transaction's
+     * function returns. */
+    struct pending_ev {
+        char id[65], execution_id[65];
+        char *workspace, *type, *data; /* owned */
+        int64_t aggregate_version, created_at;
+    } ev[4];
+    int nev;
 };
+#define EV_ROWS 4
+
+static int tx_events_flush(struct sq_tx *t, struct ifl_err *e);
+
+static void tx_events_drop(struct sq_tx *t)
+{
+    for (int i = 0; i < t->nev; i++) {
+        free(t->ev[i].workspace);
+        free(t->ev[i].type);
+        free(t->ev[i].data);
+    }
+    t->nev = 0;
+}
 
 static struct conn *txc(struct store_tx *tx)
 {
@@ -1025,7 +1074,11 @@ static int job_tx(struct conn *c, void *arg, struct ifl_err *e)
 {
     struct tx_job *j = arg;
     struct sq_tx tx = {.base = {j->s}, .c = c};
-    return j->fn(&tx.base, j->arg, e);
+    int rc = j->fn(&tx.base, j->arg, e);
+    if (!rc)
+        rc = tx_events_flush(&tx, e);
+    tx_events_drop(&tx);
+    return rc;
 }
 
 static int op_tx_run(struct store *base, store_tx_fn fn, void *arg, struct ifl_err *e)
@@ -1353,6 +1406,43 @@ static int tx_attempt_record(struct store_tx *tx, const char *execution_id, cons
     return rc;
 }
 
+/* Inserts the pending events in one statement (seq is the rowid, assigned
+ * in append order: no RETURNING, which costs SQLite an ephemeral table per
+ * statement). */
+static int tx_events_flush(struct sq_tx *t, struct ifl_err *e)
+{
+#define EV_VALUES "(?, ?, ?, ?, ?, ?, ?)"
+#define EV_INSERT                                                                                  \
+    "INSERT INTO events (id, workspace, execution_id, aggregate_version, type, data, created_at)"  \
+    " VALUES " EV_VALUES
+    static const char *const sql[EV_ROWS] = {
+        EV_INSERT,
+        EV_INSERT ", " EV_VALUES,
+        EV_INSERT ", " EV_VALUES ", " EV_VALUES,
+        EV_INSERT ", " EV_VALUES ", " EV_VALUES ", " EV_VALUES,
+    };
+    if (!t->nev)
+        return 0;
+    sqlite3_stmt *st = stmt(t->c, sql[t->nev - 1], e);
+    if (!st)
+        return IFL_ESTORE;
+    for (int i = 0; i < t->nev; i++) {
+        const struct pending_ev *p = &t->ev[i];
+        int k = 7 * i;
+        bind_text(st, k + 1, p->id);
+        bind_text(st, k + 2, p->workspace);
+        bind_text(st, k + 3, p->execution_id[0] ? p->execution_id : NULL);
+        sqlite3_bind_int64(st, k + 4, p->aggregate_version);
+        bind_text(st, k + 5, p->type);
+        bind_text(st, k + 6, p->data);
+        sqlite3_bind_int64(st, k + 7, p->created_at);
+    }
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(t->c, e, "event_append");
+    done_stmt(st);
+    tx_events_drop(t);
+    return rc;
+}
+
 static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e)
 {
     struct conn *c = txc(tx);
@@ -1380,27 +1470,19 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         if (rc)
             return rc;
     }
-    /* seq is the rowid: no RETURNING, which costs SQLite an ephemeral table
-     * (a pager and its cache, made and torn down) per statement */
-    static const char sql[] =
-        "INSERT INTO events (id, workspace, execution_id, aggregate_version, type, data,"
-        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)";
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st)
-        return IFL_ESTORE;
-    bind_text(st, 1, ev->id);
-    bind_text(st, 2, ev->workspace);
-    bind_text(st, 3, ev->execution_id[0] ? ev->execution_id : NULL);
-    sqlite3_bind_int64(st, 4, ev->aggregate_version);
-    bind_text(st, 5, ev->type);
-    bind_text(st, 6, ev->data ? ev->data : "{}");
-    sqlite3_bind_int64(st, 7, ev->created_at);
-    if (sqlite3_step(st) == SQLITE_DONE)
-        ev->seq = sqlite3_last_insert_rowid(c->db);
-    else
-        rc = db_err(c, e, "event_append");
-    done_stmt(st);
-    return rc;
+    struct sq_tx *t = (struct sq_tx *)tx;
+    if (t->nev == EV_ROWS && (rc = tx_events_flush(t, e)))
+        return rc;
+    struct pending_ev *p = &t->ev[t->nev++];
+    memcpy(p->id, ev->id, sizeof p->id);
+    memcpy(p->execution_id, ev->execution_id, sizeof p->execution_id);
+    p->workspace = xstrdup(ev->workspace);
+    p->type = xstrdup(ev->type);
+    p->data = xstrdup(ev->data ? ev->data : "{}");
+    p->aggregate_version = ev->aggregate_version;
+    p->created_at = ev->created_at;
+    ev->seq = 0; /* deferred: the insert happens with the next ones */
+    return 0;
 }
 
 static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
@@ -1526,6 +1608,9 @@ struct claim_args {
 static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
 {
     struct claim_args *a = arg;
+    store_claims_free(a->items, a->n); /* a batch may run a job twice */
+    a->items = NULL;
+    a->n = 0;
     /* One statement picks and flips the rows: the single writer makes the
      * claim atomic; RETURNING hands back exactly the rows this call won. */
     static const char sql[] =

@@ -289,7 +289,10 @@ int store_tx_execution_set_status(struct store_tx *tx, const char *id, const cha
 int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
                        size_t *n, struct ifl_err *e);
 /* store_tx_execution_get (which locks the row), then store_tx_steps_get, in
- * one round trip where the backend can.  On failure nothing is left to free. */
+ * one round trip where the backend can.  Of the execution only id,
+ * workspace, status and version are certain to be filled (what moving its
+ * steps needs; SQLite reads no more, PostgreSQL reads the whole row).  On
+ * failure nothing is left to free. */
 int store_tx_execution_load(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *x, struct store_step **items, size_t *n,
                             struct ifl_err *e);

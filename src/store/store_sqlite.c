@@ -1278,6 +1278,39 @@ static int tx_steps_get(struct store_tx *tx, const char *execution_id, struct st
     return collect_steps(txc(tx), st, items, n, e);
 }
 
+/* The head of the execution (what moving its steps needs: not its payload
+ * or identity, which a completion would copy out for nothing), then its
+ * steps by the seq read with it. */
+static int tx_execution_load(struct store_tx *tx, const char *ws, const char *id,
+                             struct store_execution *x, struct store_step **items, size_t *n,
+                             struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sql[] =
+        "SELECT status, version, seq FROM executions WHERE id = ? AND workspace = ?";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, id);
+    bind_text(st, 2, ws);
+    int rc = 0, r = sqlite3_step(st);
+    if (r == SQLITE_ROW) {
+        snprintf(x->id, sizeof x->id, "%s", id);
+        x->workspace = xstrdup(ws);
+        x->status = col_str(st, 0);
+        x->version = sqlite3_column_int64(st, 1);
+        tx_seq_remember(tx, id, sqlite3_column_int64(st, 2));
+    } else if (r == SQLITE_DONE) {
+        rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
+    } else {
+        rc = db_err(c, e, "execution_load");
+    }
+    done_stmt(st);
+    if (!rc && (rc = tx_steps_get(tx, id, items, n, e)))
+        store_execution_clear(x);
+    return rc;
+}
+
 static void bind_step_mutables(sqlite3_stmt *st, const struct store_step *x, int64_t now)
 {
     bind_text(st, 1, store_step_state_name(x->state));
@@ -1876,6 +1909,7 @@ static const struct store_ops sqlite_ops = {
     .tx_execution_insert = tx_execution_insert,
     .tx_execution_set_status = tx_execution_set_status,
     .tx_steps_get = tx_steps_get,
+    .tx_execution_load = tx_execution_load,
     .tx_step_insert = tx_step_insert,
     .tx_step_update = tx_step_update,
     .tx_attempt_finish = tx_attempt_finish,

@@ -566,8 +566,7 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
         return rc;
     if (!a->created)
         return store_tx_execution_get(tx, x->workspace, x->id, a->existing, e);
-    for (size_t i = 0; !rc && i < a->nrows; i++)
-        rc = store_tx_step_insert(tx, &a->rows[i], e);
+    rc = store_tx_steps_insert(tx, a->rows, a->nrows, e);
     for (size_t k = 0; !rc && k < a->nearly; k++) {
         const struct store_step *r = &a->rows[a->early[k].row];
         rc = store_tx_attempt_record(tx, x->id, r->vertex, r->epoch, a->claimant, NULL, e);

@@ -672,6 +672,17 @@ int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struc
     return tx->s->ops->tx_step_insert(tx, st, e);
 }
 
+int store_tx_steps_insert(struct store_tx *tx, const struct store_step *rows, size_t n,
+                          struct ifl_err *e)
+{
+    if (tx->s->ops->tx_steps_insert)
+        return tx->s->ops->tx_steps_insert(tx, rows, n, e);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = tx->s->ops->tx_step_insert(tx, &rows[i], e);
+    return rc;
+}
+
 int store_tx_step_update(struct store_tx *tx, const struct store_step *st,
                          enum step_state expect_state, int64_t expect_epoch, int *changed,
                          struct ifl_err *e)

@@ -297,6 +297,10 @@ int store_tx_execution_load(struct store_tx *tx, const char *ws, const char *id,
                             struct store_execution *x, struct store_step **items, size_t *n,
                             struct ifl_err *e);
 int store_tx_step_insert(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);
+/* store_tx_step_insert for rows[0..n), in as few statements as the backend
+ * can (SQLite: four rows a statement). */
+int store_tx_steps_insert(struct store_tx *tx, const struct store_step *rows, size_t n,
+                          struct ifl_err *e);
 /* Writes every mutable column of *st for its (execution, vertex) only when
  * the row's state is `expect_state` and (expect_epoch < 0 or) its epoch is
  * `expect_epoch`.  *changed = 0 when the guard failed (nothing written). */

@@ -71,6 +71,9 @@ struct store_ops {
                              struct store_execution *x, struct store_step **items, size_t *n,
                              struct ifl_err *e);
     int (*tx_step_insert)(struct store_tx *tx, const struct store_step *st, struct ifl_err *e);
+    /* optional: n steps at once (else tx_step_insert for each) */
+    int (*tx_steps_insert)(struct store_tx *tx, const struct store_step *rows, size_t n,
+                           struct ifl_err *e);
     int (*tx_step_update)(struct store_tx *tx, const struct store_step *st,
                           enum step_state expect_state, int64_t expect_epoch, int *changed,
                           struct ifl_err *e);

@@ -1311,47 +1311,83 @@ static int tx_execution_load(struct store_tx *tx, const char *ws, const char *id
     return rc;
 }
 
+/* Binds the mutable columns of x as parameters k+1 .. k+11. */
+static void bind_step_mutables_at(sqlite3_stmt *st, int k, const struct store_step *x, int64_t now)
+{
+    bind_text(st, k + 1, store_step_state_name(x->state));
+    sqlite3_bind_int(st, k + 2, x->attempts);
+    sqlite3_bind_int64(st, k + 3, x->epoch);
+    bind_text(st, k + 4, x->lease_owner);
+    sqlite3_bind_int64(st, k + 5, x->lease_expires_at);
+    sqlite3_bind_int64(st, k + 6, x->next_run_at);
+    sqlite3_bind_int(st, k + 7, x->in_decided);
+    sqlite3_bind_int(st, k + 8, x->in_taken);
+    bind_text(st, k + 9, x->output);
+    bind_text(st, k + 10, x->error);
+    sqlite3_bind_int64(st, k + 11, now);
+}
+
 static void bind_step_mutables(sqlite3_stmt *st, const struct store_step *x, int64_t now)
 {
-    bind_text(st, 1, store_step_state_name(x->state));
-    sqlite3_bind_int(st, 2, x->attempts);
-    sqlite3_bind_int64(st, 3, x->epoch);
-    bind_text(st, 4, x->lease_owner);
-    sqlite3_bind_int64(st, 5, x->lease_expires_at);
-    sqlite3_bind_int64(st, 6, x->next_run_at);
-    sqlite3_bind_int(st, 7, x->in_decided);
-    sqlite3_bind_int(st, 8, x->in_taken);
-    bind_text(st, 9, x->output);
-    bind_text(st, 10, x->error);
-    sqlite3_bind_int64(st, 11, now);
+    bind_step_mutables_at(st, 0, x, now);
+}
+
+/* Up to STEP_ROWS steps per INSERT (an execution's steps are created
+ * together: one statement instead of one per step). */
+#define STEP_ROWS 4
+#define STEP_VALUES "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#define STEP_INSERT                                                                                \
+    "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at, next_run_at,"       \
+    " in_decided, in_taken, output, error, updated_at, execution_id, vertex, workspace, kind,"     \
+    " execution_seq) VALUES " STEP_VALUES
+
+static int tx_steps_insert(struct store_tx *tx, const struct store_step *rows, size_t n,
+                           struct ifl_err *e)
+{
+    static const char *const sql[STEP_ROWS] = {
+        STEP_INSERT,
+        STEP_INSERT ", " STEP_VALUES,
+        STEP_INSERT ", " STEP_VALUES ", " STEP_VALUES,
+        STEP_INSERT ", " STEP_VALUES ", " STEP_VALUES ", " STEP_VALUES,
+    };
+    struct conn *c = txc(tx);
+    int64_t now = clock_now_ms();
+    for (size_t at = 0; at < n;) {
+        size_t k = n - at < STEP_ROWS ? n - at : STEP_ROWS;
+        sqlite3_stmt *st = stmt(c, sql[k - 1], e);
+        if (!st)
+            return IFL_ESTORE;
+        for (size_t i = 0; i < k; i++) {
+            const struct store_step *x = &rows[at + i];
+            int64_t seq;
+            int rc = tx_seq(tx, x->execution_id, &seq, e);
+            if (rc) {
+                done_stmt(st);
+                return rc;
+            }
+            int b = 16 * (int)i;
+            bind_step_mutables_at(st, b, x, now);
+            bind_text(st, b + 12, x->execution_id);
+            bind_text(st, b + 13, x->vertex);
+            bind_text(st, b + 14, x->workspace);
+            bind_text(st, b + 15, x->kind);
+            if (seq) /* none: NULL, refused by the NOT NULL constraint */
+                sqlite3_bind_int64(st, b + 16, seq);
+            else
+                sqlite3_bind_null(st, b + 16);
+        }
+        int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_insert");
+        done_stmt(st);
+        if (rc)
+            return rc;
+        at += k;
+    }
+    return 0;
 }
 
 static int tx_step_insert(struct store_tx *tx, const struct store_step *x, struct ifl_err *e)
 {
-    struct conn *c = txc(tx);
-    int64_t seq;
-    int rc = tx_seq(tx, x->execution_id, &seq, e);
-    if (rc)
-        return rc;
-    static const char sql[] =
-        "INSERT INTO steps (state, attempts, epoch, lease_owner, lease_expires_at, next_run_at,"
-        " in_decided, in_taken, output, error, updated_at, execution_id, vertex, workspace, kind,"
-        " execution_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st)
-        return IFL_ESTORE;
-    bind_step_mutables(st, x, clock_now_ms());
-    bind_text(st, 12, x->execution_id);
-    bind_text(st, 13, x->vertex);
-    bind_text(st, 14, x->workspace);
-    bind_text(st, 15, x->kind);
-    if (seq) /* none: NULL, refused by the NOT NULL constraint */
-        sqlite3_bind_int64(st, 16, seq);
-    else
-        sqlite3_bind_null(st, 16);
-    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "step_insert");
-    done_stmt(st);
-    return rc;
+    return tx_steps_insert(tx, x, 1, e);
 }
 
 static int tx_step_update(struct store_tx *tx, const struct store_step *x,
@@ -1911,6 +1947,7 @@ static const struct store_ops sqlite_ops = {
     .tx_steps_get = tx_steps_get,
     .tx_execution_load = tx_execution_load,
     .tx_step_insert = tx_step_insert,
+    .tx_steps_insert = tx_steps_insert,
     .tx_step_update = tx_step_update,
     .tx_attempt_finish = tx_attempt_finish,
     .tx_attempt_record = tx_attempt_record,

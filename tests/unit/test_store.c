@@ -311,6 +311,83 @@ static void test_events_arrive_in_order_or_not_at_all(void **state)
     store_events_free(evs, n);
 }
 
+/* An execution's steps created in one call (four rows a statement): all six
+ * are there with every column as given, and steps of an execution that does
+ * not exist are refused. */
+struct steps_arg {
+    struct store_execution x;
+    struct store_step rows[6];
+};
+
+static int create_with_steps(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct steps_arg *a = arg;
+    int created = 0;
+    int rc = store_tx_execution_insert(tx, &a->x, &created, e);
+    return rc ? rc : store_tx_steps_insert(tx, a->rows, 6, e);
+}
+
+static int steps_only(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    return store_tx_steps_insert(tx, ((struct steps_arg *)arg)->rows, 6, e);
+}
+
+static void test_steps_inserted_together(void **state)
+{
+    struct store *s = *state;
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    struct steps_arg a;
+    char id[65];
+    memset(id, 'p', 64);
+    id[64] = '\0';
+    fill(&a.x, id, "{}");
+    char names[6][8], outs[6][16];
+    for (int i = 0; i < 6; i++) {
+        snprintf(names[i], sizeof names[i], "v%d", i);
+        snprintf(outs[i], sizeof outs[i], "{\"o\":%d}", i);
+        a.rows[i] = (struct store_step){.vertex = names[i],
+                                        .workspace = "ws",
+                                        .kind = "TRANSFORM",
+                                        .state = i % 2 ? STEP_PENDING : STEP_COMPLETED,
+                                        .attempts = i,
+                                        .epoch = 10 + i,
+                                        .next_run_at = 100 + i,
+                                        .in_decided = i,
+                                        .in_taken = i / 2,
+                                        .output = i % 2 ? NULL : outs[i]};
+        snprintf(a.rows[i].execution_id, sizeof a.rows[i].execution_id, "%s", id);
+    }
+    struct ifl_err e = {0};
+    assert_int_equal(store_tx_run(s, create_with_steps, &a, &e), 0);
+    struct store_execution got;
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    assert_int_equal(store_execution_load(s, "ws", id, &got, &rows, &n, &e), 0);
+    assert_int_equal(n, 6);
+    for (size_t i = 0; i < n; i++) { /* ordered by vertex: v0 .. v5 */
+        assert_string_equal(rows[i].vertex, names[i]);
+        assert_int_equal(rows[i].state, i % 2 ? STEP_PENDING : STEP_COMPLETED);
+        assert_int_equal(rows[i].attempts, (int)i);
+        assert_int_equal(rows[i].epoch, 10 + (int64_t)i);
+        assert_int_equal(rows[i].next_run_at, 100 + (int64_t)i);
+        assert_int_equal(rows[i].in_decided, (int)i);
+        assert_int_equal(rows[i].in_taken, (int)i / 2);
+        if (i % 2)
+            assert_null(rows[i].output);
+        else
+            assert_string_equal(rows[i].output, outs[i]);
+    }
+    store_steps_free(rows, n);
+    store_execution_clear(&got);
+    /* steps of an execution that does not exist: refused, nothing written */
+    memset(id, 'q', 64);
+    for (int i = 0; i < 6; i++)
+        snprintf(a.rows[i].execution_id, sizeof a.rows[i].execution_id, "%s", id);
+    struct steps_arg *b = &a;
+    assert_int_not_equal(store_tx_run(s, steps_only, b, &e), 0);
+}
+
 /* Submitted transactions: each caller's done runs once, after its
  * transaction committed (its row is there) or rolled back alone (not), on
  * another thread than the submitter's; the submitter never waits. */
@@ -553,6 +630,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_failing_job_does_not_poison_its_batch, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_events_arrive_in_order_or_not_at_all, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_steps_inserted_together, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submitted_transactions_call_back_after_commit, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_the_wal_stays_bounded_under_sustained_writes, setup,

@@ -163,9 +163,9 @@ static int conn_open(struct conn *c, const char *path, int readonly, struct ifl_
         return rc;
     }
     sqlite3_busy_timeout(c->db, 5000);
-    /* temp_store=MEMORY: each job's SAVEPOINT keeps its statement journal in
-     * memory instead of a temp file (thousands of pwrites per batch
-     * otherwise).  cache_size: the hot tails of the B-trees stay cached.
+    /* temp_store=MEMORY: statement journals (multi-row statements, and each
+     * job's SAVEPOINT when a batch runs in its careful form) stay in memory
+     * instead of a temp file (thousands of pwrites per batch otherwise).  cache_size: the hot tails of the B-trees stay cached.
      * The writer's is kept small (8 MiB) on purpose: every COMMIT ends with
      * SQLite scanning its whole page-cache hash table (pcache1 truncate), so
      * a 64 MiB cache spent 8-10 % of the writer's CPU there, 8 MiB about 2 %;

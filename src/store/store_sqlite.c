@@ -165,13 +165,15 @@ static int conn_open(struct conn *c, const char *path, int readonly, struct ifl_
     sqlite3_busy_timeout(c->db, 5000);
     /* temp_store=MEMORY: statement journals (multi-row statements, and each
      * job's SAVEPOINT when a batch runs in its careful form) stay in memory
-     * instead of a temp file (thousands of pwrites per batch otherwise).  cache_size: the hot tails
-     * of the B-trees stay cached. The writer's is kept small (8 MiB) on purpose: every COMMIT ends
-     * with SQLite scanning its whole page-cache hash table (pcache1 truncate), so a 64 MiB cache
-     * spent 8-10 % of the writer's CPU there, 8 MiB about 2 %; pages it drops are re-read from the
-     * OS page cache.  A reader's cache is emptied at the start of every read after another
-     * connection's commit (WAL), by the same whole-table scan, so it gains nothing from size: 2 MiB
-     * (a read after a write: 20-22 -> 16 us with a warm 16 MiB cache). */
+     * instead of a temp file (thousands of pwrites per batch otherwise).
+     * cache_size: the hot tails of the B-trees stay cached.  The writer's is
+     * kept small (8 MiB) on purpose: every COMMIT ends with SQLite scanning
+     * its whole page-cache hash table (pcache1 truncate), so a 64 MiB cache
+     * spent 8-10 % of the writer's CPU there, 8 MiB about 2 %; pages it
+     * drops are re-read from the OS page cache.  A reader's cache is emptied
+     * at the start of every read after another connection's commit (WAL),
+     * by the same whole-table scan, so it gains nothing from size: 2 MiB (a
+     * read after a write: 20-22 -> 16 us with a warm 16 MiB cache). */
     const char *pragmas = readonly ? "PRAGMA query_only=1; PRAGMA foreign_keys=ON;"
                                      " PRAGMA cache_size=-2048;"
                                    : "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"

@@ -995,6 +995,8 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
 
 /* ---- transactions ------------------------------------------------------------------ */
 
+#define EV_ROWS 4 /* events a statement inserts, at most */
+
 struct sq_tx {
     struct store_tx base;
     struct conn *c;
@@ -1010,10 +1012,9 @@ struct sq_tx {
         char id[65], execution_id[65];
         char *workspace, *type, *data; /* owned */
         int64_t aggregate_version, created_at;
-    } ev[4];
+    } ev[EV_ROWS];
     int nev;
 };
-#define EV_ROWS 4
 
 static int tx_events_flush(struct sq_tx *t, struct ifl_err *e);
 

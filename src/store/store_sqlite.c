@@ -1313,7 +1313,7 @@ static int tx_execution_load(struct store_tx *tx, const char *ws, const char *id
 }
 
 /* Binds the mutable columns of x as parameters k+1 .. k+11. */
-static void bind_step_mutables_at(sqlite3_stmt *st, int k, const struct store_step *x, int64_t now)
+static void bind_step_mutables(sqlite3_stmt *st, int k, const struct store_step *x, int64_t now)
 {
     bind_text(st, k + 1, store_step_state_name(x->state));
     sqlite3_bind_int(st, k + 2, x->attempts);
@@ -1326,11 +1326,6 @@ static void bind_step_mutables_at(sqlite3_stmt *st, int k, const struct store_st
     bind_text(st, k + 9, x->output);
     bind_text(st, k + 10, x->error);
     sqlite3_bind_int64(st, k + 11, now);
-}
-
-static void bind_step_mutables(sqlite3_stmt *st, const struct store_step *x, int64_t now)
-{
-    bind_step_mutables_at(st, 0, x, now);
 }
 
 /* Up to STEP_ROWS steps per INSERT (an execution's steps are created
@@ -1367,7 +1362,7 @@ static int tx_steps_insert(struct store_tx *tx, const struct store_step *rows, s
                 return rc;
             }
             int b = 16 * (int)i;
-            bind_step_mutables_at(st, b, x, now);
+            bind_step_mutables(st, b, x, now);
             bind_text(st, b + 12, x->execution_id);
             bind_text(st, b + 13, x->vertex);
             bind_text(st, b + 14, x->workspace);
@@ -1409,7 +1404,7 @@ static int tx_step_update(struct store_tx *tx, const struct store_step *x,
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
-    bind_step_mutables(st, x, clock_now_ms());
+    bind_step_mutables(st, 0, x, clock_now_ms());
     sqlite3_bind_int64(st, 12, seq);
     bind_text(st, 13, x->vertex);
     bind_text(st, 14, store_step_state_name(expect_state));

@@ -540,6 +540,10 @@ static json_t *to_json(struct ctx *c, val *v, int depth)
 
 static int truthy(struct ctx *c, val *v, int depth)
 {
+    /* An undefined item of an array (`$x[true][]` keeps its undefined
+     * input as one): JSONata's $boolean(undefined), false. */
+    if (!v)
+        return 0;
     if (depth > VAL_MAX_NEST)
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
     switch (v->t) {

@@ -70,6 +70,11 @@ static void t_basics(void **s)
     check("$toMillis('1970-01-01T00:00:01Z')", NULL, "1000");
     check("1 + 'a'", NULL, "ERR:T2002");
     check("$undefinedFunction()", NULL, "ERR:T1006");
+    /* a filtered undefined kept as an array holds one undefined item: it is
+     * false as a condition, as in JSONata (found by fuzz_expr: it crashed) */
+    check("foo[true][] ? 'x' : 'y'", "{}", "\"y\"");
+    check("$boolean(foo['a'][])", "{}", "false");
+    check("foo[true][] and true", "{}", "false");
 }
 
 static void t_compile_errors(void **s)

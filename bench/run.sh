@@ -1,5 +1,6 @@
 #!/bin/bash
-# bench/run.sh — runs every bench/*.sh but itself, in name order, and prints
+# bench/run.sh — runs every bench/*.sh but itself and the A/B tools
+# (*_ab.sh, which take binaries as arguments), in name order, and prints
 # one closing line naming the benchmarks that failed.  `make bench` calls it
 # with BUILD set; each benchmark reads BUILD (default: build) to find binaries.
 set -u
@@ -7,7 +8,7 @@ cd "$(dirname "$0")/.." || exit 1
 export BUILD=${BUILD:-build}
 failed=""
 for b in bench/*.sh; do
-  [ "$(basename "$b")" = run.sh ] && continue
+  case $(basename "$b") in run.sh | *_ab.sh) continue ;; esac
   echo "== $(basename "$b" .sh)"
   if ! bash "$b"; then
     failed="$failed $(basename "$b" .sh)"

@@ -35,20 +35,25 @@ for r in $(seq 1 "$ROUNDS"); do
       exit 1
     fi
     # "sqlite  EXEC/S  P50  P99  TRIG/S  INFLIGHT  RATIO%  FOREIGN%  ENG / MOCK / DRV …"
-    echo "$res" | awk -v b="$i" -v r="$r" '$1 == "sqlite" && $3 ~ /^[0-9]+$/ {
+    row=$(echo "$res" | awk -v b="$i" -v r="$r" '$1 == "sqlite" && $3 ~ /^[0-9]+$/ {
       ratio = $7; sub(/%/, "", ratio)
-      printf "%s %s %s %s %s %s\n", b, r, $2, ratio, $9, $11 }' >>"$OUT"
-    tail -1 "$OUT" | awk -v name="$b" '{ printf "round %s %-40s %6d exec/s %5.1f %% engine %3d us mock %3d us e/m %.2f\n", $2, name, $3, $4, $5, $6, $5 / $6 }'
+      printf "%s %s %s %s %s %s\n", b, r, $2, ratio, $9, $11 }')
+    [ -n "$row" ] || { echo "$res"; echo "gateway_ab: no sqlite result line in run $r of $b" >&2; exit 1; }
+    echo "$row" >>"$OUT"
+    echo "$row" | awk -v name="$b" '{ printf "round %s %-40s %6d exec/s %5.1f %% engine %3d us mock %3d us e/m %.2f\n", $2, name, $3, $4, $5, $6, $5 / $6 }'
   done
 done
 
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# median B EXPR: the median over binary B's runs of an awk expression of the row
+median() {
+  awk -v b="$1" '$1 == b { print '"$2"' }' "$OUT" | sort -g |
+    awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
 echo "medians over $ROUNDS rounds:"
 i=0
 for b in "$@"; do
   i=$((i + 1))
-  col() { awk -v b="$i" -v c="$1" '$1 == b { print $c }' "$OUT" | median; }
-  em=$(awk -v b="$i" '$1 == b { print $5 / $6 }' "$OUT" | median)
   printf '  %-40s %6.0f exec/s %5.1f %% engine %5.1f us mock %5.1f us e/m %.2f\n' \
-    "$b" "$(col 3)" "$(col 4)" "$(col 5)" "$(col 6)" "$em"
+    "$b" "$(median $i '$3')" "$(median $i '$4')" "$(median $i '$5')" "$(median $i '$6')" \
+    "$(median $i '$5 / $6')"
 done

@@ -103,6 +103,14 @@ foreign_pct() {
        { mine += $3 - (($1 " " $2) in a ? a[$1 " " $2] : 0) }
        END { f = tot > 0 ? 100 * (busy - mine) / tot : 0; printf "%d", (f < 0 ? 0 : f) }' "$1" "$2"
 }
+# utime + stime of each live thread of a process, summed by thread name with
+# its number dropped (worker-0..3 -> worker): "NAME TICKS" lines.
+thread_ticks() {
+  for t in /proc/"$1"/task/*/stat; do cat "$t" 2>/dev/null || true; done | awk '
+    { name = $0; sub(/^[0-9]+ \(/, "", name); sub(/\) .*$/, "", name); sub(/-[0-9]+$/, "", name)
+      line = $0; sub(/^.*\) /, "", line); split(line, f, " "); t[name] += f[12] + f[13] }
+    END { for (n in t) print n, t[n] }' | sort
+}
 # utime + stime of a process (all its threads, exited ones too), in clock ticks.
 cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 # The same for a process and its children (the PostgreSQL cluster: the
@@ -197,9 +205,11 @@ for store in $STORES; do
 
   foreign_snap "$TMP/cpu.0"
   e0=$(cpu_ticks "$ENGINE_PID") m0=$(cpu_ticks "$MOCK_PID") p0=$(tree_ticks "$PGROOT")
+  thread_ticks "$ENGINE_PID" >"$TMP/threads0.$store"
   timeout $((LIMIT + 30)) "$GWDRIVE_BIN" "$EP" "$TRIGGER" "$EXECS" "$INFLIGHT" "$DCONNS" "$store" "$LIMIT" "$POLL_MS" \
     >"$TMP/driver.$store" 2>"$TMP/driver.$store.err" || die "driver failed on $store: $(tail -5 "$TMP/driver.$store.err")"
   e1=$(cpu_ticks "$ENGINE_PID") m1=$(cpu_ticks "$MOCK_PID") p1=$(tree_ticks "$PGROOT")
+  thread_ticks "$ENGINE_PID" >"$TMP/threads1.$store"
   foreign_snap "$TMP/cpu.1"
   foreign=$(foreign_pct "$TMP/cpu.0" "$TMP/cpu.1")
   sed -i 's/^RESULT //' "$TMP/driver.$store"
@@ -250,6 +260,11 @@ EOF
     "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99"
   printf ' mock: %d charges, %d orders, %d charged once, %d replays, %d connections; foreign %d%%\n' \
     "$charges" "$orders" "$once" "$replays" "$conns" "$foreign"
+  # Where the engine's CPU went, per thread kind (threads that exited during
+  # the run, e.g. PostgreSQL's per-connection ones, are missing here).
+  printf '  %s: engine CPU us per execution by thread:%s\n' "$store" "$(join -a 2 -e 0 -o 0,1.2,2.2 \
+    "$TMP/threads0.$store" "$TMP/threads1.$store" | awk -v t="$TCK" -v n="$EXECS" '
+      { us = 1e6 * ($3 - $2) / t / n; if (us >= 0.5) printf " %s %.0f", $1, us }')"
   ok=$(field "$TMP/driver.$store" ok)
   if [ "$ok" -ne "$EXECS" ]; then echo "FAIL: $store: $ok of $EXECS triggers answered 201" >&2; FAIL=1; fi
   if [ "$rows" -ne "$EXECS" ] || [ "$completed" -ne "$EXECS" ] || [ "$steps" -ne $((3 * EXECS)) ]; then

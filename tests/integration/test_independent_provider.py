@@ -9,6 +9,7 @@ middle of the run and restarted.  Every order must be charged exactly once
 and every execution must complete."""
 import hashlib
 import json
+import os
 import signal
 import threading
 import time
@@ -17,7 +18,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from test_engine import WS, put_workflow, wait_for
 
-ORDERS = 60
+# A soak runs the same check longer: IDEMFLOW_INDEP_ORDERS, _SEED and _KILL_AT
+# (the response count at which the engine is killed) override the defaults.
+ORDERS = int(os.environ.get("IDEMFLOW_INDEP_ORDERS", "60"))
+SEED = int(os.environ.get("IDEMFLOW_INDEP_SEED", "11"))
+KILL_AT = int(os.environ.get("IDEMFLOW_INDEP_KILL_AT", "25"))
 
 
 class Provider:
@@ -114,8 +119,8 @@ class Provider:
 
 
 def test_independent_provider_with_faults_and_a_kill(make_server):
-    prov = Provider(seed=11)
-    s = make_server(env={"IDEMFLOW_FAULT": "gateway.after_response@25"},
+    prov = Provider(seed=SEED)
+    s = make_server(env={"IDEMFLOW_FAULT": f"gateway.after_response@{KILL_AT}"},
                     extra=["--lease-ms", "2000"])
     try:
         s.start()

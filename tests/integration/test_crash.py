@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from test_engine import BRANCHY, WS, wait_for
+from test_engine import BRANCHY, WS, events_of, wait_for
 
 N = 24
 
@@ -148,8 +148,8 @@ def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
     assert all(o == "lease_expired" for _, o in outcomes[:-1]), outcomes
     assert x["status"] == "completed"
     # exactly one completion event for the step, though two workers ran it
-    evs = [e for e in s.get(f"{WS}/events?limit=1000").json["items"]
-           if e["executionId"] == xid and e["type"] == "step.completed" and e["data"]["vertex"] == "price"]
+    evs = [e for e in events_of(s, xid)
+           if e["type"] == "step.completed" and e["data"]["vertex"] == "price"]
     assert len(evs) == 1
 
 

@@ -551,14 +551,11 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* reuse: a handle from the client's pool (reset here), or NULL for a new one. */
-static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, CURL *reuse)
+static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
 {
     pthread_once(&curl_once, curl_init_once);
     struct xfer *x = xcalloc(1, sizeof *x);
-    if (reuse)
-        curl_easy_reset(reuse);
-    x->h = reuse ? reuse : curl_easy_init();
+    x->h = curl_easy_init();
     x->req = req;
     x->resp_headers = json_object();
     buf_init(&x->body, MAX_RESPONSE_BODY);
@@ -594,9 +591,8 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, CURL
     return x;
 }
 
-/* Turns a finished transfer into a response; frees the transfer, and returns
- * its handle when keep (for the pool), else cleans it up and returns NULL. */
-static CURL *xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r, int keep)
+/* Turns a finished transfer into a response; frees the transfer. */
+static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
 {
     memset(r, 0, sizeof *r);
     r->elapsed_ms = clock_mono_ms() - x->started;
@@ -619,21 +615,16 @@ static CURL *xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r, int
         buf_free(&x->body);
     }
     curl_slist_free_all(x->hdrs);
-    CURL *h = x->h;
-    if (!keep) {
-        curl_easy_cleanup(h);
-        h = NULL;
-    }
+    curl_easy_cleanup(x->h);
     json_decref(x->resp_headers);
     free(x);
-    return h;
 }
 
 int gw_call(const struct gw_request *req, long timeout_ms, struct gw_response *out)
 {
-    struct xfer *x = xfer_new(req, timeout_ms, NULL);
+    struct xfer *x = xfer_new(req, timeout_ms);
     CURLcode cc = curl_easy_perform(x->h);
-    xfer_finish(x, cc, out, 0);
+    xfer_finish(x, cc, out);
     return 0;
 }
 
@@ -648,11 +639,6 @@ struct gw_client {
     int woken;
     int stopping;
     int max_inflight;
-    /* Finished transfers' easy handles, for the next submits: a handle keeps
-     * its buffers (curl_easy_reset clears only the options), so a call does
-     * not allocate and free them again.  Guarded by mu; at most max_inflight. */
-    CURL **pool;
-    int npool;
 };
 
 static void *client_main(void *arg)
@@ -690,13 +676,7 @@ static void *client_main(void *arg)
             gw_done_fn done = x->done;
             void *ctx = x->ctx;
             struct gw_response *r = xmalloc(sizeof *r);
-            CURL *h = xfer_finish(x, cc, r, 1);
-            pthread_mutex_lock(&c->mu);
-            if (c->npool < c->max_inflight)
-                c->pool[c->npool++] = h, h = NULL;
-            pthread_mutex_unlock(&c->mu);
-            if (h)
-                curl_easy_cleanup(h);
+            xfer_finish(x, cc, r);
             done(ctx, r);
         }
         /* Calls that just finished may have made room for queued ones: take
@@ -721,7 +701,6 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
     struct gw_client *c = xcalloc(1, sizeof *c);
     c->multi = curl_multi_init();
     c->max_inflight = max_inflight > 0 ? max_inflight : 256;
-    c->pool = xcalloc((size_t)c->max_inflight, sizeof *c->pool);
     curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->max_inflight);
     /* Keep an idle connection for every call that may be in flight: the
      * default cache (4 x the handles added at the moment) shrinks whenever
@@ -734,7 +713,6 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
         if (c->multi)
             curl_multi_cleanup(c->multi);
         pthread_mutex_destroy(&c->mu);
-        free(c->pool);
         free(c);
         return err_set(e, IFL_EIO, "cannot start the gateway client");
     }
@@ -745,10 +723,7 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
 void gw_client_submit(struct gw_client *c, const struct gw_request *req, long timeout_ms,
                       gw_done_fn done, void *ctx)
 {
-    pthread_mutex_lock(&c->mu);
-    CURL *reuse = c->npool ? c->pool[--c->npool] : NULL;
-    pthread_mutex_unlock(&c->mu);
-    struct xfer *x = xfer_new(req, timeout_ms, reuse);
+    struct xfer *x = xfer_new(req, timeout_ms);
     x->done = done;
     x->ctx = ctx;
     pthread_mutex_lock(&c->mu);
@@ -770,9 +745,6 @@ void gw_client_free(struct gw_client *c)
     pthread_mutex_unlock(&c->mu);
     curl_multi_wakeup(c->multi);
     pthread_join(c->thread, NULL);
-    for (int i = 0; i < c->npool; i++)
-        curl_easy_cleanup(c->pool[i]);
-    free(c->pool);
     curl_multi_cleanup(c->multi);
     pthread_mutex_destroy(&c->mu);
     free(c);

@@ -1276,7 +1276,10 @@ static val *ev_inner(struct ctx *c, struct node *e, val *input, struct env *env)
         return env_lookup(c, env, e->slot->label, (uint32_t)strlen(e->slot->label));
     case N_CONDITION: {
         val *cond = ev(c, e->lhs, input, env);
-        if (val_truthy(c, cond, NULL))
+        if (e->cond_self) { /* ?: and ??: the condition's value is the result */
+            if (e->cond_self == COND_COALESCE ? cond != NULL : val_truthy(c, cond, NULL))
+                return cond;
+        } else if (val_truthy(c, cond, NULL))
             return ev(c, e->rhs, input, env);
         if (e->third)
             return ev(c, e->third, input, env);

@@ -135,10 +135,17 @@ struct stage {
     uint32_t nlen;
 };
 
+/* `a ?: b` and `a ?? b` are conditions whose "then" value is the condition's
+ * own value: a is evaluated once, never copied (a copy per operator made
+ * nested ones exponential in size). */
+#define COND_ELVIS 1    /* a if a is truthy, else b */
+#define COND_COALESCE 2 /* a if a is defined ($exists(a)), else b */
+
 struct node {
     uint8_t type;
     uint8_t op;
     uint8_t keep_array, consarray, keep_singleton, thunk, tuple, descending;
+    uint8_t cond_self; /* N_CONDITION without rhs: COND_ELVIS (?:) or COND_COALESCE (??) */
     int pos;
     const char *name; /* name, variable, string value, operator text */
     uint32_t nlen;

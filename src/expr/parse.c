@@ -665,29 +665,6 @@ static struct node *nud(struct parser *P, struct tok *t)
     perr(P, "S0211", t->pos, o);
 }
 
-static struct node *clone_node(struct parser *P, struct node *n)
-{
-    if (!n)
-        return NULL;
-    struct node *c = palloc(P, sizeof *c);
-    *c = *n;
-    c->lhs = clone_node(P, n->lhs);
-    c->rhs = clone_node(P, n->rhs);
-    c->third = clone_node(P, n->third);
-    c->group = clone_node(P, n->group);
-    if (n->nkids) {
-        c->kids = palloc(P, sizeof *c->kids * n->nkids);
-        for (uint32_t i = 0; i < n->nkids; i++)
-            c->kids[i] = clone_node(P, n->kids[i]);
-    }
-    if (n->npairs) {
-        c->pairs = palloc(P, sizeof *c->pairs * n->npairs * 2);
-        for (uint32_t i = 0; i < n->npairs * 2; i++)
-            c->pairs[i] = clone_node(P, n->pairs[i]);
-    }
-    return c;
-}
-
 static struct node *led(struct parser *P, struct tok *t, struct node *left)
 {
     const char *o = t->s;
@@ -723,25 +700,10 @@ static struct node *led(struct parser *P, struct tok *t, struct node *left)
         n->rhs = expression(P, bp);
         return n;
     }
-    if (!strcmp(o, "??")) {
+    if (!strcmp(o, "??") || !strcmp(o, "?:")) {
         n = newnode(P, N_CONDITION, t->pos);
-        struct node *f = newnode(P, N_FUNCTION, t->pos);
-        struct node *pv = newnode(P, N_VARIABLE, t->pos);
-        pv->name = "exists";
-        pv->nlen = 6;
-        f->lhs = pv;
-        f->kids = palloc(P, sizeof(struct node *));
-        f->kids[0] = clone_node(P, left);
-        f->nkids = 1;
-        n->lhs = f;
-        n->rhs = left;
-        n->third = expression(P, 0);
-        return n;
-    }
-    if (!strcmp(o, "?:")) {
-        n = newnode(P, N_CONDITION, t->pos);
-        n->lhs = clone_node(P, left);
-        n->rhs = left;
+        n->cond_self = o[1] == '?' ? COND_COALESCE : COND_ELVIS;
+        n->lhs = left;
         n->third = expression(P, 0);
         return n;
     }
@@ -1036,7 +998,8 @@ static struct node *tail_call_optimize(struct parser *P, struct node *e)
         return th;
     }
     if (e->type == N_CONDITION) {
-        e->rhs = tail_call_optimize(P, e->rhs);
+        if (e->rhs)
+            e->rhs = tail_call_optimize(P, e->rhs);
         if (e->third)
             e->third = tail_call_optimize(P, e->third);
         return e;
@@ -1268,10 +1231,13 @@ static struct node *post_inner(struct parser *P, struct node *e)
         break;
     case N_CONDITION:
         result = newnode(P, N_CONDITION, e->pos);
+        result->cond_self = e->cond_self;
         result->lhs = post(P, e->lhs);
         push_ancestry(P, result, result->lhs);
-        result->rhs = post(P, e->rhs);
-        push_ancestry(P, result, result->rhs);
+        if (e->rhs) {
+            result->rhs = post(P, e->rhs);
+            push_ancestry(P, result, result->rhs);
+        }
         if (e->third) {
             result->third = post(P, e->third);
             push_ancestry(P, result, result->third);

@@ -133,6 +133,31 @@ static void t_limits(void **s)
     free(r);
 }
 
+/* `a ?? b` and `a ?: b` use a's value twice (test and result).  Each once
+ * copied its left operand, so 64 nested ones needed 2^64 nodes (a fuzzer's
+ * out-of-memory); now a is evaluated once and the tree stays linear. */
+static void t_default_operators(void **s)
+{
+    (void)s;
+    check("0 ?? 5", NULL, "0");
+    check("nope ?? 5", "{}", "5");
+    check("0 ?: 5", NULL, "5");
+    check("'x' ?: 5", NULL, "\"x\"");
+    check("a.b ?? a.c ?: 'none'", "{\"a\":{\"c\":\"\"}}", "\"none\"");
+    for (int op = 0; op < 2; op++) {
+        char src[2048];
+        size_t n = 0;
+        for (int i = 0; i < 64; i++)
+            src[n++] = '(';
+        n += (size_t)snprintf(src + n, sizeof src - n, "nope");
+        for (int i = 0; i < 64; i++)
+            n += (size_t)snprintf(src + n, sizeof src - n, " %s %s)", op ? "?:" : "??",
+                                  i < 63 ? "nope" : "'found'");
+        assert_true(n < sizeof src);
+        check(src, "{}", "\"found\"");
+    }
+}
+
 static int secrets(void *ctx, const char *name, char **out)
 {
     (void)ctx;
@@ -239,9 +264,13 @@ static void t_concurrent(void **s)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_basics),    cmocka_unit_test(t_compile_errors),
-        cmocka_unit_test(t_bindings),  cmocka_unit_test(t_limits),
-        cmocka_unit_test(t_templates), cmocka_unit_test(t_concurrent),
+        cmocka_unit_test(t_basics),
+        cmocka_unit_test(t_compile_errors),
+        cmocka_unit_test(t_bindings),
+        cmocka_unit_test(t_limits),
+        cmocka_unit_test(t_templates),
+        cmocka_unit_test(t_concurrent),
+        cmocka_unit_test(t_default_operators),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

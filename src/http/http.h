@@ -91,8 +91,9 @@ void http_server_quiesce(struct http_server *s);
  * finish(arg, req, res), which fills res as a handler would (req is the same
  * request).  finish runs exactly once, even when the client is gone by then
  * (res is then discarded).  http_defer succeeds whenever http_can_defer(r)
- * is 1; otherwise (the thread-per-connection model, or a request already
- * deferred) it returns NULL and suspends nothing: answer now. */
+ * is 1; otherwise (the thread-per-connection model, a request already
+ * deferred, or one that did not come from a server: impl NULL, as a test or
+ * fuzz target builds them) it returns NULL and suspends nothing: answer now. */
 typedef void (*http_finish_fn)(void *arg, const struct http_req *req, struct http_res *res);
 struct http_later;
 struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, void *arg);

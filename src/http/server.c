@@ -68,7 +68,7 @@ static void run_finish(struct reqctx *c, const struct http_req *req, struct http
 struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, void *arg)
 {
     struct reqctx *c = r->impl;
-    if (!c->s->o.threads || c->deferred)
+    if (!c || !c->s->o.threads || c->deferred)
         return NULL;
     c->deferred = 1;
     c->finish = finish;
@@ -81,7 +81,7 @@ struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, v
 int http_can_defer(const struct http_req *r)
 {
     struct reqctx *c = r->impl;
-    return c->s->o.threads && !c->deferred;
+    return c && c->s->o.threads && !c->deferred;
 }
 
 void http_resume(struct http_later *l)

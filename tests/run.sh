@@ -103,9 +103,10 @@ case "${SANITIZER:-}" in
       echo "== short fuzz runs"
       if make --no-print-directory fuzz >"$log/fuzz-build.out" 2>&1; then
         for f in build-fuzz/fuzz/fuzz_*; do
-          n=$(basename "$f"); corpus="fuzz/corpus/${n#fuzz_}"
+          n=$(basename "$f"); corpus="fuzz/corpus/${n#fuzz_}"; dict="fuzz/${n#fuzz_}.dict"
           mkdir -p "$log/corpus-$n"
-          if "$f" -max_total_time="${FUZZ_SECONDS:-20}" -timeout=10 -rss_limit_mb=2048 \
+          dictarg=(); [ -f "$dict" ] && dictarg=(-dict="$dict")
+          if "$f" "${dictarg[@]}" -max_total_time="${FUZZ_SECONDS:-20}" -timeout=10 -rss_limit_mb=2048 \
                "$log/corpus-$n" "$corpus" >"$log/$n.out" 2>&1; then
             pass=$((pass + 1)); echo "ok   $n"
           else

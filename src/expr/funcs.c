@@ -924,8 +924,11 @@ static double shift10(double d, int k)
 double expr_round(double arg, int prec);
 double expr_round(double arg, int prec)
 {
+    double orig = arg;
     if (prec)
         arg = shift10(arg, prec);
+    if (!isfinite(arg))
+        return orig; /* a precision past the double's digits changes nothing */
     double r = floor(arg);
     if (arg - r >= 0.5)
         r += 1;
@@ -943,9 +946,12 @@ static val *f_round(struct ctx *c, val **a, int n, val *in, struct env *e)
 {
     if (!ARG(0))
         return NULL;
-    double p = ARG(1) ? num(a[1]) : 0;
+    double p = ARG(1) ? trunc(num(a[1])) : 0;
     if (!isfinite(num(a[0])))
         return a[0];
+    /* No double has digits 400 places either side of the point, so a
+     * precision past that (or an infinite one) rounds as ±400 does. */
+    p = isnan(p) ? 0 : fmax(-400, fmin(400, p));
     return mknum(c, expr_round(num(a[0]), (int)p));
 }
 
@@ -992,8 +998,10 @@ static val *f_formatBase(struct ctx *c, val **a, int n, val *in, struct env *e)
         return NULL;
     double v = expr_round(num(a[0]), 0);
     double radix = ARG(1) ? expr_round(num(a[1]), 0) : 10;
-    if (radix < 2 || radix > 36)
+    if (!(radix >= 2 && radix <= 36))
         ethrow(c, "D3100", -1, NULL, NULL);
+    if (!isfinite(v)) /* an infinite intermediate, e.g. $n/0 passed in */
+        ethrow(c, "D1001", -1, NULL, NULL);
     char buf[80];
     int neg = v < 0;
     double x = fabs(v);
@@ -1043,6 +1051,8 @@ static val *f_exists(struct ctx *c, val **a, int n, val *in, struct env *e)
 
 static val *hof_call(struct ctx *c, val *f, val *a1, val *a2, val *a3, struct env *e)
 {
+    if (!is_fn(f)) /* $sift's function is optional in its signature, as in the reference */
+        ethrow(c, "T1006", -1, NULL, NULL);
     int ar = fn_arity(f);
     val *args[3] = {a1, a2, a3};
     int n = 1;

@@ -244,6 +244,8 @@ static void words(struct cps *o, double num, int prev, int ord, int depth)
 
 static void format_int(struct ctx *c, double value, struct ifmt *f, struct cps *o)
 {
+    if (!isfinite(value)) /* NaN or an infinite intermediate, e.g. $n/0 passed in */
+        ethrow(c, "D1001", -1, NULL, NULL);
     o->n = 0;
     int neg = value < 0;
     value = fabs(value);

@@ -158,6 +158,30 @@ static void t_default_operators(void **s)
     }
 }
 
+/* Found by fuzz_expr with the dictionary: an infinite or NaN intermediate
+ * ($n/0 inside a lambda, which only the final result is checked for) reached
+ * integer conversions, and $sift without its optional function called
+ * nothing (a crash). */
+static void t_non_finite_arguments(void **s)
+{
+    (void)s;
+    static const char *const errs[][2] = {
+        {"($f := function($n) { $formatBase($n/0) }; $f(10))", "ERR:D1001"},
+        {"($f := function($n) { $formatBase(-$n/0, 16) }; $f(10))", "ERR:D1001"},
+        {"($f := function($n) { $formatBase(10, 0*$n/0) }; $f(10))", "ERR:D3100"},
+        {"($f := function($n) { $formatInteger(0*$n/0, 'w') }; $f(10))", "ERR:D1001"},
+        {"($f := function($n) { $formatInteger($n/0, 'I') }; $f(10))", "ERR:D1001"},
+        {"$sift({'a': 1})", "ERR:T1006"},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++)
+        check(errs[i][0], NULL, errs[i][1]);
+    check("$round(1.5, 1e300)", NULL, "1.5");
+    check("($f := function($n) { $round(2.5, $n/0) }; $f(10))", NULL, "2.5");
+    check("$round(1234.5, -1e300)", NULL, "0");
+    check("$round(1234.5, -2)", NULL, "1200");
+    check("$formatBase(255, 16)", NULL, "\"ff\"");
+}
+
 static int secrets(void *ctx, const char *name, char **out)
 {
     (void)ctx;
@@ -271,6 +295,7 @@ int main(void)
         cmocka_unit_test(t_templates),
         cmocka_unit_test(t_concurrent),
         cmocka_unit_test(t_default_operators),
+        cmocka_unit_test(t_non_finite_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

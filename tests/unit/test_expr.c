@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "expr/expr.h"
+#include "expr/expr_int.h" /* expr_builtins: the sweep below calls every one */
 #include "expr/template.h"
 #include "json/json.h"
 
@@ -182,6 +183,65 @@ static void t_non_finite_arguments(void **s)
     check("$formatBase(255, 16)", NULL, "\"ff\"");
 }
 
+/* Every builtin called with 0-2 arguments drawn from awkward values and with
+ * 3 from a smaller set, inside a lambda so that $n/0 arrives unchecked (the
+ * sweep that found the cases above): none may crash (or, under the
+ * sanitizers, touch memory or convert wrongly), and each call ends in a
+ * value, undefined or an error code. */
+static void t_builtins_awkward_arguments(void **s)
+{
+    (void)s;
+    static const char *const vals[] = {"null",
+                                       "0",
+                                       "-1",
+                                       "2.5",
+                                       "1e300",
+                                       "($n/0)",
+                                       "(0*$n/0)",
+                                       "'abc'",
+                                       "''",
+                                       "[1,'a']",
+                                       "[]",
+                                       "{'a':1}",
+                                       "true",
+                                       "function($x){$x}",
+                                       "function($a,$b,$c){$a}",
+                                       "$string",
+                                       "'[Y0001]'"};
+    static const char *const few[] = {"null",  "-1",      "($n/0)",  "(0*$n/0)",
+                                      "'abc'", "[1,'a']", "{'a':1}", "function($x){$x}"};
+    const int nv = (int)(sizeof vals / sizeof vals[0]), nf = (int)(sizeof few / sizeof few[0]);
+    size_t calls = 0, errors = 0;
+    for (int b = 0; b < expr_nbuiltins; b++) {
+        for (int arity = 0; arity <= 3; arity++) {
+            const char *const *set = arity == 3 ? few : vals;
+            int n = arity == 3 ? nf : nv, idx[3] = {0, 0, 0};
+            for (;;) {
+                char src[512];
+                int o =
+                    snprintf(src, sizeof src, "($f := function($n) { $%s(", expr_builtins[b].name);
+                for (int i = 0; i < arity; i++)
+                    o += snprintf(src + o, sizeof src - (size_t)o, "%s%s", i ? ", " : "",
+                                  set[idx[i]]);
+                snprintf(src + o, sizeof src - (size_t)o, ") }; $f(10))");
+                char *got = run(src, NULL, NULL, NULL);
+                assert_non_null(got);
+                errors += strncmp(got, "ERR:", 4) == 0;
+                free(got);
+                calls++;
+                int i = arity - 1;
+                while (i >= 0 && ++idx[i] == n)
+                    idx[i--] = 0;
+                if (i < 0)
+                    break;
+            }
+        }
+    }
+    print_message("%zu calls of %d builtins, %zu of them errors\n", calls, expr_nbuiltins, errors);
+    assert_true(calls > 50000);
+    assert_true(errors > 0 && errors < calls);
+}
+
 static int secrets(void *ctx, const char *name, char **out)
 {
     (void)ctx;
@@ -296,6 +356,7 @@ int main(void)
         cmocka_unit_test(t_concurrent),
         cmocka_unit_test(t_default_operators),
         cmocka_unit_test(t_non_finite_arguments),
+        cmocka_unit_test(t_builtins_awkward_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

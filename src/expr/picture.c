@@ -343,7 +343,7 @@ static int to_cps(val *s, uint32_t *out, int max)
 {
     int n = 0;
     size_t i = 0;
-    while (i < s->n && n < max)
+    while (s && i < s->n && n < max)
         out[n++] = utf8_next(s->u.s, s->n, &i);
     return n;
 }
@@ -353,6 +353,8 @@ val *fn_formatInteger(struct ctx *c, val **a, int n, val *in, struct env *e)
     val *v = ARG(0), *p = ARG(1);
     if (!v)
         return NULL;
+    if (!p) /* an undefined picture (the reference fails with a TypeError) */
+        ethrow(c, "T0410", -1, "formatInteger", "argument 2");
     uint32_t pic[CP_MAX];
     int pn = to_cps(p, pic, CP_MAX);
     struct ifmt f;

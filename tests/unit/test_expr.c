@@ -159,10 +159,10 @@ static void t_default_operators(void **s)
     }
 }
 
-/* Found by fuzz_expr with the dictionary: an infinite or NaN intermediate
- * ($n/0 inside a lambda, which only the final result is checked for) reached
- * integer conversions, and $sift without its optional function called
- * nothing (a crash). */
+/* Found by fuzz_expr with the dictionary and by the sweep below: an
+ * infinite or NaN intermediate ($n/0 inside a lambda, which only the final
+ * result is checked for) reached integer conversions; $sift without its
+ * optional function and $formatInteger with an undefined picture crashed. */
 static void t_non_finite_arguments(void **s)
 {
     (void)s;
@@ -173,6 +173,7 @@ static void t_non_finite_arguments(void **s)
         {"($f := function($n) { $formatInteger(0*$n/0, 'w') }; $f(10))", "ERR:D1001"},
         {"($f := function($n) { $formatInteger($n/0, 'I') }; $f(10))", "ERR:D1001"},
         {"$sift({'a': 1})", "ERR:T1006"},
+        {"$formatInteger(5, nope)", "ERR:T0410"},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++)
         check(errs[i][0], NULL, errs[i][1]);
@@ -187,11 +188,12 @@ static void t_non_finite_arguments(void **s)
  * 3 from a smaller set, inside a lambda so that $n/0 arrives unchecked (the
  * sweep that found the cases above): none may crash (or, under the
  * sanitizers, touch memory or convert wrongly), and each call ends in a
- * value, undefined or an error code. */
+ * value, undefined or an error code.  "nope" is an undefined argument. */
 static void t_builtins_awkward_arguments(void **s)
 {
     (void)s;
-    static const char *const vals[] = {"null",
+    static const char *const vals[] = {"nope",
+                                       "null",
                                        "0",
                                        "-1",
                                        "2.5",
@@ -208,7 +210,7 @@ static void t_builtins_awkward_arguments(void **s)
                                        "function($a,$b,$c){$a}",
                                        "$string",
                                        "'[Y0001]'"};
-    static const char *const few[] = {"null",  "-1",      "($n/0)",  "(0*$n/0)",
+    static const char *const few[] = {"nope",  "null",    "-1",      "($n/0)",          "(0*$n/0)",
                                       "'abc'", "[1,'a']", "{'a':1}", "function($x){$x}"};
     const int nv = (int)(sizeof vals / sizeof vals[0]), nf = (int)(sizeof few / sizeof few[0]);
     size_t calls = 0, errors = 0;

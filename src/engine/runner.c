@@ -9,9 +9,10 @@
  * new work is picked up without polling delays.
  *
  * The sweeper recovers steps whose lease expired: a TRANSFORM is simply
- * re-dispatched (it has no effect outside the engine); a GATEWAY's outcome
- * is unknown, so it is parked as REQUIRES_RECONCILIATION until the GATEWAY
- * layer (idempotency keys, verify) takes over that decision.
+ * re-dispatched (it has no effect outside the engine) — unless its lease
+ * expired on its last MAX_LEASE_EXPIRIES attempts, when it fails instead
+ * (a step that crashes the process); a GATEWAY's outcome is unknown, so its
+ * `ambiguous` policy decides (re-send with the key, verify, or park).
  *
  * Fault points (docs/faults.md): step.after_claim, step.before_complete,
  * step.after_complete_commit, sweeper.before_recover.
@@ -309,6 +310,40 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* A TRANSFORM whose lease expired this many times in a row is failed
+ * instead of re-dispatched: evaluating it takes microseconds, so three
+ * workers dying in the middle of it is not bad luck but the step stopping
+ * the process (a crash in an expression), and re-running it at every start
+ * would never let the engine stay up.  Not GATEWAY steps: a call takes
+ * long enough for repeated kills (an operator's, a test's) to land on it
+ * every time, and failing it could leave an order uncharged; with its key
+ * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy. */
+#define MAX_LEASE_EXPIRIES 3
+
+/* How many of the step's attempts before `epoch` ended in a lease expiry,
+ * counting back from the latest (a normal outcome stops the count). */
+static int earlier_expiries(struct engine *g, const struct store_step *st)
+{
+    struct store_attempt *a = NULL;
+    size_t n = 0;
+    if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
+        return 0;
+    int count = 0;
+    for (int64_t ep = st->epoch - 1; ep >= 1; ep--) {
+        const struct store_attempt *hit = NULL;
+        for (size_t i = 0; i < n && !hit; i++)
+            if (a[i].epoch == ep && strcmp(a[i].vertex, st->vertex) == 0)
+                hit = &a[i];
+        if (!hit)
+            continue; /* an epoch without an attempt row (an operator's action) */
+        if (!hit->outcome || strcmp(hit->outcome, "lease_expired") != 0)
+            break;
+        count++;
+    }
+    store_attempts_free(a, n);
+    return count;
+}
+
 /* Recovers expired (or, with now < 0, all) EXECUTING steps. */
 static int recover(struct engine *g, int64_t now)
 {
@@ -349,6 +384,17 @@ static int recover(struct engine *g, int64_t now)
             json_decref(ej);
         }
         int park = gateway && amb == GW_AMB_RECONCILE;
+        int expiries = gateway ? 1 : 1 + earlier_expiries(g, st);
+        int poison = expiries >= MAX_LEASE_EXPIRIES;
+        if (poison) {
+            json_t *ej = json_pack("{s:s,s:s,s:i}", "code", "lease_expired_repeatedly", "message",
+                                   "the worker stopped each time it ran this step (a crash "
+                                   "while evaluating it?); failed so that it cannot stop the "
+                                   "engine again",
+                                   "expiries", expiries);
+            err = json_to_string(ej);
+            json_decref(ej);
+        }
         FAULT("sweeper.before_recover");
         struct step_outcome o = {
             .w = w,
@@ -357,7 +403,9 @@ static int recover(struct engine *g, int64_t now)
             .vertex = st->vertex,
             .epoch = st->epoch,
             .from = STEP_EXECUTING,
-            .to = park ? STEP_REQUIRES_RECONCILIATION : STEP_DISPATCHED,
+            .to = park     ? STEP_REQUIRES_RECONCILIATION
+                  : poison ? STEP_FAILED
+                           : STEP_DISPATCHED,
             .error = err,
             .attempt_outcome = "lease_expired",
             .now = clock_now_ms(),
@@ -367,7 +415,9 @@ static int recover(struct engine *g, int64_t now)
             atomic_fetch_add(&g->m.steps_recovered, 1);
             log_warn("step.recovered", "%s/%s epoch %lld: lease expired; %s", st->execution_id,
                      st->vertex, (long long)st->epoch,
-                     park ? "parked for reconciliation" : "re-dispatched");
+                     park     ? "parked for reconciliation"
+                     : poison ? "failed: its lease expired on every one of its last attempts"
+                              : "re-dispatched");
         }
         free(err);
     }

@@ -175,3 +175,58 @@ def test_concurrent_triggers_and_workers_under_load(make_server):
         t.join()
     assert len(set(ids)) == 200
     wait_for(lambda: all_finished(s, ids), timeout=60)
+
+
+POISON = {
+    "vertices": {
+        "start": {"type": "ENTRY_POINT"},
+        "t": {"type": "TRANSFORM", "config": {"output": {"n": "= payload.n"}}},
+    },
+    "edges": [{"from": "start", "to": "t"}],
+}
+
+
+def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_server, workdir):
+    """A TRANSFORM that stops the process each time it runs (here: a kill at
+    step.after_claim, armed in every process) would otherwise be recovered
+    and claimed again at every start, so the engine could never stay up.
+    After its lease expired on three attempts in a row it is FAILED instead,
+    the process that recovered it stays up, and an operator's retry runs it
+    once the cause is gone (runner.c, MAX_LEASE_EXPIRIES)."""
+    env = {"IDEMFLOW_FAULT": "step.after_claim"}
+    s = make_server(env=env, extra=["--workers", "1", "--lease-ms", "300", "--no-inline"])
+    s.start()
+    s.put(WS, {})
+    assert s.put(f"{WS}/workflows/poison", POISON).status == 201
+    try:
+        s.post(f"{WS}/workflows/poison/entry-points/start/trigger", {"n": 1})
+    except OSError:
+        pass  # killed before the answer: a claim needs the committed execution
+    # each process dies at its first claim: the first at the new step, the
+    # next two at the step they just recovered
+    for _ in range(3):
+        assert s.proc.wait(timeout=20) == -signal.SIGKILL
+        s.start(expect_fail=True)  # may die before /healthz answers
+    # the fourth recovers it a third time and fails it instead of claiming it
+    assert s.proc.poll() is None, s.logs(3000)
+    xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
+
+    def failed():
+        x = s.get(f"{WS}/executions/{xid}").json
+        return x if x["status"] == "failed" else None
+    x = wait_for(failed, timeout=20)
+    assert s.proc.poll() is None  # still up: nothing claimed the step again
+    t = {st["vertex"]: st for st in x["steps"]}["t"]
+    assert t["state"] == "FAILED"
+    assert t["error"]["code"] == "lease_expired_repeatedly", t["error"]
+    assert t["error"]["expiries"] == 3
+    assert [h["outcome"] for h in t["history"]] == ["lease_expired"] * 3, t["history"]
+    assert any(d["executionId"] == xid for d in s.get(f"{WS}/dead-letters").json["items"])
+    # the cause removed, the operator's retry runs it, once
+    s.stop()
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    assert s.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
+    wait_for(lambda: s.get(f"{WS}/executions/{xid}").json["status"] == "completed", timeout=20)
+    t = {st["vertex"]: st for st in s.get(f"{WS}/executions/{xid}").json["steps"]}["t"]
+    assert t["state"] == "COMPLETED" and t["output"] == {"n": 1}

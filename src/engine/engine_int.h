@@ -120,8 +120,12 @@ struct inline_plan {
 /* Plans the inline completions that completing vertex vi with decisions dec
  * would make, given the execution's rows as read.  ctx is the completed
  * step's context ({payload, steps with vi's output, execution}); it is
- * modified.  An empty plan (p->n = 0) when there is nothing to inline. */
-void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi,
+ * modified.  An empty plan (p->n = 0) when there is nothing to inline — and
+ * always when vi is on its second attempt or later (`attempts` > 1): had an
+ * inline evaluation stopped the process, the step that ran it would be
+ * blamed for every lease expiry, so its successors then go through claims,
+ * where each is recovered (and, crashing every time, failed) on its own. */
+void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi, int attempts,
                         const struct decision *dec, json_t *ctx, const struct store_step *rows,
                         size_t n, struct inline_plan *p);
 /* Points o at the plan (which must outlive the transaction); traces each

@@ -492,8 +492,8 @@ size_t engine_gw_drain(struct engine *g)
             go->d = engine_decide_edges(j->w, j->vi, j->ctx, out);
             go->o.dec = go->d;
             json_decref(out);
-            engine_inline_plan(g, j->workspace, j->w, j->vi, go->d, j->ctx, j->rows, j->nrows,
-                               &go->plan);
+            engine_inline_plan(g, j->workspace, j->w, j->vi, j->attempts, go->d, j->ctx, j->rows,
+                               j->nrows, &go->plan);
             engine_inline_attach(g, &go->plan, &go->o, g->worker_prefix);
         }
         n++;

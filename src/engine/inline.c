@@ -71,12 +71,12 @@ void engine_decisions_free(struct decision *d, size_t n)
     free(d);
 }
 
-void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi,
+void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi, int attempts,
                         const struct decision *dec, json_t *ctx, const struct store_step *rows,
                         size_t n, struct inline_plan *p)
 {
     memset(p, 0, sizeof *p);
-    if (g->run.no_inline || !rows || n == 0)
+    if (g->run.no_inline || attempts > 1 || !rows || n == 0)
         return;
     struct steps_sim *s = steps_sim_new(w, rows, n);
     steps_sim_complete(s, vi, dec);

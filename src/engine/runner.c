@@ -170,7 +170,8 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     if (to == STEP_COMPLETED) {
         p->nd = w->v[vi].n_out;
         p->d = engine_decide_edges(w, vi, p->ctx, p->out);
-        engine_inline_plan(g, c->workspace, w, vi, p->d, p->ctx, p->rows, p->n, &p->plan);
+        engine_inline_plan(g, c->workspace, w, vi, c->attempts, p->d, p->ctx, p->rows, p->n,
+                           &p->plan);
     }
     p->o = (struct step_outcome){
         .w = w,

@@ -457,6 +457,40 @@ def test_sigkill_between_the_trigger_claim_and_the_call_then_restart(make_server
     assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == ["lease_expired", "success"]
 
 
+def test_a_call_whose_handling_was_killed_is_completed_without_inlining(make_server, mock, workdir):
+    """Killed right after the response arrived (gateway.after_response),
+    before the outcome was planned: at restart the call is re-sent with its
+    key (one charge), and this second attempt completes the step without
+    evaluating its TRANSFORM successor inline (inline.c: only on a first
+    attempt), so that had the inline evaluation been what stopped the
+    process, the successor would go through a claim of its own and its own
+    lease expiries (runner.c, MAX_LEASE_EXPIRIES)."""
+    trace = os.path.join(workdir, "trace")
+    s = make_server(extra=["--lease-ms", "1000"],
+                    env={"IDEMFLOW_FAULT": "gateway.after_response@1", "IDEMFLOW_TRACE_FILE": trace})
+    s.start()
+    setup_pay(s, mock)
+    try:
+        pay(s, "o-16")
+    except OSError:
+        pass  # the answer may be lost with the process
+    assert s.proc.wait(timeout=10) == -signal.SIGKILL
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    r = s.post(f"{WS}/workflows/pay/entry-points/order/trigger",
+               {"order": {"id": "o-16", "amount": 1250}})
+    assert r.status == 200, r
+    xid = r.json["executionId"]
+    x = finished(s, xid)
+    assert x["status"] == "completed", x
+    assert mock.charges("o-16") == 1
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == ["lease_expired", "success"]
+    with open(trace) as f:
+        lines = [l.split() for l in f if l.strip()]
+    paid = [l[0] for l in lines if l[1] == xid and l[2] == "paid"]
+    assert "run" in paid and "inline" not in paid, paid
+
+
 def send_raw_trigger(s, order):
     """Sends a trigger for `order` on a socket of its own, without reading the answer."""
     import socket

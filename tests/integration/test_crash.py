@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from test_engine import BRANCHY, WS, events_of, wait_for
+from test_engine import BRANCHY, WS, events_of, finished, steps_of, wait_for
 
 N = 24
 
@@ -210,13 +210,10 @@ def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_serv
     # the fourth recovers it a third time and fails it instead of claiming it
     assert s.proc.poll() is None, s.logs(3000)
     xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
-
-    def failed():
-        x = s.get(f"{WS}/executions/{xid}").json
-        return x if x["status"] == "failed" else None
-    x = wait_for(failed, timeout=20)
+    x = finished(s, xid)
+    assert x["status"] == "failed", x
     assert s.proc.poll() is None  # still up: nothing claimed the step again
-    t = {st["vertex"]: st for st in x["steps"]}["t"]
+    t = steps_of(x)["t"]
     assert t["state"] == "FAILED"
     assert t["error"]["code"] == "lease_expired_repeatedly", t["error"]
     assert t["error"]["expiries"] == 3
@@ -228,5 +225,5 @@ def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_serv
     s.start()
     assert s.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
     wait_for(lambda: s.get(f"{WS}/executions/{xid}").json["status"] == "completed", timeout=20)
-    t = {st["vertex"]: st for st in s.get(f"{WS}/executions/{xid}").json["steps"]}["t"]
+    t = steps_of(s.get(f"{WS}/executions/{xid}").json)["t"]
     assert t["state"] == "COMPLETED" and t["output"] == {"n": 1}

@@ -45,6 +45,11 @@ struct gw_job {
     json_t *ctx;
     struct gw_request req, vreq;
     int phase; /* 0: the call, 1: the verify request */
+    /* A re-send after a lease expiry (the error the recovery left says so):
+     * its first response is noted on the attempt before it is handled, so
+     * the next recovery knows whether handling it is what stopped the
+     * process (runner.c, MAX_RESPONSE_CRASHES). */
+    int recovered, noted;
     int64_t first_attempt_ms;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
@@ -196,19 +201,25 @@ void engine_gw_renew_leases(struct engine *g)
 
 /* ---- starting a call ------------------------------------------------------------ */
 
-static int verify_first(const struct store_step *rows, size_t n, const char *vertex)
+/* What the step's last error (left by a recovery or a retry) asks of this
+ * attempt: verify first, and whether it follows a lease expiry. */
+static void prior_error(const struct store_step *rows, size_t n, const char *vertex, int *verify,
+                        int *recovered)
 {
+    *verify = *recovered = 0;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(rows[i].vertex, vertex) != 0 || !rows[i].error)
             continue;
         json_t *err = NULL;
-        int v = 0;
-        if (json_parse(rows[i].error, strlen(rows[i].error), NULL, &err, NULL) == 0)
-            v = json_is_true(json_object_get(err, "verifyFirst"));
+        if (json_parse(rows[i].error, strlen(rows[i].error), NULL, &err, NULL) == 0) {
+            *verify = json_is_true(json_object_get(err, "verifyFirst"));
+            const char *code = json_string_value(json_object_get(err, "code"));
+            *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||
+                                  strcmp(code, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0);
+        }
         json_decref(err);
-        return v;
+        return;
     }
-    return 0;
 }
 
 static int64_t first_attempt(struct engine *g, const char *xid, const char *vertex, int64_t dflt)
@@ -245,8 +256,10 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                               ? clock_now_ms()
                               : first_attempt(g, c->execution_id, c->vertex, clock_now_ms());
     struct ifl_err e = {0};
+    int verify;
+    prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
-        (verify_first(*rows, *n, c->vertex) && v->verify &&
+        (verify && v->verify &&
          render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
         *err_text = steps_error_json("request_error", e.msg);
         job_free(j);
@@ -453,6 +466,27 @@ static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
     return steps_apply(tx, &((struct gw_outcome *)arg)->o, e);
 }
 
+static int note_responded(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct gw_job *j = arg;
+    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, STEPS_RESPONDED, e);
+}
+
+/* A re-sent call's response is noted durably before anything evaluates it
+ * (its verify `doneWhen`, its edge conditions): should that stop the
+ * process again, the recovery sees the attempt died after its response
+ * and, the second time in a row, fails the step instead of re-sending it
+ * at every start.  Only on this rare path: a first attempt is not noted. */
+static void note_if_recovered(struct gw_job *j)
+{
+    if (!j->recovered || j->noted)
+        return;
+    j->noted = 1;
+    struct ifl_err e = {0};
+    if (store_tx_run(j->g->store, note_responded, j, &e))
+        log_warn("gateway.note_failed", "%s/%s: %s", j->execution_id, j->vertex, e.msg);
+}
+
 size_t engine_gw_drain(struct engine *g)
 {
     pthread_mutex_lock(&g->gmu);
@@ -472,6 +506,7 @@ size_t engine_gw_drain(struct engine *g)
         /* A provider that echoes a secret must not get it stored or shown. */
         gw_response_scrub(j->resp, &j->req);
         gw_response_scrub(j->resp, &j->vreq);
+        note_if_recovered(j);
         json_t *out = NULL;
         if (!decide(j, &go->o, &go->out_text, &out, &go->err_text))
             continue; /* another call is in flight for this job */

@@ -12,7 +12,9 @@
  * re-dispatched (it has no effect outside the engine) — unless its lease
  * expired on its last MAX_LEASE_EXPIRIES attempts, when it fails instead
  * (a step that crashes the process); a GATEWAY's outcome is unknown, so its
- * `ambiguous` policy decides (re-send with the key, verify, or park).
+ * `ambiguous` policy decides (re-send with the key, verify, or park) —
+ * unless a re-sent call's worker died after its response arrived on its
+ * last MAX_RESPONSE_CRASHES attempts, when it fails too.
  *
  * Fault points (docs/faults.md): step.after_claim, step.before_complete,
  * step.after_complete_commit, sweeper.before_recover.
@@ -318,31 +320,66 @@ static void *worker_main(void *arg)
  * would never let the engine stay up.  Not GATEWAY steps: a call takes
  * long enough for repeated kills (an operator's, a test's) to land on it
  * every time, and failing it could leave an order uncharged; with its key
- * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy. */
+ * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy — up to
+ * MAX_RESPONSE_CRASHES below. */
 #define MAX_LEASE_EXPIRIES 3
 
-/* How many of the step's attempts before `epoch` ended in a lease expiry,
- * counting back from the latest (a normal outcome stops the count). */
-static int earlier_expiries(struct engine *g, const struct store_step *st)
+/* A GATEWAY call re-sent after a lease expiry has its response noted on
+ * the attempt ("responded") before anything evaluates it (gwstep.c).  A
+ * worker that then dies with the response in hand, this many attempts in a
+ * row, is not an operator's kill landing mid-call but the response's
+ * handling stopping the process (a crash in its edge conditions or
+ * `doneWhen`): the step fails instead of being re-sent at every start.
+ * The call took effect; `retry` sends it again with its key. */
+#define MAX_RESPONSE_CRASHES 2
+
+/* The step's attempt history, counting back from the one before `epoch`:
+ * how many in a row ended in `outcome` (another outcome stops the count).
+ * With `note`, *current = 1 when the attempt at `epoch` is noted so. */
+static int earlier_attempts(struct engine *g, const struct store_step *st, const char *outcome,
+                            const char *note, int *current)
 {
     struct store_attempt *a = NULL;
     size_t n = 0;
+    if (current)
+        *current = 0;
     if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
         return 0;
     int count = 0;
-    for (int64_t ep = st->epoch - 1; ep >= 1; ep--) {
+    for (int64_t ep = st->epoch; ep >= 1; ep--) {
         const struct store_attempt *hit = NULL;
         for (size_t i = 0; i < n && !hit; i++)
             if (a[i].epoch == ep && strcmp(a[i].vertex, st->vertex) == 0)
                 hit = &a[i];
+        if (ep == st->epoch) {
+            if (current && note && hit && hit->outcome && strcmp(hit->outcome, note) == 0)
+                *current = 1;
+            continue;
+        }
         if (!hit)
             continue; /* an epoch without an attempt row (an operator's action) */
-        if (!hit->outcome || strcmp(hit->outcome, "lease_expired") != 0)
+        if (!hit->outcome || strcmp(hit->outcome, outcome) != 0)
             break;
         count++;
     }
     store_attempts_free(a, n);
     return count;
+}
+
+/* The error a recovery leaves on a GATEWAY it re-dispatches (JSON text). */
+static char *gateway_expiry_error(int responded, enum gw_ambiguous amb)
+{
+    json_t *ej = json_pack(
+        "{s:s,s:s}", "code",
+        responded ? STEPS_LEASE_EXPIRED_AFTER_RESPONSE : STEPS_LEASE_EXPIRED_MID_CALL, "message",
+        responded ? "the worker stopped after the call's response arrived, before its outcome "
+                    "was stored"
+                  : "the worker stopped while the call was in flight; its outcome is unknown");
+    if (amb == GW_AMB_VERIFY)
+        json_object_set_new(ej, "verifyFirst", json_true());
+    char *err = json_to_string(ej);
+    json_decref(ej);
+    return err;
 }
 
 /* Recovers expired (or, with now < 0, all) EXECUTING steps. */
@@ -374,25 +411,33 @@ static int recover(struct engine *g, int64_t now)
         long vi = wf_vertex_index(w, st->vertex);
         int gateway = vi >= 0 && w->v[vi].type == WF_GATEWAY;
         enum gw_ambiguous amb = gateway ? w->v[vi].policy.ambiguous : GW_AMB_RETRY;
-        char *err = NULL;
-        if (gateway) {
-            json_t *ej = json_pack("{s:s,s:s}", "code", "lease_expired_mid_call", "message",
-                                   "the worker stopped while the call was in flight; its "
-                                   "outcome is unknown");
-            if (amb == GW_AMB_VERIFY)
-                json_object_set_new(ej, "verifyFirst", json_true());
-            err = json_to_string(ej);
-            json_decref(ej);
-        }
         int park = gateway && amb == GW_AMB_RECONCILE;
-        int expiries = gateway ? 1 : 1 + earlier_expiries(g, st);
-        int poison = expiries >= MAX_LEASE_EXPIRIES;
+        int responded = 0, expiries = 1, poison;
+        if (!gateway) {
+            expiries += earlier_attempts(g, st, "lease_expired", NULL, NULL);
+            poison = expiries >= MAX_LEASE_EXPIRIES;
+        } else {
+            int after = park ? 0
+                             : earlier_attempts(g, st, STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
+                                                STEPS_RESPONDED, &responded);
+            if (responded)
+                expiries += after;
+            poison = responded && expiries >= MAX_RESPONSE_CRASHES;
+        }
+        char *err = gateway ? gateway_expiry_error(responded, amb) : NULL;
         if (poison) {
-            json_t *ej = json_pack("{s:s,s:s,s:i}", "code", "lease_expired_repeatedly", "message",
-                                   "the worker stopped each time it ran this step (a crash "
-                                   "while evaluating it?); failed so that it cannot stop the "
-                                   "engine again",
-                                   "expiries", expiries);
+            json_t *ej = json_pack(
+                "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
+                gateway ? "the worker stopped each time it handled this call's response (a "
+                          "crash while evaluating its edges?); failed so that it cannot stop "
+                          "the engine again.  The call took effect: retry sends it again with "
+                          "its key"
+                        : "the worker stopped each time it ran this step (a crash while "
+                          "evaluating it?); failed so that it cannot stop the engine again",
+                "expiries", expiries);
+            if (gateway)
+                json_object_set_new(ej, "afterResponse", json_true());
+            free(err);
             err = json_to_string(ej);
             json_decref(ej);
         }
@@ -408,7 +453,7 @@ static int recover(struct engine *g, int64_t now)
                   : poison ? STEP_FAILED
                            : STEP_DISPATCHED,
             .error = err,
-            .attempt_outcome = "lease_expired",
+            .attempt_outcome = responded ? STEPS_LEASE_EXPIRED_AFTER_RESPONSE : "lease_expired",
             .now = clock_now_ms(),
         };
         if (apply(g, &o, &e) == 0 && !o.fenced) {
@@ -416,9 +461,10 @@ static int recover(struct engine *g, int64_t now)
             atomic_fetch_add(&g->m.steps_recovered, 1);
             log_warn("step.recovered", "%s/%s epoch %lld: lease expired; %s", st->execution_id,
                      st->vertex, (long long)st->epoch,
-                     park     ? "parked for reconciliation"
-                     : poison ? "failed: its lease expired on every one of its last attempts"
-                              : "re-dispatched");
+                     park        ? "parked for reconciliation"
+                     : poison    ? "failed: its lease expired on every one of its last attempts"
+                     : responded ? "re-dispatched (it died after the call's response)"
+                                 : "re-dispatched");
         }
         free(err);
     }

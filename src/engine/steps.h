@@ -138,4 +138,14 @@ char *steps_status_data_text(const char *status);
 /* JSON text {"code": code, "message": msg} (caller frees). */
 char *steps_error_json(const char *code, const char *msg);
 
+/* What a lease expiry leaves behind (runner.c recover, gwstep.c):
+ * the error code of a GATEWAY re-dispatched after its worker died mid-call,
+ * or after it died with the call's response in hand (the attempt had been
+ * noted STEPS_RESPONDED, which is also that attempt's final outcome then),
+ * and the code of a step failed because that kept happening. */
+#define STEPS_LEASE_EXPIRED_MID_CALL "lease_expired_mid_call"
+#define STEPS_LEASE_EXPIRED_AFTER_RESPONSE "lease_expired_after_response"
+#define STEPS_LEASE_EXPIRED_REPEATEDLY "lease_expired_repeatedly"
+#define STEPS_RESPONDED "responded"
+
 #endif

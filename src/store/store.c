@@ -695,7 +695,13 @@ int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const
                             int64_t epoch, const char *outcome, const char *error,
                             struct ifl_err *e)
 {
-    return tx->s->ops->tx_attempt_finish(tx, execution_id, vertex, epoch, outcome, error, e);
+    return tx->s->ops->tx_attempt_finish(tx, execution_id, vertex, epoch, outcome, error, 1, e);
+}
+
+int store_tx_attempt_note(struct store_tx *tx, const char *execution_id, const char *vertex,
+                          int64_t epoch, const char *outcome, struct ifl_err *e)
+{
+    return tx->s->ops->tx_attempt_finish(tx, execution_id, vertex, epoch, outcome, NULL, 0, e);
 }
 
 int store_tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,

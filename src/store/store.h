@@ -311,6 +311,12 @@ int store_tx_step_update(struct store_tx *tx, const struct store_step *st,
 int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
                             int64_t epoch, const char *outcome, const char *error,
                             struct ifl_err *e);
+/* Notes `outcome` on the attempt of (execution, vertex, epoch) while it is
+ * still running (finished_at stays NULL, store_tx_attempt_finish replaces
+ * the note): what a recovery reads if the process dies before the outcome.
+ * Changes nothing when the attempt already finished. */
+int store_tx_attempt_note(struct store_tx *tx, const char *execution_id, const char *vertex,
+                          int64_t epoch, const char *outcome, struct ifl_err *e);
 /* Records an attempt that started and finished inside this transaction
  * (a TRANSFORM completed inline by the worker that completed its
  * predecessor): started_at = finished_at = now.  With outcome NULL, an

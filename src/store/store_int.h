@@ -77,8 +77,9 @@ struct store_ops {
     int (*tx_step_update)(struct store_tx *tx, const struct store_step *st,
                           enum step_state expect_state, int64_t expect_epoch, int *changed,
                           struct ifl_err *e);
+    /* finish 0: a note (store_tx_attempt_note): finished_at stays NULL */
     int (*tx_attempt_finish)(struct store_tx *tx, const char *execution_id, const char *vertex,
-                             int64_t epoch, const char *outcome, const char *error,
+                             int64_t epoch, const char *outcome, const char *error, int finish,
                              struct ifl_err *e);
     int (*tx_attempt_record)(struct store_tx *tx, const char *execution_id, const char *vertex,
                              int64_t epoch, const char *worker, const char *outcome,

@@ -1646,12 +1646,15 @@ static int tx_step_update(struct store_tx *tx, const struct store_step *x,
 }
 
 static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
-                             int64_t epoch, const char *outcome, const char *error,
+                             int64_t epoch, const char *outcome, const char *error, int finish,
                              struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
     struct args p = {0};
-    arg_i(&p, clock_now_ms());
+    if (finish)
+        arg_i(&p, clock_now_ms());
+    else
+        arg_s(&p, NULL); /* a note: still running */
     arg_s(&p, outcome);
     arg_s(&p, error);
     arg_s(&p, execution_id);

@@ -1418,7 +1418,7 @@ static int tx_step_update(struct store_tx *tx, const struct store_step *x,
 }
 
 static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
-                             int64_t epoch, const char *outcome, const char *error,
+                             int64_t epoch, const char *outcome, const char *error, int finish,
                              struct ifl_err *e)
 {
     struct conn *c = txc(tx);
@@ -1432,7 +1432,10 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
-    sqlite3_bind_int64(st, 1, clock_now_ms());
+    if (finish)
+        sqlite3_bind_int64(st, 1, clock_now_ms());
+    else
+        sqlite3_bind_null(st, 1); /* a note: still running */
     bind_text(st, 2, outcome);
     bind_text(st, 3, error);
     sqlite3_bind_int64(st, 4, seq);

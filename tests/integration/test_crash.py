@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from test_engine import BRANCHY, WS, events_of, finished, steps_of, wait_for
+from test_engine import BRANCHY, WS, events_of, finished, outlive_kills, steps_of, wait_for
 
 N = 24
 
@@ -203,16 +203,10 @@ def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_serv
     except OSError:
         pass  # killed before the answer: a claim needs the committed execution
     # each process dies at its first claim: the first at the new step, the
-    # next two at the step they just recovered
-    for _ in range(3):
-        assert s.proc.wait(timeout=20) == -signal.SIGKILL
-        s.start(expect_fail=True)  # may die before /healthz answers
-    # the fourth recovers it a third time and fails it instead of claiming it
-    assert s.proc.poll() is None, s.logs(3000)
-    xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
-    x = finished(s, xid)
+    # next two at the step they just recovered; the fourth recovers it a
+    # third time and fails it instead of claiming it
+    xid, x = outlive_kills(s, 3)
     assert x["status"] == "failed", x
-    assert s.proc.poll() is None  # still up: nothing claimed the step again
     t = steps_of(x)["t"]
     assert t["state"] == "FAILED"
     assert t["error"]["code"] == "lease_expired_repeatedly", t["error"]

@@ -58,6 +58,22 @@ def steps_of(x):
     return {st["vertex"]: st for st in x["steps"]}
 
 
+def outlive_kills(s, deaths):
+    """For a fault armed in every process: waits for `deaths` processes to
+    be killed, restarting after each (a restart may die before /healthz
+    answers), checks the next one stays up, and returns the id of the one
+    execution and the execution once it finished."""
+    import signal
+    for _ in range(deaths):
+        assert s.proc.wait(timeout=20) == -signal.SIGKILL
+        s.start(expect_fail=True)
+    assert s.proc.poll() is None, s.logs(3000)
+    xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
+    x = finished(s, xid)
+    assert s.proc.poll() is None  # still up once it finished: nothing ran the step again
+    return xid, x
+
+
 BRANCHY = {
     "vertices": {
         "start": {"type": "ENTRY_POINT"},

@@ -11,7 +11,7 @@ import pytest
 
 import jcs_ref
 from conftest import BACKEND
-from test_engine import WS, finished, metric, put_workflow, run, steps_of, wait_for
+from test_engine import WS, finished, metric, outlive_kills, put_workflow, run, steps_of, wait_for
 
 MOCKPAY = os.environ.get("IDEMFLOW_MOCKPAY",
                          os.path.join(os.path.dirname(__file__), "../../build/idemflow-mockpay"))
@@ -489,6 +489,49 @@ def test_a_call_whose_handling_was_killed_is_completed_without_inlining(make_ser
         lines = [l.split() for l in f if l.strip()]
     paid = [l[0] for l in lines if l[1] == xid and l[2] == "paid"]
     assert "run" in paid and "inline" not in paid, paid
+
+
+def test_a_response_whose_handling_kills_every_worker_fails_after_two_resends(make_server, mock):
+    """A GATEWAY whose response stops the process each time it is handled
+    (here: a kill at gateway.after_response armed in every process; in
+    production a crash in its edge conditions) would be re-sent with its key
+    at every start, and the engine could never stay up.  A re-send notes its
+    response on the attempt before handling it, so the recovery can tell
+    such a death from a kill mid-call; after two in a row the step is FAILED
+    instead, the process stays up, the provider charged once, and an
+    operator's retry re-sends it with the same key once the cause is gone
+    (runner.c, MAX_RESPONSE_CRASHES)."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.after_response"},
+                    extra=["--workers", "1", "--lease-ms", "300"])
+    s.start()
+    setup_pay(s, mock)
+    try:
+        pay(s, "o-17")
+    except OSError:
+        pass  # the answer may be lost with the process
+    # the first process dies at the first response (not noted: a first
+    # attempt), the next two at the re-sent call's response (noted); the
+    # fourth sees two noted deaths in a row and fails the step
+    xid, x = outlive_kills(s, 3)
+    assert x["status"] == "failed", x
+    ch = steps_of(x)["charge"]
+    assert ch["state"] == "FAILED"
+    assert ch["error"]["code"] == "lease_expired_repeatedly", ch["error"]
+    assert ch["error"]["afterResponse"] is True and ch["error"]["expiries"] == 2, ch["error"]
+    assert [h["outcome"] for h in ch["history"]] == \
+        ["lease_expired"] + ["lease_expired_after_response"] * 2, ch["history"]
+    assert mock.charges("o-17") == 1  # three sends, one key: one charge
+    assert any(d["executionId"] == xid for d in s.get(f"{WS}/dead-letters").json["items"])
+    # the cause removed, the operator's retry sends it again with its key
+    s.stop()
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    assert s.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
+    x = wait_for(lambda: (lambda x: x if x["status"] == "completed" else None)(
+        s.get(f"{WS}/executions/{xid}").json), timeout=20)
+    assert steps_of(x)["charge"]["history"][-1]["outcome"] == "success"
+    assert steps_of(x)["paid"]["state"] == "COMPLETED"
+    assert mock.charges("o-17") == 1
 
 
 def send_raw_trigger(s, order):

@@ -46,10 +46,12 @@ struct gw_job {
     struct gw_request req, vreq;
     int phase; /* 0: the call, 1: the verify request */
     /* A re-send after a lease expiry (the error the recovery left says so):
-     * its first response is noted on the attempt before it is handled, so
-     * the next recovery knows whether handling it is what stopped the
-     * process (runner.c, MAX_RESPONSE_CRASHES). */
-    int recovered, noted;
+     * what it is about to evaluate is noted on its attempt first — the
+     * request's rendering, then (the note cleared before sending) its first
+     * response — so the next recovery knows whether evaluating is what
+     * stopped the process (runner.c, MAX_EVAL_CRASHES). */
+    int recovered, responded;
+    const char *note; /* for note_tx */
     int64_t first_attempt_ms;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
@@ -215,6 +217,7 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
             *verify = json_is_true(json_object_get(err, "verifyFirst"));
             const char *code = json_string_value(json_object_get(err, "code"));
             *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||
+                                  strcmp(code, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
                                   strcmp(code, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0);
         }
         json_decref(err);
@@ -233,6 +236,26 @@ static int64_t first_attempt(struct engine *g, const char *xid, const char *vert
                 first = a[i].started_at;
     store_attempts_free(a, n);
     return first;
+}
+
+static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct gw_job *j = arg;
+    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, j->note, e);
+}
+
+/* Notes `what` (NULL: nothing, i.e. "the call is in flight") durably on a
+ * re-sent call's running attempt.  Only on this rare path: a first attempt
+ * is never noted, so the hot path writes nothing extra.  A failed note
+ * only weakens the crash-loop guard; the call goes on. */
+static void note(struct gw_job *j, const char *what)
+{
+    if (!j->recovered)
+        return;
+    j->note = what;
+    struct ifl_err e = {0};
+    if (store_tx_run(j->g->store, note_tx, j, &e))
+        log_warn("gateway.note_failed", "%s/%s: %s", j->execution_id, j->vertex, e.msg);
 }
 
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
@@ -258,6 +281,8 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
+    note(j, STEPS_RENDERING);
+    FAULT("gateway.before_render");
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
         (verify && v->verify &&
          render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
@@ -265,6 +290,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         job_free(j);
         return NULL;
     }
+    note(j, NULL); /* rendered: a death from now on is one mid-call */
     /* A second send of the call is harmless only with a key the provider
      * honours (the `retry` policy says it does); a verify request is a read
      * when it is a GET or HEAD. */
@@ -466,27 +492,6 @@ static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
     return steps_apply(tx, &((struct gw_outcome *)arg)->o, e);
 }
 
-static int note_responded(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    const struct gw_job *j = arg;
-    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, STEPS_RESPONDED, e);
-}
-
-/* A re-sent call's response is noted durably before anything evaluates it
- * (its verify `doneWhen`, its edge conditions): should that stop the
- * process again, the recovery sees the attempt died after its response
- * and, the second time in a row, fails the step instead of re-sending it
- * at every start.  Only on this rare path: a first attempt is not noted. */
-static void note_if_recovered(struct gw_job *j)
-{
-    if (!j->recovered || j->noted)
-        return;
-    j->noted = 1;
-    struct ifl_err e = {0};
-    if (store_tx_run(j->g->store, note_responded, j, &e))
-        log_warn("gateway.note_failed", "%s/%s: %s", j->execution_id, j->vertex, e.msg);
-}
-
 size_t engine_gw_drain(struct engine *g)
 {
     pthread_mutex_lock(&g->gmu);
@@ -506,7 +511,10 @@ size_t engine_gw_drain(struct engine *g)
         /* A provider that echoes a secret must not get it stored or shown. */
         gw_response_scrub(j->resp, &j->req);
         gw_response_scrub(j->resp, &j->vreq);
-        note_if_recovered(j);
+        if (!j->responded) { /* before anything evaluates it (doneWhen, edges) */
+            j->responded = 1;
+            note(j, STEPS_RESPONDED);
+        }
         json_t *out = NULL;
         if (!decide(j, &go->o, &go->out_text, &out, &go->err_text))
             continue; /* another call is in flight for this job */

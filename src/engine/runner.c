@@ -13,8 +13,8 @@
  * expired on its last MAX_LEASE_EXPIRIES attempts, when it fails instead
  * (a step that crashes the process); a GATEWAY's outcome is unknown, so its
  * `ambiguous` policy decides (re-send with the key, verify, or park) —
- * unless a re-sent call's worker died after its response arrived on its
- * last MAX_RESPONSE_CRASHES attempts, when it fails too.
+ * unless a re-sent call's worker died while evaluating its request or its
+ * response on its last MAX_EVAL_CRASHES attempts, when it fails too.
  *
  * Fault points (docs/faults.md): step.after_claim, step.before_complete,
  * step.after_complete_commit, sweeper.before_recover.
@@ -321,28 +321,49 @@ static void *worker_main(void *arg)
  * long enough for repeated kills (an operator's, a test's) to land on it
  * every time, and failing it could leave an order uncharged; with its key
  * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy — up to
- * MAX_RESPONSE_CRASHES below. */
+ * MAX_EVAL_CRASHES below. */
 #define MAX_LEASE_EXPIRIES 3
 
-/* A GATEWAY call re-sent after a lease expiry has its response noted on
- * the attempt ("responded") before anything evaluates it (gwstep.c).  A
- * worker that then dies with the response in hand, this many attempts in a
- * row, is not an operator's kill landing mid-call but the response's
- * handling stopping the process (a crash in its edge conditions or
- * `doneWhen`): the step fails instead of being re-sent at every start.
- * The call took effect; `retry` sends it again with its key. */
-#define MAX_RESPONSE_CRASHES 2
+/* A GATEWAY call re-sent after a lease expiry notes on its attempt what it
+ * is about to evaluate (gwstep.c): "rendering" its request, nothing while
+ * the call is in flight, "responded" once the response is in hand.  A
+ * worker that dies while such a note stands, this many attempts in a row,
+ * is not an operator's kill landing mid-call but the evaluation stopping
+ * the process (a crash in its templates, edge conditions or `doneWhen`):
+ * the step fails instead of being tried again at every start.  `retry`
+ * sends it again, with its key, once the cause is fixed. */
+#define MAX_EVAL_CRASHES 2
 
-/* The step's attempt history, counting back from the one before `epoch`:
- * how many in a row ended in `outcome` (another outcome stops the count).
- * With `note`, *current = 1 when the attempt at `epoch` is noted so. */
-static int earlier_attempts(struct engine *g, const struct store_step *st, const char *outcome,
-                            const char *note, int *current)
+/* How a GATEWAY's worker died, from its attempt's note. */
+enum death { DIED_MID_CALL, DIED_RENDERING, DIED_AFTER_RESPONSE };
+
+static const char *const death_outcome[] = {
+    [DIED_MID_CALL] = "lease_expired",
+    [DIED_RENDERING] = STEPS_LEASE_EXPIRED_WHILE_RENDERING,
+    [DIED_AFTER_RESPONSE] = STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
+};
+
+/* Whether an attempt that ended in `outcome` died evaluating (TRANSFORM:
+ * any lease expiry; GATEWAY: one while a note stood). */
+static int died_evaluating(int gateway, const char *outcome)
+{
+    if (!outcome)
+        return 0;
+    if (!gateway)
+        return strcmp(outcome, "lease_expired") == 0;
+    return strcmp(outcome, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
+           strcmp(outcome, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0;
+}
+
+/* Reads the step's attempt history: *death, from the note on the attempt
+ * at `epoch` (the one that just expired); returns how many attempts before
+ * it, counting back, died evaluating (another outcome stops the count). */
+static int attempt_history(struct engine *g, const struct store_step *st, int gateway,
+                           enum death *death)
 {
     struct store_attempt *a = NULL;
     size_t n = 0;
-    if (current)
-        *current = 0;
+    *death = DIED_MID_CALL;
     if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
         return 0;
     int count = 0;
@@ -351,14 +372,16 @@ static int earlier_attempts(struct engine *g, const struct store_step *st, const
         for (size_t i = 0; i < n && !hit; i++)
             if (a[i].epoch == ep && strcmp(a[i].vertex, st->vertex) == 0)
                 hit = &a[i];
-        if (ep == st->epoch) {
-            if (current && note && hit && hit->outcome && strcmp(hit->outcome, note) == 0)
-                *current = 1;
-            continue;
-        }
         if (!hit)
             continue; /* an epoch without an attempt row (an operator's action) */
-        if (!hit->outcome || strcmp(hit->outcome, outcome) != 0)
+        if (ep == st->epoch) {
+            if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RENDERING) == 0)
+                *death = DIED_RENDERING;
+            else if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RESPONDED) == 0)
+                *death = DIED_AFTER_RESPONSE;
+            continue;
+        }
+        if (!died_evaluating(gateway, hit->outcome))
             break;
         count++;
     }
@@ -367,16 +390,37 @@ static int earlier_attempts(struct engine *g, const struct store_step *st, const
 }
 
 /* The error a recovery leaves on a GATEWAY it re-dispatches (JSON text). */
-static char *gateway_expiry_error(int responded, enum gw_ambiguous amb)
+static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb)
 {
-    json_t *ej = json_pack(
-        "{s:s,s:s}", "code",
-        responded ? STEPS_LEASE_EXPIRED_AFTER_RESPONSE : STEPS_LEASE_EXPIRED_MID_CALL, "message",
-        responded ? "the worker stopped after the call's response arrived, before its outcome "
-                    "was stored"
-                  : "the worker stopped while the call was in flight; its outcome is unknown");
+    static const char *const why[] = {
+        [DIED_MID_CALL] = "the worker stopped while the call was in flight; its outcome is "
+                          "unknown",
+        [DIED_RENDERING] = "the worker stopped while rendering the request",
+        [DIED_AFTER_RESPONSE] = "the worker stopped after the call's response arrived, before "
+                                "its outcome was stored",
+    };
+    json_t *ej = json_pack("{s:s,s:s}", "code",
+                           d == DIED_MID_CALL ? STEPS_LEASE_EXPIRED_MID_CALL : death_outcome[d],
+                           "message", why[d]);
     if (amb == GW_AMB_VERIFY)
         json_object_set_new(ej, "verifyFirst", json_true());
+    char *err = json_to_string(ej);
+    json_decref(ej);
+    return err;
+}
+
+/* The error of a step failed because evaluating it kept stopping the
+ * process (JSON text). */
+static char *poison_error(int gateway, int expiries)
+{
+    json_t *ej = json_pack(
+        "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
+        gateway ? "the worker stopped each time it evaluated this call's request or response "
+                  "(a crash in an expression?); failed so that it cannot stop the engine "
+                  "again.  Once the cause is fixed, retry sends the call again with its key"
+                : "the worker stopped each time it ran this step (a crash while evaluating "
+                  "it?); failed so that it cannot stop the engine again",
+        "expiries", expiries);
     char *err = json_to_string(ej);
     json_decref(ej);
     return err;
@@ -412,35 +456,18 @@ static int recover(struct engine *g, int64_t now)
         int gateway = vi >= 0 && w->v[vi].type == WF_GATEWAY;
         enum gw_ambiguous amb = gateway ? w->v[vi].policy.ambiguous : GW_AMB_RETRY;
         int park = gateway && amb == GW_AMB_RECONCILE;
-        int responded = 0, expiries = 1, poison;
-        if (!gateway) {
-            expiries += earlier_attempts(g, st, "lease_expired", NULL, NULL);
-            poison = expiries >= MAX_LEASE_EXPIRIES;
-        } else {
-            int after = park ? 0
-                             : earlier_attempts(g, st, STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
-                                                STEPS_RESPONDED, &responded);
-            if (responded)
-                expiries += after;
-            poison = responded && expiries >= MAX_RESPONSE_CRASHES;
+        enum death death = DIED_MID_CALL;
+        int expiries = 1, poison = 0;
+        if (!park) {
+            int before = attempt_history(g, st, gateway, &death);
+            if (!gateway || death != DIED_MID_CALL)
+                expiries += before;
+            poison = gateway ? death != DIED_MID_CALL && expiries >= MAX_EVAL_CRASHES
+                             : expiries >= MAX_LEASE_EXPIRIES;
         }
-        char *err = gateway ? gateway_expiry_error(responded, amb) : NULL;
-        if (poison) {
-            json_t *ej = json_pack(
-                "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
-                gateway ? "the worker stopped each time it handled this call's response (a "
-                          "crash while evaluating its edges?); failed so that it cannot stop "
-                          "the engine again.  The call took effect: retry sends it again with "
-                          "its key"
-                        : "the worker stopped each time it ran this step (a crash while "
-                          "evaluating it?); failed so that it cannot stop the engine again",
-                "expiries", expiries);
-            if (gateway)
-                json_object_set_new(ej, "afterResponse", json_true());
-            free(err);
-            err = json_to_string(ej);
-            json_decref(ej);
-        }
+        char *err = poison    ? poison_error(gateway, expiries)
+                    : gateway ? gateway_expiry_error(death, amb)
+                              : NULL;
         FAULT("sweeper.before_recover");
         struct step_outcome o = {
             .w = w,
@@ -453,7 +480,7 @@ static int recover(struct engine *g, int64_t now)
                   : poison ? STEP_FAILED
                            : STEP_DISPATCHED,
             .error = err,
-            .attempt_outcome = responded ? STEPS_LEASE_EXPIRED_AFTER_RESPONSE : "lease_expired",
+            .attempt_outcome = death_outcome[death],
             .now = clock_now_ms(),
         };
         if (apply(g, &o, &e) == 0 && !o.fenced) {
@@ -461,10 +488,9 @@ static int recover(struct engine *g, int64_t now)
             atomic_fetch_add(&g->m.steps_recovered, 1);
             log_warn("step.recovered", "%s/%s epoch %lld: lease expired; %s", st->execution_id,
                      st->vertex, (long long)st->epoch,
-                     park        ? "parked for reconciliation"
-                     : poison    ? "failed: its lease expired on every one of its last attempts"
-                     : responded ? "re-dispatched (it died after the call's response)"
-                                 : "re-dispatched");
+                     park     ? "parked for reconciliation"
+                     : poison ? "failed: its worker died on every one of its last attempts"
+                              : "re-dispatched");
         }
         free(err);
     }

@@ -46,12 +46,10 @@ struct gw_job {
     struct gw_request req, vreq;
     int phase; /* 0: the call, 1: the verify request */
     /* A re-send after a lease expiry (the error the recovery left says so):
-     * what it is about to evaluate is noted on its attempt first — the
-     * request's rendering, then (the note cleared before sending) its first
-     * response — so the next recovery knows whether evaluating is what
-     * stopped the process (runner.c, MAX_EVAL_CRASHES). */
-    int recovered, responded;
-    const char *note; /* for note_tx */
+     * its first response is noted on its attempt before anything evaluates
+     * it, so the next recovery knows whether handling the response is what
+     * stopped the process (runner.c, MAX_RESPONSE_CRASHES). */
+    int recovered, noted;
     int64_t first_attempt_ms;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
@@ -217,7 +215,6 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
             *verify = json_is_true(json_object_get(err, "verifyFirst"));
             const char *code = json_string_value(json_object_get(err, "code"));
             *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||
-                                  strcmp(code, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
                                   strcmp(code, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0);
         }
         json_decref(err);
@@ -236,26 +233,6 @@ static int64_t first_attempt(struct engine *g, const char *xid, const char *vert
                 first = a[i].started_at;
     store_attempts_free(a, n);
     return first;
-}
-
-static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    const struct gw_job *j = arg;
-    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, j->note, e);
-}
-
-/* Notes `what` (NULL: nothing, i.e. "the call is in flight") durably on a
- * re-sent call's running attempt.  Only on this rare path: a first attempt
- * is never noted, so the hot path writes nothing extra.  A failed note
- * only weakens the crash-loop guard; the call goes on. */
-static void note(struct gw_job *j, const char *what)
-{
-    if (!j->recovered)
-        return;
-    j->note = what;
-    struct ifl_err e = {0};
-    if (store_tx_run(j->g->store, note_tx, j, &e))
-        log_warn("gateway.note_failed", "%s/%s: %s", j->execution_id, j->vertex, e.msg);
 }
 
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
@@ -281,8 +258,6 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
-    note(j, STEPS_RENDERING);
-    FAULT("gateway.before_render");
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
         (verify && v->verify &&
          render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
@@ -290,7 +265,6 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         job_free(j);
         return NULL;
     }
-    note(j, NULL); /* rendered: a death from now on is one mid-call */
     /* A second send of the call is harmless only with a key the provider
      * honours (the `retry` policy says it does); a verify request is a read
      * when it is a GET or HEAD. */
@@ -492,6 +466,44 @@ static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
     return steps_apply(tx, &((struct gw_outcome *)arg)->o, e);
 }
 
+static int note_responded(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct gw_job *j = arg;
+    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, STEPS_RESPONDED, e);
+}
+
+/* Notes "responded" on the attempts of the re-sent calls in `list` whose
+ * response just arrived, before anything evaluates one (its `doneWhen`, its
+ * edge conditions): all in one group commit, so that after a restart, when
+ * every re-sent call answers at once, the time a kill can land between
+ * the note and the outcome stays one commit long.  Only on this rare path
+ * (a first attempt is never noted: the hot path writes nothing extra).  A
+ * note that fails only weakens the crash-loop guard. */
+static void note_responses(struct engine *g, struct gw_job *list)
+{
+    size_t n = 0, k = 0;
+    for (struct gw_job *j = list; j; j = j->next)
+        n += j->recovered && !j->noted;
+    if (!n)
+        return;
+    void **args = xcalloc(n, sizeof *args);
+    int *rcs = xcalloc(n, sizeof *rcs);
+    struct ifl_err *errs = xcalloc(n, sizeof *errs);
+    for (struct gw_job *j = list; j; j = j->next)
+        if (j->recovered && !j->noted) {
+            j->noted = 1;
+            args[k++] = j;
+        }
+    store_tx_run_many(g->store, note_responded, args, n, rcs, errs);
+    for (size_t i = 0; i < n; i++)
+        if (rcs[i])
+            log_warn("gateway.note_failed", "%s/%s: %s", ((struct gw_job *)args[i])->execution_id,
+                     ((struct gw_job *)args[i])->vertex, errs[i].msg);
+    free(args);
+    free(rcs);
+    free(errs);
+}
+
 size_t engine_gw_drain(struct engine *g)
 {
     pthread_mutex_lock(&g->gmu);
@@ -503,6 +515,7 @@ size_t engine_gw_drain(struct engine *g)
         cap++;
     if (!cap)
         return 0;
+    note_responses(g, list);
     struct gw_outcome *outs = xcalloc(cap, sizeof *outs);
     for (struct gw_job *j = list, *next; j; j = next) {
         next = j->next;
@@ -511,10 +524,6 @@ size_t engine_gw_drain(struct engine *g)
         /* A provider that echoes a secret must not get it stored or shown. */
         gw_response_scrub(j->resp, &j->req);
         gw_response_scrub(j->resp, &j->vreq);
-        if (!j->responded) { /* before anything evaluates it (doneWhen, edges) */
-            j->responded = 1;
-            note(j, STEPS_RESPONDED);
-        }
         json_t *out = NULL;
         if (!decide(j, &go->o, &go->out_text, &out, &go->err_text))
             continue; /* another call is in flight for this job */

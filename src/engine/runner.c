@@ -13,8 +13,8 @@
  * expired on its last MAX_LEASE_EXPIRIES attempts, when it fails instead
  * (a step that crashes the process); a GATEWAY's outcome is unknown, so its
  * `ambiguous` policy decides (re-send with the key, verify, or park) —
- * unless a re-sent call's worker died while evaluating its request or its
- * response on its last MAX_EVAL_CRASHES attempts, when it fails too.
+ * unless a re-sent call's worker died with its response in hand on its
+ * last MAX_RESPONSE_CRASHES attempts, when it fails too.
  *
  * Fault points (docs/faults.md): step.after_claim, step.before_complete,
  * step.after_complete_commit, sweeper.before_recover.
@@ -321,38 +321,35 @@ static void *worker_main(void *arg)
  * long enough for repeated kills (an operator's, a test's) to land on it
  * every time, and failing it could leave an order uncharged; with its key
  * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy — up to
- * MAX_EVAL_CRASHES below. */
+ * MAX_RESPONSE_CRASHES below. */
 #define MAX_LEASE_EXPIRIES 3
 
-/* A GATEWAY call re-sent after a lease expiry notes on its attempt what it
- * is about to evaluate (gwstep.c): "rendering" its request, nothing while
- * the call is in flight, "responded" once the response is in hand.  A
- * worker that dies while such a note stands, this many attempts in a row,
- * is not an operator's kill landing mid-call but the evaluation stopping
- * the process (a crash in its templates, edge conditions or `doneWhen`):
- * the step fails instead of being tried again at every start.  `retry`
- * sends it again, with its key, once the cause is fixed. */
-#define MAX_EVAL_CRASHES 2
+/* A GATEWAY call re-sent after a lease expiry notes "responded" on its
+ * attempt when its response arrives, before anything evaluates it
+ * (gwstep.c).  A worker that dies while that note stands, this many
+ * attempts in a row, is not an operator's kill landing mid-call but the
+ * response's handling stopping the process (a crash in its edge conditions
+ * or `doneWhen`): the step fails instead of being re-sent at every start.
+ * Three, like MAX_LEASE_EXPIRIES: the note stands for one group commit,
+ * and a kill may land there by chance once, not three times running.
+ * The call took effect; `retry` sends it again with its key. */
+#define MAX_RESPONSE_CRASHES 3
 
 /* How a GATEWAY's worker died, from its attempt's note. */
-enum death { DIED_MID_CALL, DIED_RENDERING, DIED_AFTER_RESPONSE };
+enum death { DIED_MID_CALL, DIED_AFTER_RESPONSE };
 
 static const char *const death_outcome[] = {
     [DIED_MID_CALL] = "lease_expired",
-    [DIED_RENDERING] = STEPS_LEASE_EXPIRED_WHILE_RENDERING,
     [DIED_AFTER_RESPONSE] = STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
 };
 
 /* Whether an attempt that ended in `outcome` died evaluating (TRANSFORM:
- * any lease expiry; GATEWAY: one while a note stood). */
+ * any lease expiry; GATEWAY: one with its response in hand). */
 static int died_evaluating(int gateway, const char *outcome)
 {
     if (!outcome)
         return 0;
-    if (!gateway)
-        return strcmp(outcome, "lease_expired") == 0;
-    return strcmp(outcome, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
-           strcmp(outcome, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0;
+    return strcmp(outcome, gateway ? STEPS_LEASE_EXPIRED_AFTER_RESPONSE : "lease_expired") == 0;
 }
 
 /* Reads the step's attempt history: *death, from the note on the attempt
@@ -375,9 +372,7 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
         if (!hit)
             continue; /* an epoch without an attempt row (an operator's action) */
         if (ep == st->epoch) {
-            if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RENDERING) == 0)
-                *death = DIED_RENDERING;
-            else if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RESPONDED) == 0)
+            if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RESPONDED) == 0)
                 *death = DIED_AFTER_RESPONSE;
             continue;
         }
@@ -395,7 +390,6 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb)
     static const char *const why[] = {
         [DIED_MID_CALL] = "the worker stopped while the call was in flight; its outcome is "
                           "unknown",
-        [DIED_RENDERING] = "the worker stopped while rendering the request",
         [DIED_AFTER_RESPONSE] = "the worker stopped after the call's response arrived, before "
                                 "its outcome was stored",
     };
@@ -415,9 +409,10 @@ static char *poison_error(int gateway, int expiries)
 {
     json_t *ej = json_pack(
         "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
-        gateway ? "the worker stopped each time it evaluated this call's request or response "
-                  "(a crash in an expression?); failed so that it cannot stop the engine "
-                  "again.  Once the cause is fixed, retry sends the call again with its key"
+        gateway ? "the worker stopped each time it handled this call's response (a crash "
+                  "while evaluating its edges?); failed so that it cannot stop the engine "
+                  "again.  The call took effect: once the cause is fixed, retry sends it again "
+                  "with its key"
                 : "the worker stopped each time it ran this step (a crash while evaluating "
                   "it?); failed so that it cannot stop the engine again",
         "expiries", expiries);
@@ -462,7 +457,7 @@ static int recover(struct engine *g, int64_t now)
             int before = attempt_history(g, st, gateway, &death);
             if (!gateway || death != DIED_MID_CALL)
                 expiries += before;
-            poison = gateway ? death != DIED_MID_CALL && expiries >= MAX_EVAL_CRASHES
+            poison = gateway ? death != DIED_MID_CALL && expiries >= MAX_RESPONSE_CRASHES
                              : expiries >= MAX_LEASE_EXPIRIES;
         }
         char *err = poison    ? poison_error(gateway, expiries)

@@ -48,8 +48,11 @@ struct gw_job {
     /* A re-send after a lease expiry (the error the recovery left says so):
      * its first response is noted on its attempt before anything evaluates
      * it, so the next recovery knows whether handling the response is what
-     * stopped the process (runner.c, MAX_RESPONSE_CRASHES). */
+     * stopped the process (runner.c, MAX_RESPONSE_CRASHES).  After a
+     * verify response that says "not done", the note is cleared before the
+     * call is re-sent, and that call's response is noted in turn. */
     int recovered, noted;
+    const char *note; /* what note_tx writes: STEPS_RESPONDED or NULL */
     int64_t first_attempt_ms;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
@@ -365,6 +368,58 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
  * in *o (with texts in *out_text / *err_text, and a completed step's output
  * also as JSON in *out, a new reference), 0 when another call was started
  * instead (verify said "not done": re-send). */
+static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct gw_job *j = arg;
+    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, j->note, e);
+}
+
+/* Notes "responded" on the attempts of the re-sent calls in `list` whose
+ * response just arrived, before anything evaluates one (its `doneWhen`, its
+ * edge conditions): all in one group commit, so that after a restart, when
+ * every re-sent call answers at once, the time a kill can land between
+ * the note and the outcome stays one commit long.  Only on this rare path
+ * (a first attempt is never noted: the hot path writes nothing extra).  A
+ * note that fails only weakens the crash-loop guard. */
+static void note_responses(struct engine *g, struct gw_job *list)
+{
+    size_t n = 0, k = 0;
+    for (struct gw_job *j = list; j; j = j->next)
+        n += j->recovered && !j->noted;
+    if (!n)
+        return;
+    void **args = xcalloc(n, sizeof *args);
+    int *rcs = xcalloc(n, sizeof *rcs);
+    struct ifl_err *errs = xcalloc(n, sizeof *errs);
+    for (struct gw_job *j = list; j; j = j->next)
+        if (j->recovered && !j->noted) {
+            j->noted = 1;
+            j->note = STEPS_RESPONDED;
+            args[k++] = j;
+        }
+    store_tx_run_many(g->store, note_tx, args, n, rcs, errs);
+    for (size_t i = 0; i < n; i++)
+        if (rcs[i])
+            log_warn("gateway.note_failed", "%s/%s: %s", ((struct gw_job *)args[i])->execution_id,
+                     ((struct gw_job *)args[i])->vertex, errs[i].msg);
+    free(args);
+    free(rcs);
+    free(errs);
+}
+
+/* Clears a re-sent call's note before the call goes out again (a verify
+ * response said "not done"): a death from now on is one mid-call. */
+static void note_clear(struct gw_job *j)
+{
+    if (!j->noted)
+        return;
+    j->noted = 0;
+    j->note = NULL;
+    struct ifl_err e = {0};
+    if (store_tx_run(j->g->store, note_tx, j, &e))
+        log_warn("gateway.note_failed", "%s/%s: %s", j->execution_id, j->vertex, e.msg);
+}
+
 static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, json_t **out_json,
                   char **err_text)
 {
@@ -408,6 +463,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             free(r);
             j->resp = NULL;
             j->phase = 0; /* not done: now (and only now) re-send */
+            note_clear(j);
             submit(j, &j->req);
             return 0;
         }
@@ -464,44 +520,6 @@ struct gw_outcome {
 static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     return steps_apply(tx, &((struct gw_outcome *)arg)->o, e);
-}
-
-static int note_responded(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    const struct gw_job *j = arg;
-    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, STEPS_RESPONDED, e);
-}
-
-/* Notes "responded" on the attempts of the re-sent calls in `list` whose
- * response just arrived, before anything evaluates one (its `doneWhen`, its
- * edge conditions): all in one group commit, so that after a restart, when
- * every re-sent call answers at once, the time a kill can land between
- * the note and the outcome stays one commit long.  Only on this rare path
- * (a first attempt is never noted: the hot path writes nothing extra).  A
- * note that fails only weakens the crash-loop guard. */
-static void note_responses(struct engine *g, struct gw_job *list)
-{
-    size_t n = 0, k = 0;
-    for (struct gw_job *j = list; j; j = j->next)
-        n += j->recovered && !j->noted;
-    if (!n)
-        return;
-    void **args = xcalloc(n, sizeof *args);
-    int *rcs = xcalloc(n, sizeof *rcs);
-    struct ifl_err *errs = xcalloc(n, sizeof *errs);
-    for (struct gw_job *j = list; j; j = j->next)
-        if (j->recovered && !j->noted) {
-            j->noted = 1;
-            args[k++] = j;
-        }
-    store_tx_run_many(g->store, note_responded, args, n, rcs, errs);
-    for (size_t i = 0; i < n; i++)
-        if (rcs[i])
-            log_warn("gateway.note_failed", "%s/%s: %s", ((struct gw_job *)args[i])->execution_id,
-                     ((struct gw_job *)args[i])->vertex, errs[i].msg);
-    free(args);
-    free(rcs);
-    free(errs);
 }
 
 size_t engine_gw_drain(struct engine *g)

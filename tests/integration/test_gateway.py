@@ -388,7 +388,21 @@ def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(serve
 
 
 def test_verify_before_resend_without_key_support(server, mock):
-    put_workflow(server, "rvw", {
+    put_workflow(server, "rvw", verify_flow(mock))
+    mock.faults("ignore_idempotency;drop_after_commit:count=1")
+    x = finished(server, run(server, "rvw", {"order": {"id": "o-12"}}, entry="order"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and ch["output"]["verified"] is True
+    assert mock.charges("o-12") == 1  # verified, not re-sent
+    # verify says "not done" (the call never reached the provider): re-send
+    mock.faults("ignore_idempotency;status=500:count=1")
+    x = finished(server, run(server, "rvw", {"order": {"id": "o-13"}}, entry="order"))
+    assert x["status"] == "completed" and mock.charges("o-13") == 1
+    assert "verified" not in steps_of(x)["charge"]["output"]
+
+
+def verify_flow(mock):
+    return {
         "vertices": {
             "order": {"type": "ENTRY_POINT"},
             "charge": {"type": "GATEWAY", "config": {
@@ -400,17 +414,36 @@ def test_verify_before_resend_without_key_support(server, mock):
                            "doneWhen": "= $count(response.body.data) > 0"},
                 "retry": {"maxAttempts": 5, "initialIntervalMs": 10, "maxIntervalMs": 20}}},
         },
-        "edges": [{"from": "order", "to": "charge"}]})
-    mock.faults("ignore_idempotency;drop_after_commit:count=1")
-    x = finished(server, run(server, "rvw", {"order": {"id": "o-12"}}, entry="order"))
-    ch = steps_of(x)["charge"]
-    assert x["status"] == "completed" and ch["output"]["verified"] is True
-    assert mock.charges("o-12") == 1  # verified, not re-sent
-    # verify says "not done" (the call never reached the provider): re-send
-    mock.faults("ignore_idempotency;status=500:count=1")
-    x = finished(server, run(server, "rvw", {"order": {"id": "o-13"}}, entry="order"))
-    assert x["status"] == "completed" and mock.charges("o-13") == 1
-    assert "verified" not in steps_of(x)["charge"]["output"]
+        "edges": [{"from": "order", "to": "charge"}]}
+
+
+def test_a_verify_that_says_not_done_clears_the_note_before_the_resend(make_server, mock):
+    """A re-sent call notes "responded" when its verify response arrives;
+    when that response says "not done", the note is cleared before the call
+    goes out again, so a kill during that call counts as one mid-call
+    (`lease_expired`), not as a death while handling a response, which
+    three times running would fail the step (runner.c)."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_send@1"}, extra=["--lease-ms", "500"])
+    s.start()
+    put_workflow(s, "rvw", verify_flow(mock))
+    try:
+        run(s, "rvw", {"order": {"id": "o-19"}}, entry="order")
+    except (OSError, AssertionError):
+        pass  # killed before the call went out; the answer may be lost too
+    assert s.proc.wait(timeout=10) == -signal.SIGKILL
+    # the restart verifies (nothing there), notes, clears the note, and is
+    # killed as it re-sends the call (its second send: the verify was the first)
+    s.env["IDEMFLOW_FAULT"] = "gateway.before_send@2"
+    s.start(expect_fail=True)
+    assert s.proc.wait(timeout=10) == -signal.SIGKILL
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
+    x = finished(s, xid)
+    assert x["status"] == "completed", x
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == \
+        ["lease_expired", "lease_expired", "success"], steps_of(x)["charge"]["history"]
+    assert mock.charges("o-19") == 1
 
 
 def test_sigkill_while_a_charge_is_in_flight_then_restart(make_server, mock):

@@ -237,6 +237,7 @@ def test_independent_provider_with_kills_at_random_moments(make_server):
         stop.set()
         sender.join(timeout=30)
         assert tried[0] < KILL_ORDERS, "the orders ran out before the kills did"
+        print(f"{tried[0]} orders, {KILLS} kills")  # shown with pytest -s, for soaks
         check_all_charged_once(s, prov, ids, tried[0])
     finally:
         stop.set()

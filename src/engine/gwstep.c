@@ -294,11 +294,13 @@ void engine_gw_discard(struct gw_job *j)
 }
 
 int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
-                    json_t *ctx, struct store_step **rows, size_t *n, char **err_text)
+                    json_t **ctx, struct store_step **rows, size_t *n, char **err_text)
 {
-    struct gw_job *j = engine_gw_prepare(g, c, w, vi, ctx, rows, n, err_text);
+    struct gw_job *j = engine_gw_prepare(g, c, w, vi, *ctx, rows, n, err_text);
     if (!j)
         return -1;
+    json_decref(*ctx); /* before the launch: from then on only the job's */
+    *ctx = NULL;
     engine_gw_launch(j);
     return 0;
 }

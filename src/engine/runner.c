@@ -161,7 +161,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        if (engine_gw_start(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text) == 0)
+        if (engine_gw_start(g, c, w, vi, &p->ctx, &p->rows, &p->n, &p->err_text) == 0)
             return; /* in flight: the outcome comes when the call ends */
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);

@@ -72,23 +72,18 @@ struct gw_job;
  * (engine_wake is the one for dispatched work). */
 void engine_wake_drain(struct engine *g);
 
-/* Starts a claimed GATEWAY step's call (no outcome yet).  Returns 0 — the
- * call then owns *rows (the execution's rows as read; *rows = NULL, *n = 0),
- * which plan the inline completions of its successors, and the caller's
- * reference to *ctx (*ctx = NULL) — or -1 with *err_text (heap JSON) when
- * the request cannot be rendered (*rows and *ctx stay the caller's).
- * The call adds to its context (the response, the edges' view) on whichever
- * worker drains it, so no other thread may hold a reference to it by then:
- * a reference dropped on another thread races with those writes. */
-int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
-                    json_t **ctx, struct store_step **rows, size_t *n, char **err_text);
-/* engine_gw_start in two halves, for a step claimed by the transaction that
- * creates its execution: the request is rendered before that commit (NULL
- * with *err_text when it cannot be: the step is then left for a worker) and
- * sent only after it.  prepare takes *rows as start does (also on failure
- * it leaves them with the caller) and a reference of its own to ctx, which
- * the caller drops before the launch; the job is then launched (it owns
- * itself) or discarded. */
+/* Starts a claimed GATEWAY step's call in two halves: prepare renders the
+ * request (NULL with *err_text, heap JSON, when it cannot be), launch sends
+ * it.  A step claimed by the transaction that creates its execution is
+ * prepared before that commit and launched after it; one a worker claimed,
+ * once the batch's `rendering` notes are cleared (runner.c).  On success
+ * prepare takes *rows (*rows = NULL, *n = 0: they plan the inline
+ * completions of its successors; on failure they stay the caller's) and a
+ * reference of its own to ctx.  The call adds to ctx (the response, the
+ * edges' view) on whichever worker drains it, so the caller drops its own
+ * reference before the launch: one dropped later, on another thread, races
+ * with those writes.  The job is then launched (it owns itself) or
+ * discarded. */
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text);

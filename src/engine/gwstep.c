@@ -48,7 +48,7 @@ struct gw_job {
     /* A re-send after a lease expiry (the error the recovery left says so):
      * its first response is noted on its attempt before anything evaluates
      * it, so the next recovery knows whether handling the response is what
-     * stopped the process (runner.c, MAX_RESPONSE_CRASHES).  After a
+     * stopped the process (runner.c, MAX_EVAL_CRASHES).  After a
      * verify response that says "not done", the note is cleared before the
      * call is re-sent, and that call's response is noted in turn. */
     int recovered, noted;
@@ -218,6 +218,7 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
             *verify = json_is_true(json_object_get(err, "verifyFirst"));
             const char *code = json_string_value(json_object_get(err, "code"));
             *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||
+                                  strcmp(code, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
                                   strcmp(code, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0);
         }
         json_decref(err);
@@ -261,6 +262,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
+    FAULT("gateway.before_render");
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
         (verify && v->verify &&
          render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
@@ -291,18 +293,6 @@ void engine_gw_launch(struct gw_job *j)
 void engine_gw_discard(struct gw_job *j)
 {
     job_free(j);
-}
-
-int engine_gw_start(struct engine *g, const struct store_claim *c, const struct wf *w, long vi,
-                    json_t **ctx, struct store_step **rows, size_t *n, char **err_text)
-{
-    struct gw_job *j = engine_gw_prepare(g, c, w, vi, *ctx, rows, n, err_text);
-    if (!j)
-        return -1;
-    json_decref(*ctx); /* before the launch: from then on only the job's */
-    *ctx = NULL;
-    engine_gw_launch(j);
-    return 0;
 }
 
 /* ---- finishing a call ------------------------------------------------------------ */

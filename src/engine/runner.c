@@ -13,8 +13,8 @@
  * expired on its last MAX_LEASE_EXPIRIES attempts, when it fails instead
  * (a step that crashes the process); a GATEWAY's outcome is unknown, so its
  * `ambiguous` policy decides (re-send with the key, verify, or park) —
- * unless a re-sent call's worker died with its response in hand on its
- * last MAX_RESPONSE_CRASHES attempts, when it fails too.
+ * unless its worker died while rendering its request or handling its
+ * response on its last MAX_EVAL_CRASHES attempts, when it fails too.
  *
  * Fault points (docs/faults.md): step.after_claim, step.before_complete,
  * step.after_complete_commit, sweeper.before_recover.
@@ -115,6 +115,10 @@ struct pending {
     struct decision *d;
     size_t nd;
     struct inline_plan plan;
+    /* A GATEWAY's call, prepared (its request rendered) and launched once
+     * the batch's `rendering` notes are cleared (run_batch). */
+    struct gw_job *job;
+    int noted;
 };
 
 static void pending_clear(struct pending *p)
@@ -161,8 +165,15 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        if (engine_gw_start(g, c, w, vi, &p->ctx, &p->rows, &p->n, &p->err_text) == 0)
-            return; /* in flight: the outcome comes when the call ends */
+        p->job = engine_gw_prepare(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text);
+        if (p->job) {
+            /* The call adds to its context on whichever worker drains it:
+             * no reference may stay here (one dropped later, on this
+             * thread, raced with those writes). */
+            json_decref(p->ctx);
+            p->ctx = NULL;
+            return; /* launched by run_batch; the outcome comes when the call ends */
+        }
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
         if (engine_transform_eval(g, c->workspace, w, vi, p->ctx, &p->out, &p->out_text,
@@ -193,6 +204,55 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     p->ready = 1;
 }
 
+static int note_rendering(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct store_claim *c = ((struct pending *)arg)->c;
+    return store_tx_attempt_note(tx, c->execution_id, c->vertex, c->epoch, STEPS_RENDERING, e);
+}
+
+static int note_clear(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct store_claim *c = ((struct pending *)arg)->c;
+    return store_tx_attempt_note(tx, c->execution_id, c->vertex, c->epoch, NULL, e);
+}
+
+/* Runs `fn` over the pendings selected by `want`, in one group commit; a
+ * failure only weakens the crash-loop guard (MAX_EVAL_CRASHES). */
+static void notes(struct engine *g, struct pending *p, size_t n,
+                  int (*want)(const struct pending *),
+                  int (*fn)(struct store_tx *, void *, struct ifl_err *))
+{
+    void **args = xcalloc(n, sizeof *args);
+    int *rcs = xcalloc(n, sizeof *rcs);
+    struct ifl_err *errs = xcalloc(n, sizeof *errs);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (want(&p[i]))
+            args[k++] = &p[i];
+    if (k)
+        store_tx_run_many(g->store, fn, args, k, rcs, errs);
+    for (size_t i = 0; i < k; i++)
+        if (rcs[i])
+            log_warn("step.note_failed", "%s: %s", ((struct pending *)args[i])->c->vertex,
+                     errs[i].msg);
+    free(args);
+    free(rcs);
+    free(errs);
+}
+
+/* A GATEWAY claimed again (a retry, a recovery) is noted `rendering` on its
+ * attempt while its request is rendered, so that a recovery can tell a
+ * crash in its templates from a death mid-call (MAX_EVAL_CRASHES). */
+static int wants_note(const struct pending *p)
+{
+    return p->noted;
+}
+
+static int clears_note(const struct pending *p)
+{
+    return p->noted && (p->job || !p->ready); /* an outcome finishes the attempt itself */
+}
+
 /* Runs a batch of claimed steps, then commits all their outcomes together
  * (one group commit), each outcome its own guarded transaction. */
 static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, int64_t claimed_at,
@@ -202,15 +262,27 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     void **args = xcalloc(n, sizeof *args);
     int *rcs = xcalloc(n, sizeof *rcs);
     struct ifl_err *errs = xcalloc(n, sizeof *errs);
-    size_t k = 0;
+    int noted = 0;
     for (size_t i = 0; i < n; i++) {
         p[i].c = &cl[i];
+        p[i].noted = strcmp(cl[i].kind, "GATEWAY") == 0 && cl[i].attempts > 1;
+        noted |= p[i].noted;
+    }
+    if (noted)
+        notes(g, p, n, wants_note, note_rendering);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
         execute(g, &p[i], claimed_at, worker);
         if (p[i].ready) {
             FAULT("step.before_complete");
             args[k++] = &p[i].o;
         }
     }
+    if (noted) /* rendered (or never to be): a death from now on is one mid-call */
+        notes(g, p, n, clears_note, note_clear);
+    for (size_t i = 0; i < n; i++)
+        if (p[i].job)
+            engine_gw_launch(p[i].job);
     store_tx_run_many(g->store, steps_apply, args, k, rcs, errs);
     int wake = 0;
     for (size_t i = 0; i < k; i++) {
@@ -321,35 +393,41 @@ static void *worker_main(void *arg)
  * long enough for repeated kills (an operator's, a test's) to land on it
  * every time, and failing it could leave an order uncharged; with its key
  * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy — up to
- * MAX_RESPONSE_CRASHES below. */
+ * MAX_EVAL_CRASHES below. */
 #define MAX_LEASE_EXPIRIES 3
 
-/* A GATEWAY call re-sent after a lease expiry notes "responded" on its
- * attempt when its response arrives, before anything evaluates it
- * (gwstep.c).  A worker that dies while that note stands, this many
- * attempts in a row, is not an operator's kill landing mid-call but the
- * response's handling stopping the process (a crash in its edge conditions
- * or `doneWhen`): the step fails instead of being re-sent at every start.
- * Three, like MAX_LEASE_EXPIRIES: the note stands for one group commit,
- * and a kill may land there by chance once, not three times running.
- * The call took effect; `retry` sends it again with its key. */
-#define MAX_RESPONSE_CRASHES 3
+/* A GATEWAY claimed again (a retry, a recovery) notes "rendering" on its
+ * attempt while its request is rendered (run_batch), and one re-sent after
+ * a lease expiry notes "responded" when its response arrives, before
+ * anything evaluates it (gwstep.c).  A worker that dies while such a note
+ * stands, this many attempts in a row, is not an operator's kill landing
+ * mid-call but the evaluation stopping the process (a crash in its
+ * templates, edge conditions or `doneWhen`): the step fails instead of
+ * being tried again at every start.  Three, like MAX_LEASE_EXPIRIES: a
+ * note stands for about one group commit, and a kill may land there by
+ * chance once, not three times running.  `retry` sends the call again,
+ * with its key, once the cause is fixed. */
+#define MAX_EVAL_CRASHES 3
 
 /* How a GATEWAY's worker died, from its attempt's note. */
-enum death { DIED_MID_CALL, DIED_AFTER_RESPONSE };
+enum death { DIED_MID_CALL, DIED_RENDERING, DIED_AFTER_RESPONSE };
 
 static const char *const death_outcome[] = {
     [DIED_MID_CALL] = "lease_expired",
+    [DIED_RENDERING] = STEPS_LEASE_EXPIRED_WHILE_RENDERING,
     [DIED_AFTER_RESPONSE] = STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
 };
 
 /* Whether an attempt that ended in `outcome` died evaluating (TRANSFORM:
- * any lease expiry; GATEWAY: one with its response in hand). */
+ * any lease expiry; GATEWAY: one under a note). */
 static int died_evaluating(int gateway, const char *outcome)
 {
     if (!outcome)
         return 0;
-    return strcmp(outcome, gateway ? STEPS_LEASE_EXPIRED_AFTER_RESPONSE : "lease_expired") == 0;
+    if (!gateway)
+        return strcmp(outcome, "lease_expired") == 0;
+    return strcmp(outcome, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
+           strcmp(outcome, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0;
 }
 
 /* Reads the step's attempt history: *death, from the note on the attempt
@@ -372,7 +450,9 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
         if (!hit)
             continue; /* an epoch without an attempt row (an operator's action) */
         if (ep == st->epoch) {
-            if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RESPONDED) == 0)
+            if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RENDERING) == 0)
+                *death = DIED_RENDERING;
+            else if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RESPONDED) == 0)
                 *death = DIED_AFTER_RESPONSE;
             continue;
         }
@@ -390,6 +470,7 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb)
     static const char *const why[] = {
         [DIED_MID_CALL] = "the worker stopped while the call was in flight; its outcome is "
                           "unknown",
+        [DIED_RENDERING] = "the worker stopped while rendering the request",
         [DIED_AFTER_RESPONSE] = "the worker stopped after the call's response arrived, before "
                                 "its outcome was stored",
     };
@@ -409,10 +490,10 @@ static char *poison_error(int gateway, int expiries)
 {
     json_t *ej = json_pack(
         "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
-        gateway ? "the worker stopped each time it handled this call's response (a crash "
-                  "while evaluating its edges?); failed so that it cannot stop the engine "
-                  "again.  The call took effect: once the cause is fixed, retry sends it again "
-                  "with its key"
+        gateway ? "the worker stopped each time it rendered this call's request or handled its "
+                  "response (a crash in an expression?); failed so that it cannot stop the "
+                  "engine again.  Once the cause is fixed, retry sends the call again with its "
+                  "key"
                 : "the worker stopped each time it ran this step (a crash while evaluating "
                   "it?); failed so that it cannot stop the engine again",
         "expiries", expiries);
@@ -457,7 +538,7 @@ static int recover(struct engine *g, int64_t now)
             int before = attempt_history(g, st, gateway, &death);
             if (!gateway || death != DIED_MID_CALL)
                 expiries += before;
-            poison = gateway ? death != DIED_MID_CALL && expiries >= MAX_RESPONSE_CRASHES
+            poison = gateway ? death != DIED_MID_CALL && expiries >= MAX_EVAL_CRASHES
                              : expiries >= MAX_LEASE_EXPIRIES;
         }
         char *err = poison    ? poison_error(gateway, expiries)

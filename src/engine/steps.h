@@ -139,13 +139,16 @@ char *steps_status_data_text(const char *status);
 char *steps_error_json(const char *code, const char *msg);
 
 /* What a lease expiry leaves behind (runner.c recover, gwstep.c): the
- * note a re-sent GATEWAY call leaves on its running attempt when its
- * response arrives (RESPONDED); the error code of a GATEWAY re-dispatched
- * after its worker died mid-call, or with the response in hand (which also
- * ends that attempt); the code of a step failed because its worker kept
- * dying while evaluating it. */
+ * notes a GATEWAY claimed again leaves on its running attempt while its
+ * request is rendered (RENDERING) and, re-sent after a lease expiry, when
+ * its response arrives (RESPONDED); the error code of a GATEWAY
+ * re-dispatched after its worker died mid-call, while rendering, or with
+ * the response in hand (the last two also end that attempt); the code of a
+ * step failed because its worker kept dying while evaluating it. */
+#define STEPS_RENDERING "rendering"
 #define STEPS_RESPONDED "responded"
 #define STEPS_LEASE_EXPIRED_MID_CALL "lease_expired_mid_call"
+#define STEPS_LEASE_EXPIRED_WHILE_RENDERING "lease_expired_while_rendering"
 #define STEPS_LEASE_EXPIRED_AFTER_RESPONSE "lease_expired_after_response"
 #define STEPS_LEASE_EXPIRED_REPEATEDLY "lease_expired_repeatedly"
 

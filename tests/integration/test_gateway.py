@@ -533,7 +533,7 @@ def test_a_response_whose_handling_kills_every_worker_fails_after_three_resends(
     such a death from a kill mid-call; after three in a row the step is
     FAILED instead, the process stays up, the provider charged once, and an
     operator's retry re-sends it with the same key once the cause is gone
-    (runner.c, MAX_RESPONSE_CRASHES)."""
+    (runner.c, MAX_EVAL_CRASHES)."""
     s = make_server(env={"IDEMFLOW_FAULT": "gateway.after_response"},
                     extra=["--workers", "1", "--lease-ms", "300"])
     s.start()
@@ -565,6 +565,35 @@ def test_a_response_whose_handling_kills_every_worker_fails_after_three_resends(
     assert steps_of(x)["charge"]["history"][-1]["outcome"] == "success"
     assert steps_of(x)["paid"]["state"] == "COMPLETED"
     assert mock.charges("o-17") == 1
+
+
+def test_a_request_whose_rendering_kills_every_worker_fails_after_three_attempts(make_server, mock):
+    """The same for a crash while rendering the request (a kill at
+    gateway.before_render in every process; --no-inline, so that a worker,
+    not the trigger, renders the first attempt): a GATEWAY claimed again is
+    noted "rendering" while its request is rendered, three deaths in a row
+    under that note fail the step, and nothing was ever sent."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_render"},
+                    extra=["--workers", "1", "--lease-ms", "300", "--no-inline"])
+    s.start()
+    setup_pay(s, mock)
+    try:
+        pay(s, "o-18")
+    except (OSError, AssertionError):
+        pass  # the worker may kill the process before the answer leaves
+    xid, x = outlive_kills(s, 4)
+    assert x["status"] == "failed", x
+    ch = steps_of(x)["charge"]
+    assert ch["error"]["code"] == "lease_expired_repeatedly" and ch["error"]["expiries"] == 3
+    assert [h["outcome"] for h in ch["history"]] == \
+        ["lease_expired"] + ["lease_expired_while_rendering"] * 3, ch["history"]
+    assert mock.charges("o-18") == 0
+    s.stop()
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    assert s.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
+    wait_for(lambda: s.get(f"{WS}/executions/{xid}").json["status"] == "completed", timeout=20)
+    assert mock.charges("o-18") == 1
 
 
 def send_raw_trigger(s, order):

@@ -203,7 +203,7 @@ def test_independent_provider_with_kills_at_random_moments(make_server):
     from another thread (until the last restart; at most KILL_ORDERS), and
     restarted each time.  Besides one charge per order, no step may be
     failed by a guard that mistook a kill for a crash (runner.c:
-    MAX_LEASE_EXPIRIES, MAX_RESPONSE_CRASHES)."""
+    MAX_LEASE_EXPIRIES, MAX_EVAL_CRASHES)."""
     import random
     rnd = random.Random(SEED)
     prov = Provider(seed=SEED)

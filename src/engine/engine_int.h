@@ -84,6 +84,17 @@ void engine_wake_drain(struct engine *g);
  * reference before the launch: one dropped later, on another thread, races
  * with those writes.  The job is then launched (it owns itself) or
  * discarded. */
+/* A note on a running attempt (store_tx_attempt_note): `rendering` or
+ * `responded`, or NULL to clear it.  runner.c, MAX_EVAL_CRASHES. */
+struct attempt_note {
+    const char *execution_id, *vertex;
+    int64_t epoch;
+    const char *note;
+};
+/* Writes notes[0..n) in one group commit.  A note that fails is logged; it
+ * only weakens the crash-loop guard. */
+void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);
+
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text);

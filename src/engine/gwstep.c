@@ -52,7 +52,6 @@ struct gw_job {
      * verify response that says "not done", the note is cleared before the
      * call is re-sent, and that call's response is noted in turn. */
     int recovered, noted;
-    const char *note; /* what note_tx writes: STEPS_RESPONDED or NULL */
     int64_t first_attempt_ms;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
@@ -297,6 +296,70 @@ void engine_gw_discard(struct gw_job *j)
 
 /* ---- finishing a call ------------------------------------------------------------ */
 
+static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct attempt_note *a = arg;
+    return store_tx_attempt_note(tx, a->execution_id, a->vertex, a->epoch, a->note, e);
+}
+
+void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n)
+{
+    if (!n)
+        return;
+    void **args = xcalloc(n, sizeof *args);
+    int *rcs = xcalloc(n, sizeof *rcs);
+    struct ifl_err *errs = xcalloc(n, sizeof *errs);
+    for (size_t i = 0; i < n; i++)
+        args[i] = (void *)&notes[i];
+    store_tx_run_many(g->store, note_tx, args, n, rcs, errs);
+    for (size_t i = 0; i < n; i++)
+        if (rcs[i])
+            log_warn("step.note_failed", "%s/%s: %s", notes[i].execution_id, notes[i].vertex,
+                     errs[i].msg);
+    free(args);
+    free(rcs);
+    free(errs);
+}
+
+static struct attempt_note job_note(const struct gw_job *j, const char *note)
+{
+    return (struct attempt_note){j->execution_id, j->vertex, j->epoch, note};
+}
+
+/* Notes "responded" on the attempts of the re-sent calls in `list` whose
+ * response just arrived, before anything evaluates one (its `doneWhen`, its
+ * edge conditions): all in one group commit, so that after a restart, when
+ * every re-sent call answers at once, the time a kill can land between
+ * the note and the outcome stays one commit long.  Only on this rare path
+ * (a first attempt is never noted: the hot path writes nothing extra). */
+static void note_responses(struct engine *g, struct gw_job *list)
+{
+    size_t n = 0, k = 0;
+    for (struct gw_job *j = list; j; j = j->next)
+        n += j->recovered && !j->noted;
+    if (!n)
+        return;
+    struct attempt_note *v = xcalloc(n, sizeof *v);
+    for (struct gw_job *j = list; j; j = j->next)
+        if (j->recovered && !j->noted) {
+            j->noted = 1;
+            v[k++] = job_note(j, STEPS_RESPONDED);
+        }
+    engine_note_attempts(g, v, k);
+    free(v);
+}
+
+/* Clears a re-sent call's note before the call goes out again (a verify
+ * response said "not done"): a death from now on is one mid-call. */
+static void note_clear(struct gw_job *j)
+{
+    if (!j->noted)
+        return;
+    j->noted = 0;
+    struct attempt_note v = job_note(j, NULL);
+    engine_note_attempts(j->g, &v, 1);
+}
+
 static double rnd01(void)
 {
     uint64_t r = 0;
@@ -360,58 +423,6 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
  * in *o (with texts in *out_text / *err_text, and a completed step's output
  * also as JSON in *out, a new reference), 0 when another call was started
  * instead (verify said "not done": re-send). */
-static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    const struct gw_job *j = arg;
-    return store_tx_attempt_note(tx, j->execution_id, j->vertex, j->epoch, j->note, e);
-}
-
-/* Notes "responded" on the attempts of the re-sent calls in `list` whose
- * response just arrived, before anything evaluates one (its `doneWhen`, its
- * edge conditions): all in one group commit, so that after a restart, when
- * every re-sent call answers at once, the time a kill can land between
- * the note and the outcome stays one commit long.  Only on this rare path
- * (a first attempt is never noted: the hot path writes nothing extra).  A
- * note that fails only weakens the crash-loop guard. */
-static void note_responses(struct engine *g, struct gw_job *list)
-{
-    size_t n = 0, k = 0;
-    for (struct gw_job *j = list; j; j = j->next)
-        n += j->recovered && !j->noted;
-    if (!n)
-        return;
-    void **args = xcalloc(n, sizeof *args);
-    int *rcs = xcalloc(n, sizeof *rcs);
-    struct ifl_err *errs = xcalloc(n, sizeof *errs);
-    for (struct gw_job *j = list; j; j = j->next)
-        if (j->recovered && !j->noted) {
-            j->noted = 1;
-            j->note = STEPS_RESPONDED;
-            args[k++] = j;
-        }
-    store_tx_run_many(g->store, note_tx, args, n, rcs, errs);
-    for (size_t i = 0; i < n; i++)
-        if (rcs[i])
-            log_warn("gateway.note_failed", "%s/%s: %s", ((struct gw_job *)args[i])->execution_id,
-                     ((struct gw_job *)args[i])->vertex, errs[i].msg);
-    free(args);
-    free(rcs);
-    free(errs);
-}
-
-/* Clears a re-sent call's note before the call goes out again (a verify
- * response said "not done"): a death from now on is one mid-call. */
-static void note_clear(struct gw_job *j)
-{
-    if (!j->noted)
-        return;
-    j->noted = 0;
-    j->note = NULL;
-    struct ifl_err e = {0};
-    if (store_tx_run(j->g->store, note_tx, j, &e))
-        log_warn("gateway.note_failed", "%s/%s: %s", j->execution_id, j->vertex, e.msg);
-}
-
 static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, json_t **out_json,
                   char **err_text)
 {

@@ -204,53 +204,21 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     p->ready = 1;
 }
 
-static int note_rendering(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    const struct store_claim *c = ((struct pending *)arg)->c;
-    return store_tx_attempt_note(tx, c->execution_id, c->vertex, c->epoch, STEPS_RENDERING, e);
-}
-
-static int note_clear(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    const struct store_claim *c = ((struct pending *)arg)->c;
-    return store_tx_attempt_note(tx, c->execution_id, c->vertex, c->epoch, NULL, e);
-}
-
-/* Runs `fn` over the pendings selected by `want`, in one group commit; a
- * failure only weakens the crash-loop guard (MAX_EVAL_CRASHES). */
-static void notes(struct engine *g, struct pending *p, size_t n,
-                  int (*want)(const struct pending *),
-                  int (*fn)(struct store_tx *, void *, struct ifl_err *))
-{
-    void **args = xcalloc(n, sizeof *args);
-    int *rcs = xcalloc(n, sizeof *rcs);
-    struct ifl_err *errs = xcalloc(n, sizeof *errs);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (want(&p[i]))
-            args[k++] = &p[i];
-    if (k)
-        store_tx_run_many(g->store, fn, args, k, rcs, errs);
-    for (size_t i = 0; i < k; i++)
-        if (rcs[i])
-            log_warn("step.note_failed", "%s: %s", ((struct pending *)args[i])->c->vertex,
-                     errs[i].msg);
-    free(args);
-    free(rcs);
-    free(errs);
-}
-
 /* A GATEWAY claimed again (a retry, a recovery) is noted `rendering` on its
  * attempt while its request is rendered, so that a recovery can tell a
- * crash in its templates from a death mid-call (MAX_EVAL_CRASHES). */
-static int wants_note(const struct pending *p)
+ * crash in its templates from a death mid-call (MAX_EVAL_CRASHES): before
+ * the batch runs; cleared (`clear`) once it ran, except where an outcome
+ * finishes the attempt itself. */
+static void note_claims(struct engine *g, const struct pending *p, size_t n, int clear)
 {
-    return p->noted;
-}
-
-static int clears_note(const struct pending *p)
-{
-    return p->noted && (p->job || !p->ready); /* an outcome finishes the attempt itself */
+    struct attempt_note *v = xcalloc(n, sizeof *v);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i].noted && (!clear || p[i].job || !p[i].ready))
+            v[k++] = (struct attempt_note){p[i].c->execution_id, p[i].c->vertex, p[i].c->epoch,
+                                           clear ? NULL : STEPS_RENDERING};
+    engine_note_attempts(g, v, k);
+    free(v);
 }
 
 /* Runs a batch of claimed steps, then commits all their outcomes together
@@ -269,7 +237,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         noted |= p[i].noted;
     }
     if (noted)
-        notes(g, p, n, wants_note, note_rendering);
+        note_claims(g, p, n, 0);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         execute(g, &p[i], claimed_at, worker);
@@ -279,7 +247,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         }
     }
     if (noted) /* rendered (or never to be): a death from now on is one mid-call */
-        notes(g, p, n, clears_note, note_clear);
+        note_claims(g, p, n, 1);
     for (size_t i = 0; i < n; i++)
         if (p[i].job)
             engine_gw_launch(p[i].job);

@@ -85,6 +85,20 @@ def pay(server, order, name="pay", amount=1250):
     return run(server, name, {"order": {"id": order, "amount": amount}}, entry="order")
 
 
+def pay_under_fault(make_server, mock, order, fault, extra, lost=(OSError,), env=None):
+    """Starts a server with IDEMFLOW_FAULT=fault (and env), sets up the pay
+    workflow and sends one order, whose answer the fault may lose (`lost`:
+    the errors that may mean so).  Returns the server."""
+    s = make_server(env={"IDEMFLOW_FAULT": fault, **(env or {})}, extra=extra)
+    s.start()
+    setup_pay(s, mock)
+    try:
+        pay(s, order)
+    except lost:
+        pass  # the answer may be lost with the process
+    return s
+
+
 def test_success_sends_the_key_and_completes(server, mock):
     setup_pay(server, mock)
     x = finished(server, pay(server, "o-1"))
@@ -499,14 +513,8 @@ def test_a_call_whose_handling_was_killed_is_completed_without_inlining(make_ser
     process, the successor would go through a claim of its own and its own
     lease expiries (runner.c, MAX_LEASE_EXPIRIES)."""
     trace = os.path.join(workdir, "trace")
-    s = make_server(extra=["--lease-ms", "1000"],
-                    env={"IDEMFLOW_FAULT": "gateway.after_response@1", "IDEMFLOW_TRACE_FILE": trace})
-    s.start()
-    setup_pay(s, mock)
-    try:
-        pay(s, "o-16")
-    except OSError:
-        pass  # the answer may be lost with the process
+    s = pay_under_fault(make_server, mock, "o-16", "gateway.after_response@1", ["--lease-ms", "1000"],
+                        env={"IDEMFLOW_TRACE_FILE": trace})
     assert s.proc.wait(timeout=10) == -signal.SIGKILL
     s.env.pop("IDEMFLOW_FAULT")
     s.start()
@@ -534,14 +542,8 @@ def test_a_response_whose_handling_kills_every_worker_fails_after_three_resends(
     FAILED instead, the process stays up, the provider charged once, and an
     operator's retry re-sends it with the same key once the cause is gone
     (runner.c, MAX_EVAL_CRASHES)."""
-    s = make_server(env={"IDEMFLOW_FAULT": "gateway.after_response"},
-                    extra=["--workers", "1", "--lease-ms", "300"])
-    s.start()
-    setup_pay(s, mock)
-    try:
-        pay(s, "o-17")
-    except OSError:
-        pass  # the answer may be lost with the process
+    s = pay_under_fault(make_server, mock, "o-17", "gateway.after_response",
+                        ["--workers", "1", "--lease-ms", "300"])
     # the first process dies at the first response (not noted: a first
     # attempt), the next three at the re-sent call's response (noted); the
     # fifth sees three noted deaths in a row and fails the step
@@ -573,14 +575,10 @@ def test_a_request_whose_rendering_kills_every_worker_fails_after_three_attempts
     not the trigger, renders the first attempt): a GATEWAY claimed again is
     noted "rendering" while its request is rendered, three deaths in a row
     under that note fail the step, and nothing was ever sent."""
-    s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_render"},
-                    extra=["--workers", "1", "--lease-ms", "300", "--no-inline"])
-    s.start()
-    setup_pay(s, mock)
-    try:
-        pay(s, "o-18")
-    except (OSError, AssertionError):
-        pass  # the worker may kill the process before the answer leaves
+    # the worker may kill the process before the answer leaves
+    s = pay_under_fault(make_server, mock, "o-18", "gateway.before_render",
+                        ["--workers", "1", "--lease-ms", "300", "--no-inline"],
+                        lost=(OSError, AssertionError))
     xid, x = outlive_kills(s, 4)
     assert x["status"] == "failed", x
     ch = steps_of(x)["charge"]

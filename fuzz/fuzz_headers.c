@@ -1,7 +1,8 @@
 /*
  * fuzz_headers — header values the engine parses: Idempotency-Key
- * (RFC 8941 sf-string or token), client idempotency ids, --listen values.
- * A key that parses must be 1..255 printable ASCII.
+ * (RFC 8941 sf-string or token), client idempotency ids, --listen values,
+ * Prefer (RFC 7240 wait).  A key that parses must be 1..255 printable ASCII;
+ * a wait is -1 or 0..100000000.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +29,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!identity_client_key_valid(key))
             abort();
     }
+    long wait = http_prefer_wait(s);
+    if (wait < -1 || wait > 100000000)
+        abort();
     char host[128];
     unsigned port;
     if (http_parse_listen(s, host, sizeof host, &port) == 0 && port > 65535)

@@ -90,10 +90,13 @@ void http_server_quiesce(struct http_server *s);
  * and only after http_defer returned); a server thread then calls
  * finish(arg, req, res), which fills res as a handler would (req is the same
  * request).  finish runs exactly once, even when the client is gone by then
- * (res is then discarded).  http_defer succeeds whenever http_can_defer(r)
- * is 1; otherwise (the thread-per-connection model, a request already
- * deferred, or one that did not come from a server: impl NULL, as a test or
- * fuzz target builds them) it returns NULL and suspends nothing: answer now. */
+ * (res is then discarded).  A finish may itself call http_defer (a second
+ * wait: same rules, with a new finish) unless the client is gone.
+ * http_defer succeeds whenever http_can_defer(r) is 1; otherwise (the
+ * thread-per-connection model, a request already deferred and not in its
+ * finish, a finish whose client is gone, or a request that did not come from
+ * a server: impl NULL, as a test or fuzz target builds them) it returns NULL
+ * and suspends nothing: answer now. */
 typedef void (*http_finish_fn)(void *arg, const struct http_req *req, struct http_res *res);
 struct http_later;
 struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, void *arg);
@@ -106,6 +109,12 @@ int http_can_defer(const struct http_req *r);
  * quotes.  The unescaped value (1 to cap-1 characters) goes to out.
  * 0 or IFL_EINVAL. */
 int http_sf_string(const char *h, char *out, size_t cap);
+
+/* The seconds of the first `wait` preference in a Prefer header value
+ * (RFC 7240 §4.3: `Prefer: wait=10`, among other preferences, the value
+ * bare or quoted), or -1: no header, no wait preference, or a malformed one
+ * (to be ignored).  Large values are clamped to 100000000. */
+long http_prefer_wait(const char *h);
 
 /* Parses "HOST:PORT" into host (cap bytes) and port.  0 or IFL_EINVAL. */
 int http_parse_listen(const char *listen, char *host, size_t cap, unsigned *port);

@@ -38,6 +38,7 @@ struct reqctx {
     int counted; /* in busy */
     /* a deferred request (http_defer): its answer comes from finish */
     int deferred;
+    int in_finish; /* finish is running with a client to answer: it may defer again */
     http_finish_fn finish;
     void *finish_arg;
 };
@@ -60,15 +61,24 @@ static void run_finish(struct reqctx *c, const struct http_req *req, struct http
         return;
     c->finish = NULL;
     struct http_res scratch = {0};
+    c->in_finish = res != NULL;
     f(c->finish_arg, req, res ? res : &scratch);
+    c->in_finish = 0;
     http_res_clear(&scratch);
     count(c->s, &c->s->deferred, -1);
+}
+
+/* A request that may be suspended now: not yet deferred, or deferred and
+ * in its finish with a client still there (a second wait). */
+static int deferrable(const struct reqctx *c)
+{
+    return c && c->s->o.threads && (!c->deferred || (c->in_finish && !c->finish));
 }
 
 struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, void *arg)
 {
     struct reqctx *c = r->impl;
-    if (!c || !c->s->o.threads || c->deferred)
+    if (!deferrable(c))
         return NULL;
     c->deferred = 1;
     c->finish = finish;
@@ -80,8 +90,7 @@ struct http_later *http_defer(const struct http_req *r, http_finish_fn finish, v
 
 int http_can_defer(const struct http_req *r)
 {
-    struct reqctx *c = r->impl;
-    return c && c->s->o.threads && !c->deferred;
+    return deferrable(r->impl);
 }
 
 void http_resume(struct http_later *l)
@@ -205,8 +214,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     };
     struct http_res res = {0};
     res.status = 500;
-    if (c->deferred) { /* resumed: the answer is ready */
+    if (c->deferred) { /* resumed: the answer is ready … */
         run_finish(c, &req, &res);
+        if (c->finish) { /* … or finish deferred it again */
+            http_res_clear(&res);
+            return MHD_YES;
+        }
     } else {
         c->counted = 1;
         count(s, &s->busy, 1);
@@ -276,6 +289,61 @@ int http_sf_string(const char *h, char *out, size_t cap)
     }
     out[n] = '\0';
     return n ? 0 : IFL_EINVAL;
+}
+
+/* RFC 7240: Prefer = 1#( token [ BWS "=" BWS word ] *( OWS ";" [ OWS parameter ] ) ).
+ * The first `wait` preference counts; a malformed one is ignored (-1), as
+ * the RFC asks of preferences a server cannot understand. */
+long http_prefer_wait(const char *h)
+{
+    if (!h)
+        return -1;
+    const char *p = h;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        if (!*p)
+            return -1;
+        const char *tok = p;
+        while (*p && *p != '=' && *p != ';' && *p != ',' && *p != ' ' && *p != '\t' && *p != '"')
+            p++;
+        int is_wait = p - tok == 4 && strncasecmp(tok, "wait", 4) == 0;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        long v = -1;
+        if (*p == '=') {
+            p++;
+            while (*p == ' ' || *p == '\t')
+                p++;
+            int quoted = *p == '"';
+            p += quoted;
+            const char *d = p;
+            long n = 0;
+            while (*p >= '0' && *p <= '9') {
+                if (n <= 100000000)
+                    n = n * 10 + (*p - '0');
+                p++;
+            }
+            if (n > 100000000)
+                n = 100000000;
+            int closed = !quoted || *p == '"';
+            if (quoted && closed)
+                p++;
+            if (p > d + quoted && closed &&
+                (!*p || *p == ',' || *p == ';' || *p == ' ' || *p == '\t'))
+                v = n;
+        }
+        if (is_wait)
+            return v;
+        /* skip the rest of this preference (its value and parameters) */
+        int inq = 0;
+        for (; *p && (inq || *p != ','); p++) {
+            if (*p == '\\' && inq && p[1])
+                p++;
+            else if (*p == '"')
+                inq = !inq;
+        }
+    }
 }
 
 int http_parse_listen(const char *listen, char *host, size_t cap, unsigned *port)

@@ -51,6 +51,7 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     pthread_cond_init(&g->wcv, NULL);
     pthread_cond_init(&g->scv, NULL);
     g->trace_fd = -1;
+    g->waiters = engine_waiters_new();
     *out = g;
     return 0;
 }
@@ -60,6 +61,8 @@ void engine_free(struct engine *g)
     if (!g)
         return;
     engine_stop(g);
+    engine_waiters_close(g);
+    engine_waiters_free(g->waiters);
     pthread_mutex_destroy(&g->wmu);
     pthread_mutex_destroy(&g->gmu);
     pthread_cond_destroy(&g->wcv);
@@ -640,7 +643,7 @@ static void created(struct engine *g, const struct create_args *ca)
         trace_inlined(g, ca, "completed");
     }
     if (strcmp(ca->status, "running") != 0)
-        engine_count_status(g, ca->status);
+        engine_execution_moved(g, ca->x->id, ca->status);
     if (ca->dispatched)
         engine_wake(g);
 }
@@ -772,6 +775,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     op->client_mode = client_mode;
     struct store_execution *nx = &op->nx;
     snprintf(nx->id, sizeof nx->id, "%s", id);
+    snprintf(out->id, sizeof out->id, "%s", id);
     nx->workspace = op->ws;
     nx->workflow = op->wf;
     nx->workflow_version = version;

@@ -81,7 +81,8 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
  * commit (the event-driven HTTP front):
  *   engine_trigger_begin: everything up to the creating transaction.  Non-zero
  *     is an error as above; 0 with *op NULL is an answer already in *out (a
- *     repeat); 0 with *op set hands the caller an operation it must pass to
+ *     repeat); 0 with *op set (and out->id the execution's id) hands the
+ *     caller an operation it must pass to
  *   engine_trigger_commit, which queues its transaction (engine_can_defer
  *     must be 1) and calls cb(arg) once, when it is durable or failed — on the
  *     store's writer thread, so cb must be quick and must not block;
@@ -96,6 +97,34 @@ void engine_trigger_commit(struct engine_trigger_op *op, engine_trigger_cb cb, v
 int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e);
 /* 1 when engine_trigger_commit can queue (the store can submit). */
 int engine_can_defer(const struct engine *g);
+
+/* ---- waiting for an execution to finish (waiters.c) ------------------------
+ * For `Prefer: wait=N` on a trigger.  Add a waiter before the execution can
+ * finish (before its trigger commits), so no finish is missed; arm it once
+ * the caller is ready to be called.  Thread safe. */
+struct engine_waiter;
+typedef void (*engine_waiter_fn)(void *arg);
+/* A waiter for execution xid of workspace ws; the caller owns it
+ * (engine_waiter_remove).  Cannot fail. */
+struct engine_waiter *engine_waiter_add(struct engine *g, const char *ws, const char *xid);
+/* Returns 1 when the wait is over already (the execution left `running`,
+ * the deadline — clock_mono_ms() — passed, or the engine is closing): fn
+ * will not be called.  Otherwise 0, and fn(arg) is called exactly once, on
+ * some engine thread, when the execution leaves `running` (seen in this
+ * process, or read within about a second when another process finished it),
+ * when the deadline passes, or at engine_waiters_close.  fn must be quick and
+ * must not call back into the registry. */
+int engine_waiter_arm(struct engine *g, struct engine_waiter *w, int64_t deadline_ms,
+                      engine_waiter_fn fn, void *arg);
+/* 1 with the status the execution moved to copied into status, or 0 (still
+ * running, as far as known). */
+int engine_waiter_status(struct engine *g, const struct engine_waiter *w, char status[32]);
+/* Unregisters and frees w; after fn was called, or when arm returned 1, or
+ * before arming.  NULL ok. */
+void engine_waiter_remove(struct engine *g, struct engine_waiter *w);
+/* Fires every armed waiter now and stops the timer (shutdown: the HTTP
+ * front can then answer everyone).  Later arms return 1. */
+void engine_waiters_close(struct engine *g);
 
 /* ---- the runner: workers and the lease sweeper (runner.c) ---------------- */
 

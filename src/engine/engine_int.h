@@ -55,6 +55,7 @@ struct engine {
     char worker_prefix[96];
 
     struct engine_metrics m;
+    struct engine_waiters *waiters; /* Prefer: wait (waiters.c) */
 
     /* GATEWAY calls (gwstep.c) */
     struct gw_client *gw;
@@ -160,6 +161,14 @@ void engine_decisions_free(struct decision *d, size_t n);
 
 /* Counts an execution that reached a terminal status (metrics). */
 void engine_count_status(struct engine *g, const char *status);
+/* After a commit moved execution xid to status: counts it (as
+ * engine_count_status) and wakes whoever waits for it (waiters.c). */
+void engine_execution_moved(struct engine *g, const char *xid, const char *status);
+
+/* The registry of engine_waiter (waiters.c); freed after engine_waiters_close. */
+struct engine_waiters;
+struct engine_waiters *engine_waiters_new(void);
+void engine_waiters_free(struct engine_waiters *r);
 
 /* JSONata's $boolean casting of a result (NULL = undefined = false). */
 int engine_truthy(json_t *v);

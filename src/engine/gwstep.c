@@ -598,7 +598,7 @@ size_t engine_gw_drain(struct engine *g)
                 atomic_fetch_add(&g->m.steps_failed, 1);
             wake |= go->o.dispatched;
             if (go->o.status_changed)
-                engine_count_status(g, go->o.status);
+                engine_execution_moved(g, go->o.execution_id, go->o.status);
             engine_inline_done(g, &go->plan, &go->o);
             if (go->o.to == STEP_COMPLETED || go->o.to == STEP_FAILED)
                 engine_trace(g, go->o.to == STEP_COMPLETED ? "completed" : "failed",

@@ -275,7 +275,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         trace(g, ok ? "completed" : "failed", c);
         atomic_fetch_add(ok ? &g->m.steps_completed : &g->m.steps_failed, 1);
         if (o->status_changed)
-            engine_count_status(g, o->status);
+            engine_execution_moved(g, c->execution_id, o->status);
         engine_inline_done(g, &pp->plan, o);
         wake |= o->dispatched;
         FAULT("step.after_complete_commit");

@@ -460,6 +460,8 @@ static int cmd_serve(int argc, char **argv)
     http_server_quiesce(srv);
     rc = 0;
 out:
+    if (g)
+        engine_waiters_close(g); /* answers every `Prefer: wait` now: the stop waits for them */
     http_server_stop(srv);
     if (g)
         engine_stop(g); /* in-flight steps finish; the rest wait for the next start */

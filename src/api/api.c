@@ -13,6 +13,7 @@
 #include "engine/workflow.h"
 #include "json/json.h"
 
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,9 +358,10 @@ static void h_secret_list(struct call *c)
     reply_json(c->res, 200, out);
 }
 
-/* The answer to a trigger that got past the request checks. */
+/* The answer to a trigger that got past the request checks.  wait_s > 0:
+ * the trigger asked `Prefer: wait` and was held (Preference-Applied). */
 static void trigger_answer(struct api *a, struct http_res *res, const char *ws, int rc,
-                           struct ifl_err *e, const struct trigger_res *out)
+                           struct ifl_err *e, const struct trigger_res *out, long wait_s)
 {
     if (rc) {
         if (e->code == IFL_ENOTFOUND && !e->slug[0])
@@ -371,6 +373,11 @@ static void trigger_answer(struct api *a, struct http_res *res, const char *ws, 
     char loc[256];
     snprintf(loc, sizeof loc, "/v1/workspaces/%s/executions/%s", ws, out->id);
     http_res_header(res, "Location", loc);
+    if (wait_s > 0) {
+        char pa[32];
+        snprintf(pa, sizeof pa, "wait=%ld", wait_s);
+        http_res_header(res, "Preference-Applied", pa);
+    }
     json_t *body = json_object();
     json_object_set_new(body, "executionId", json_string(out->id));
     json_object_set_new(body, "deduplicated", json_boolean(!out->created));
@@ -389,14 +396,30 @@ static void count_response(struct api *a, int status)
         atomic_fetch_add(&a->responses_4xx, 1);
 }
 
-/* A trigger whose creating transaction commits while its connection waits
- * (the event-driven front): no thread sleeps on the commit. */
+/* The longest `Prefer: wait` honoured, in seconds (RFC 7240 lets a server
+ * cap it; docs/api.md). */
+#define MAX_WAIT_S 60
+
+/* A trigger whose answer waits without a thread sleeping on it (the
+ * event-driven front): for its creating transaction's commit and, with
+ * `Prefer: wait=N`, then for its execution to leave `running`. */
 struct deferred_trigger {
     struct api *a;
     char *ws;
-    struct engine_trigger_op *op;
+    struct engine_trigger_op *op; /* until the commit's finish */
     struct http_later *later;
+    struct engine_waiter *w; /* Prefer: wait; NULL without */
+    long wait_s;
+    int64_t deadline_ms;    /* clock_mono_ms() */
+    struct trigger_res out; /* the answer while its execution runs */
 };
+
+static void dt_free(struct deferred_trigger *dt)
+{
+    engine_waiter_remove(dt->a->g, dt->w);
+    free(dt->ws);
+    free(dt);
+}
 
 static void trigger_committed(void *arg) /* on the store's writer thread */
 {
@@ -404,17 +427,84 @@ static void trigger_committed(void *arg) /* on the store's writer thread */
     http_resume(dt->later);
 }
 
-static void trigger_finish(void *arg, const struct http_req *req, struct http_res *res)
+static void wait_over(void *arg) /* an engine thread: moved, deadline or close */
+{
+    struct deferred_trigger *dt = arg;
+    http_resume(dt->later);
+}
+
+/* The answer after a wait: the status the execution moved to, or still
+ * `running` (deadline). */
+static void wait_finish(void *arg, const struct http_req *req, struct http_res *res)
 {
     (void)req;
     struct deferred_trigger *dt = arg;
-    struct trigger_res out = {0};
-    struct ifl_err e = {0};
-    int rc = engine_trigger_end(dt->op, &out, &e);
-    trigger_answer(dt->a, res, dt->ws, rc, &e, &out);
+    engine_waiter_status(dt->a->g, dt->w, dt->out.status); /* unchanged when still running */
+    trigger_answer(dt->a, res, dt->ws, 0, NULL, &dt->out, dt->wait_s);
     count_response(dt->a, res->status);
-    free(dt->ws);
-    free(dt);
+    dt_free(dt);
+}
+
+/* Holds a committed trigger's answer (dt->out, status `running`) until its
+ * execution leaves `running` or the deadline passes.  1: deferred (the
+ * answer comes from wait_finish); 0: answer now, with dt->out's status
+ * updated when the execution moved meanwhile. */
+static int hold(struct deferred_trigger *dt, const struct http_req *req)
+{
+    if (!engine_waiter_status(dt->a->g, dt->w, dt->out.status) &&
+        clock_mono_ms() < dt->deadline_ms) {
+        dt->later = http_defer(req, wait_finish, dt);
+        if (dt->later) {
+            if (engine_waiter_arm(dt->a->g, dt->w, dt->deadline_ms, wait_over, dt))
+                http_resume(dt->later); /* over already: wait_finish answers at once */
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void wake_sleeper(void *arg)
+{
+    sem_post(arg);
+}
+
+/* The thread-per-connection front: the handler's own thread sleeps until
+ * execution out->id leaves `running` or the deadline; out->status is
+ * updated.  The waiter is added after the commit, so the status is read
+ * once more before sleeping (a finish in between would otherwise be missed
+ * until the deadline). */
+static void wait_here(struct api *a, const char *ws, int64_t deadline_ms, struct trigger_res *out)
+{
+    struct engine_waiter *w = engine_waiter_add(a->g, ws, out->id);
+    struct store_execution x;
+    struct ifl_err e = {0};
+    int running = 1;
+    if (store_execution_get(engine_store(a->g), ws, out->id, &x, &e) == 0) {
+        running = strcmp(x.status, "running") == 0;
+        snprintf(out->status, sizeof out->status, "%s", x.status);
+        store_execution_clear(&x);
+    }
+    sem_t done;
+    sem_init(&done, 0, 0);
+    if (running && engine_waiter_arm(a->g, w, deadline_ms, wake_sleeper, &done) == 0)
+        while (sem_wait(&done) != 0)
+            ;
+    engine_waiter_status(a->g, w, out->status);
+    sem_destroy(&done);
+    engine_waiter_remove(a->g, w);
+}
+
+static void trigger_finish(void *arg, const struct http_req *req, struct http_res *res)
+{
+    struct deferred_trigger *dt = arg;
+    struct ifl_err e = {0};
+    int rc = engine_trigger_end(dt->op, &dt->out, &e);
+    dt->op = NULL;
+    if (!rc && dt->w && strcmp(dt->out.status, "running") == 0 && hold(dt, req))
+        return;
+    trigger_answer(dt->a, res, dt->ws, rc, &e, &dt->out, dt->w ? dt->wait_s : 0);
+    count_response(dt->a, res->status);
+    dt_free(dt);
 }
 
 static void trigger(struct call *c, int test)
@@ -443,6 +533,10 @@ static void trigger(struct call *c, int test)
                     "clientIdempotencyId and the Idempotency-Key header differ", NULL);
         goto rejected;
     }
+    long wait_s = http_prefer_wait(c->req->header(c->req, "Prefer"));
+    if (wait_s > MAX_WAIT_S)
+        wait_s = MAX_WAIT_S;
+    int64_t deadline_ms = clock_mono_ms() + (wait_s > 0 ? wait_s * 1000 : 0);
     json_t *payload = body_json(c, json_null());
     if (!payload)
         goto rejected;
@@ -455,26 +549,48 @@ static void trigger(struct call *c, int test)
         .test = test,
         .force_new = force == 1,
     };
-    struct trigger_res out;
+    struct deferred_trigger *dt = xcalloc(1, sizeof *dt);
+    dt->a = a;
+    dt->wait_s = wait_s;
+    dt->deadline_ms = deadline_ms;
     struct ifl_err e = {0};
     struct engine_trigger_op *op = NULL;
     int rc;
     if (engine_can_defer(a->g) && http_can_defer(c->req))
-        rc = engine_trigger_begin(a->g, &tr, &out, &op, &e);
+        rc = engine_trigger_begin(a->g, &tr, &dt->out, &op, &e);
     else
-        rc = engine_trigger(a->g, &tr, &out, &e);
+        rc = engine_trigger(a->g, &tr, &dt->out, &e);
     json_decref(payload);
+    dt->ws = xstrdup(ws);
+    if (!rc && wait_s > 0) {
+        if (op) { /* before the commit: no finish can slip past the waiter */
+            dt->w = engine_waiter_add(a->g, ws, dt->out.id);
+        } else if (strcmp(dt->out.status, "running") != 0) {
+            /* a repeat of a finished execution: nothing to wait for */
+        } else if (http_can_defer(c->req)) { /* a repeat of a running one */
+            dt->w = engine_waiter_add(a->g, ws, dt->out.id);
+            struct store_execution x; /* read again: it may have finished before the add */
+            if (store_execution_get(engine_store(a->g), ws, dt->out.id, &x, &e) == 0) {
+                snprintf(dt->out.status, sizeof dt->out.status, "%s", x.status);
+                store_execution_clear(&x);
+            }
+            if (strcmp(dt->out.status, "running") == 0 && hold(dt, c->req)) {
+                c->deferred = 1;
+                return;
+            }
+        } else {
+            wait_here(a, ws, deadline_ms, &dt->out); /* the thread-per-connection front */
+        }
+    }
     if (!rc && op) { /* answered once its transaction committed */
-        struct deferred_trigger *dt = xcalloc(1, sizeof *dt);
-        dt->a = a;
-        dt->ws = xstrdup(ws);
         dt->op = op;
         dt->later = http_defer(c->req, trigger_finish, dt); /* non-NULL: http_can_defer */
         c->deferred = 1;
         engine_trigger_commit(op, trigger_committed, dt);
         return;
     }
-    trigger_answer(a, c->res, ws, rc, &e, &out);
+    trigger_answer(a, c->res, ws, rc, &e, &dt->out, wait_s > 0 ? wait_s : 0);
+    dt_free(dt);
     return;
 rejected:
     atomic_fetch_add(&a->triggers_rejected, 1);

@@ -15,8 +15,9 @@
 #             build/bench/gwdrive (bench/gwdrive.c, one epoll thread) sends
 #             BENCH_EXECUTIONS new triggers over BENCH_DRIVER_CONNS
 #             keep-alive connections, never more than BENCH_INFLIGHT executions
-#             unfinished (it reads the engine's /metrics every 10 ms), then
-#             waits until all finished.  executions/s = completed /
+#             unfinished (BENCH_DRIVE: each trigger waits for its execution
+#             with `Prefer: wait`, or the driver reads the engine's /metrics
+#             every 10 ms), then waits until all finished.  executions/s = completed /
 #             (max(updated_at) - min(created_at)); p50/p99 of updated_at -
 #             created_at, from the executions table.  The mock's /stats must
 #             show exactly one charge for every order.
@@ -26,7 +27,10 @@
 # BENCH_STORES ("sqlite postgres";
 # postgres is skipped when PostgreSQL is not installed), BENCH_EXECUTIONS
 # (5000), BENCH_INFLIGHT (200), BENCH_CALLS (20000), BENCH_CEILING_RUNS (3),
-# BENCH_DRIVER_CONNS (64), BENCH_POLL_MS (10: how often the driver reads
+# BENCH_DRIVE (wait: each trigger asks `Prefer: wait=60` and its connection
+# holds the execution to its end, so exactly BENCH_INFLIGHT are unfinished;
+# poll: the driver gates on /metrics, read every BENCH_POLL_MS),
+# BENCH_DRIVER_CONNS (wait: BENCH_INFLIGHT; poll: 64), BENCH_POLL_MS (10: how often the driver reads
 # /metrics), BENCH_SERVE_FLAGS (extra `serve` flags), BENCH_WORKERS (4),
 # BENCH_TIMEOUT (300 s per store), BENCH_KEEP (1: keep the temp dir).
 #
@@ -46,8 +50,12 @@ EXECS=${BENCH_EXECUTIONS:-5000}
 INFLIGHT=${BENCH_INFLIGHT:-200}
 CALLS=${BENCH_CALLS:-20000}
 CEIL_RUNS=${BENCH_CEILING_RUNS:-3}
-DCONNS=${BENCH_DRIVER_CONNS:-64}
-POLL_MS=${BENCH_POLL_MS:-10}
+DRIVE=${BENCH_DRIVE:-wait}
+case $DRIVE in
+  wait) DCONNS=${BENCH_DRIVER_CONNS:-$INFLIGHT} POLL_MS=0 ;;
+  poll) DCONNS=${BENCH_DRIVER_CONNS:-64} POLL_MS=${BENCH_POLL_MS:-10} ;;
+  *) echo "gateway: BENCH_DRIVE must be wait or poll" >&2; exit 2 ;;
+esac
 WORKERS=${BENCH_WORKERS:-4}
 LIMIT=${BENCH_TIMEOUT:-300}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -136,7 +144,7 @@ done
 MOCK=http://127.0.0.1:$MP
 
 echo "gateway: $(nproc) CPUs; ceiling $CEIL_RUNS x $CALLS calls, $INFLIGHT in flight;" \
-  "engine: $EXECS executions, <= $INFLIGHT in flight, $WORKERS workers; stores: $STORES"
+  "engine: $EXECS executions, <= $INFLIGHT in flight ($DRIVE driver), $WORKERS workers; stores: $STORES"
 for r in $(seq 1 "$CEIL_RUNS"); do
   foreign_snap "$TMP/cpu.0"
   m0=$(cpu_ticks "$MOCK_PID")

@@ -3,10 +3,18 @@
  *
  * Sends TOTAL new triggers `POST PATH` (order ids "gw-RUN-<i>") to the engine
  * on 127.0.0.1:PORT over CONNS keep-alive connections, never more than
- * INFLIGHT executions unfinished: "unfinished" is triggers sent minus the
- * engine's idemflow_executions_finished_total (completed + failed), which it
- * reads from GET /metrics on a connection of its own every 10 ms.  Then it
- * waits until TOTAL executions finished or LIMIT seconds passed.
+ * INFLIGHT executions unfinished, in one of two modes:
+ *   POLL_MS > 0  "unfinished" is triggers sent minus the engine's
+ *                idemflow_executions_finished_total (completed + failed),
+ *                which it reads from GET /metrics on a connection of its own
+ *                every POLL_MS (default 10) ms.  The count it reads is up to
+ *                POLL_MS old, so fewer than INFLIGHT are really unfinished.
+ *   POLL_MS = 0  every trigger asks `Prefer: wait=60` and is answered when
+ *                its execution finished: a connection holds one execution
+ *                from trigger to end, so INFLIGHT (<= CONNS) are exactly
+ *                that many unfinished.  An answer still `running` (the wait
+ *                ran out) is counted from /metrics at the end.
+ * Then it waits until TOTAL executions finished or LIMIT seconds passed.
  *
  * One thread, epoll, plain sockets: the driver shares the machine's cores
  * with the engine and the mock provider, so it should cost as little CPU as
@@ -138,7 +146,9 @@ int main(int argc, char **argv)
     const char *run = argv[6];
     double limit = atof(argv[7]);
     double poll_s = argc == 9 ? atof(argv[8]) / 1000 : 0.01;
-    if (port <= 0 || total <= 0 || target <= 0 || nconns <= 0 || limit <= 0 || poll_s <= 0) {
+    int wait_mode = poll_s == 0;
+    if (port <= 0 || total <= 0 || target <= 0 || nconns <= 0 || limit <= 0 || poll_s < 0 ||
+        (wait_mode && target > nconns)) {
         fprintf(stderr, "gwdrive: bad arguments\n");
         return 2;
     }
@@ -162,18 +172,22 @@ int main(int argc, char **argv)
     static const char metrics_req[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 
     long next = 0, finished = 0, other = 0, nsamples = 0, inflight_max = 0;
+    long answered = 0, ended = 0, running = 0; /* wait mode: answers, finished or not */
     double inflight_sum = 0, t0 = now_s(), sent_at = 0, next_poll = t0;
     char req[1024];
     for (;;) {
         double t = now_s();
         if (next >= total && sent_at == 0)
             sent_at = t;
+        if (wait_mode && !running)
+            finished = ended; /* every answer so far was a finished execution */
         if (next >= total && finished >= total)
             break;
         if (t - t0 > limit)
             break;
         /* Send on every idle connection while the gate allows. */
-        for (int i = 0; i < nconns && next < total && next - finished < target; i++) {
+        long unfinished = wait_mode ? next - answered : next - finished;
+        for (int i = 0; i < nconns && next < total && unfinished < target; i++) {
             struct conn *c = &cs[i];
             if (c->busy)
                 continue;
@@ -184,23 +198,26 @@ int main(int argc, char **argv)
                               run, next);
             int rl = snprintf(req, sizeof req,
                               "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                              "application/json\r\nContent-Length: %d\r\n\r\n%s",
-                              path, bl, body);
+                              "application/json\r\n%sContent-Length: %d\r\n\r\n%s",
+                              path, wait_mode ? "Prefer: wait=60\r\n" : "", bl, body);
             if (send_all(c->fd, req, (size_t)rl) != 0) {
                 fprintf(stderr, "gwdrive: send: %s\n", strerror(errno));
                 return 1;
             }
             c->busy = 1;
             next++;
+            unfinished++;
         }
-        if (!mc->busy && t >= next_poll) {
+        /* wait mode reads /metrics only for answers that were still running */
+        int poll_now = !wait_mode || (running && next >= total && answered >= total);
+        if (poll_now && !mc->busy && t >= next_poll) {
             if (send_all(mc->fd, metrics_req, sizeof metrics_req - 1) != 0) {
                 fprintf(stderr, "gwdrive: send /metrics: %s\n", strerror(errno));
                 return 1;
             }
             mc->busy = 1;
         }
-        int wait_ms = mc->busy ? 100 : (int)((next_poll - t) * 1000) + 1;
+        int wait_ms = mc->busy || !poll_now ? 100 : (int)((next_poll - t) * 1000) + 1;
         struct epoll_event evs[64];
         int n = epoll_wait(ep, evs, 64, wait_ms < 0 ? 0 : wait_ms);
         if (n < 0 && errno != EINTR) {
@@ -237,6 +254,18 @@ int main(int argc, char **argv)
                 next_poll = now_s() + poll_s;
             } else if (status >= 100 && status < 600) {
                 statuses[status]++;
+                if (wait_mode) {
+                    long in = next - answered;
+                    inflight_sum += (double)in;
+                    nsamples++;
+                    if (in > inflight_max)
+                        inflight_max = in;
+                    answered++;
+                    if (memmem(body, blen, "\"status\":\"running\"", 18))
+                        running++;
+                    else
+                        ended++;
+                }
             } else {
                 other++;
             }

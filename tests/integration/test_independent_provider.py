@@ -24,7 +24,7 @@ from test_engine import WS, put_workflow, wait_for
 ORDERS = int(os.environ.get("IDEMFLOW_INDEP_ORDERS", "60"))
 SEED = int(os.environ.get("IDEMFLOW_INDEP_SEED", "11"))
 KILL_AT = int(os.environ.get("IDEMFLOW_INDEP_KILL_AT", "25"))
-KILLS = int(os.environ.get("IDEMFLOW_INDEP_KILLS", "4"))
+KILLS = int(os.environ.get("IDEMFLOW_INDEP_KILLS", "10"))
 KILL_ORDERS = int(os.environ.get("IDEMFLOW_INDEP_KILL_ORDERS", "20000"))
 
 

@@ -206,17 +206,18 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
 
 /* A GATEWAY claimed again (a retry, a recovery) is noted `rendering` on its
  * attempt while its request is rendered, so that a recovery can tell a
- * crash in its templates from a death mid-call (MAX_EVAL_CRASHES): before
- * the batch runs; cleared (`clear`) once it ran, except where an outcome
- * finishes the attempt itself. */
-static void note_claims(struct engine *g, const struct pending *p, size_t n, int clear)
+ * crash in its templates from a death mid-call (MAX_EVAL_CRASHES).  The
+ * claim's own transaction writes the note (store_claim_noted); this clears
+ * it once the batch ran, except where an outcome finishes the attempt
+ * itself. */
+static void clear_notes(struct engine *g, const struct pending *p, size_t n)
 {
     struct attempt_note *v = xcalloc(n, sizeof *v);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (p[i].noted && (!clear || p[i].job || !p[i].ready))
-            v[k++] = (struct attempt_note){p[i].c->execution_id, p[i].c->vertex, p[i].c->epoch,
-                                           clear ? NULL : STEPS_RENDERING};
+        if (p[i].noted && (p[i].job || !p[i].ready))
+            v[k++] =
+                (struct attempt_note){p[i].c->execution_id, p[i].c->vertex, p[i].c->epoch, NULL};
     engine_note_attempts(g, v, k);
     free(v);
 }
@@ -236,8 +237,6 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         p[i].noted = strcmp(cl[i].kind, "GATEWAY") == 0 && cl[i].attempts > 1;
         noted |= p[i].noted;
     }
-    if (noted)
-        note_claims(g, p, n, 0);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         execute(g, &p[i], claimed_at, worker);
@@ -247,7 +246,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         }
     }
     if (noted) /* rendered (or never to be): a death from now on is one mid-call */
-        note_claims(g, p, n, 1);
+        clear_notes(g, p, n);
     for (size_t i = 0; i < n; i++)
         if (p[i].job)
             engine_gw_launch(p[i].job);
@@ -329,7 +328,8 @@ static void *worker_main(void *arg)
             idle_wait(g, seen, empty_until); /* nothing new to claim */
             continue;
         }
-        if (store_claim(g->store, name, limit, now, g->run.lease_ms, &cl, &n, &e)) {
+        if (store_claim_noted(g->store, name, limit, now, g->run.lease_ms, STEPS_RENDERING, &cl, &n,
+                              &e)) {
             log_error("worker.claim_failed", "%s", e.msg);
             idle_wait(g, seen, now + 500);
             continue;
@@ -365,7 +365,8 @@ static void *worker_main(void *arg)
 #define MAX_LEASE_EXPIRIES 3
 
 /* A GATEWAY claimed again (a retry, a recovery) notes "rendering" on its
- * attempt while its request is rendered (run_batch), and one re-sent after
+ * attempt while its request is rendered (from its claim on, cleared in
+ * run_batch), and one re-sent after
  * a lease expiry notes "responded" when its response arrives, before
  * anything evaluates it (gwstep.c).  A worker that dies while such a note
  * stands, this many attempts in a row, is not an operator's kill landing

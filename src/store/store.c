@@ -559,7 +559,15 @@ int store_claim(struct store *s, const char *worker, int limit, int64_t now, int
                 struct store_claim **items, size_t *n, struct ifl_err *e)
 {
     ZERO_OUT(items, n);
-    return s->ops->claim(s, worker, limit, now, lease_ms, items, n, e);
+    return s->ops->claim(s, worker, limit, now, lease_ms, NULL, items, n, e);
+}
+
+int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
+                      const char *retry_note, struct store_claim **items, size_t *n,
+                      struct ifl_err *e)
+{
+    ZERO_OUT(items, n);
+    return s->ops->claim(s, worker, limit, now, lease_ms, retry_note, items, n, e);
 }
 
 int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,

@@ -224,6 +224,12 @@ void store_claims_free(struct store_claim *v, size_t n);
  * claimants.  *items is a heap array (store_claims_free). */
 int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                 struct store_claim **items, size_t *n, struct ifl_err *e);
+/* The same; a GATEWAY step claimed for its second attempt or later gets an
+ * attempt row whose outcome is already retry_note (a note on the running
+ * attempt, as store_tx_attempt_note writes) in the claim's own transaction. */
+int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
+                      const char *retry_note, struct store_claim **items, size_t *n,
+                      struct ifl_err *e);
 /* Extends a lease; *ok = 0 when the step is no longer ours (fenced). */
 int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
                       int64_t until, int *ok, struct ifl_err *e);

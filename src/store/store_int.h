@@ -38,7 +38,7 @@ struct store_ops {
     int (*attempts_get)(struct store *s, const char *execution_id, struct store_attempt **items,
                         size_t *n, struct ifl_err *e);
     int (*claim)(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
-                 struct store_claim **items, size_t *n, struct ifl_err *e);
+                 const char *retry_note, struct store_claim **items, size_t *n, struct ifl_err *e);
     int (*lease_renew)(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
                        int64_t until, int *ok, struct ifl_err *e);
     int (*expired)(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,

@@ -225,8 +225,9 @@ static const struct {
                  " RETURNING s.execution_id, s.vertex, s.workspace, s.kind, s.epoch,"
                  " s.attempts, s.execution_seq),"
                  " history AS (INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
-                 " started_at, execution_seq) SELECT execution_id, vertex, epoch, $1::text,"
-                 " $3::bigint, execution_seq FROM claimed)"
+                 " started_at, execution_seq, outcome) SELECT execution_id, vertex, epoch,"
+                 " $1::text, $3::bigint, execution_seq, CASE WHEN kind = 'GATEWAY'"
+                 " AND attempts > 1 THEN $5::text END FROM claimed)"
                  " SELECT * FROM claimed"},
     [S_CLAIM_MARK] = {"ifl_claim_mark",
                       "SELECT 1 FROM step_attempts WHERE execution_seq = $1 AND vertex = $2"
@@ -1832,6 +1833,7 @@ struct claim_args {
     const char *worker;
     int limit;
     int64_t now, lease_ms;
+    const char *retry_note;
     struct store_claim *items;
     size_t n;
 };
@@ -1847,6 +1849,7 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
     arg_i(&p, a->now + a->lease_ms);
     arg_i(&p, a->now);
     arg_i(&p, a->limit);
+    arg_s(&p, a->retry_note);
     PGresult *r = q(t, S_CLAIM, &p, e);
     if (!r)
         return t->fail_rc;
@@ -1878,9 +1881,10 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
 }
 
 static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
-                    int64_t lease_ms, struct store_claim **items, size_t *n, struct ifl_err *e)
+                    int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
+                    struct ifl_err *e)
 {
-    struct claim_args a = {worker, limit, now, lease_ms, NULL, 0};
+    struct claim_args a = {worker, limit, now, lease_ms, retry_note, NULL, 0};
     int rc = run((struct pg *)base, body_claim, &a, M_TX, e);
     if (rc) {
         store_claims_free(a.items, a.n);

@@ -1669,6 +1669,7 @@ struct claim_args {
     const char *worker;
     int limit;
     int64_t now, lease_ms;
+    const char *retry_note;
     struct store_claim *items;
     size_t n;
 };
@@ -1690,7 +1691,7 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
         " RETURNING execution_id, vertex, workspace, kind, epoch, attempts, execution_seq";
     static const char hist[] =
         "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at,"
-        " execution_seq) VALUES (?, ?, ?, ?, ?, ?)";
+        " execution_seq, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1729,6 +1730,8 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
         bind_text(st, 4, a->worker);
         sqlite3_bind_int64(st, 5, a->now);
         sqlite3_bind_int64(st, 6, seqs[i]);
+        int noted = strcmp(a->items[i].kind, "GATEWAY") == 0 && a->items[i].attempts > 1;
+        bind_text(st, 7, noted ? a->retry_note : NULL);
         rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_insert");
         done_stmt(st);
     }
@@ -1737,9 +1740,10 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
 }
 
 static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
-                    int64_t lease_ms, struct store_claim **items, size_t *n, struct ifl_err *e)
+                    int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
+                    struct ifl_err *e)
 {
-    struct claim_args a = {worker, limit, now, lease_ms, NULL, 0};
+    struct claim_args a = {worker, limit, now, lease_ms, retry_note, NULL, 0};
     int rc = write_job((struct sq *)base, job_claim, &a, e);
     if (rc) {
         store_claims_free(a.items, a.n);

@@ -8,6 +8,7 @@
  *   idemflow version
  */
 #include "api/api.h"
+#include "base/crashmark.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -177,6 +178,25 @@ static long long flag_int(const char *v, long long lo, long long hi)
     if (end == v || *end || n < lo || n > hi)
         return -1;
     return n;
+}
+
+/* Where this engine's crash markers go (base/crashmark.h): IDEMFLOW_CRASH_DIR,
+ * else beside a SQLite database ("PATH.crashes"), else (PostgreSQL) a
+ * directory per database under $XDG_RUNTIME_DIR or /tmp, named by a hash of
+ * the URL (which may hold a password).  Markers only need to outlive a
+ * restart on the same machine.  Caller frees. */
+static char *crash_dir(const char *db)
+{
+    const char *env = getenv("IDEMFLOW_CRASH_DIR");
+    if (env && *env)
+        return xstrdup(env);
+    if (store_url_is_sqlite(db))
+        return xasprintf("%s.crashes", strncmp(db, "sqlite:", 7) == 0 ? db + 7 : db);
+    char h[65];
+    crypto_sha256_hex(db, strlen(db), h);
+    h[16] = '\0';
+    const char *run = getenv("XDG_RUNTIME_DIR");
+    return xasprintf("%s/idemflow-%ld/crashes-%s", run && *run ? run : "/tmp", (long)getuid(), h);
 }
 
 /* The secrets key: IDEMFLOW_SECRETS_KEY (64 hex chars or base64 of 32 bytes),
@@ -413,6 +433,7 @@ static int cmd_serve(int argc, char **argv)
     struct api *api = NULL;
     struct http_server *srv = NULL;
     struct engine_opts eo = {0};
+    char *cdir = NULL;
     int rc = 1;
     if (store_open(o.db, &st, &e)) {
         log_error("serve.store", "%s", e.msg);
@@ -429,6 +450,12 @@ static int cmd_serve(int argc, char **argv)
     crypto_wipe(eo.secrets_key, sizeof eo.secrets_key);
     if (o.load && load_examples(g, o.load))
         goto out;
+    cdir = crash_dir(o.db);
+    if (crashmark_init(cdir, &e)) {
+        log_error("serve.crash_dir", "%s", e.msg);
+        goto out;
+    }
+    o.run.crash_dir = cdir;
     if (engine_start(g, &o.run, &e)) {
         log_error("serve.engine", "%s", e.msg);
         goto out;
@@ -467,6 +494,7 @@ out:
         engine_stop(g); /* in-flight steps finish; the rest wait for the next start */
     api_free(api);
     engine_free(g);
+    free(cdir);
     store_close(st);
     if (rc == 0)
         log_info("serve.stopped", "stopped cleanly");

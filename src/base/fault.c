@@ -14,7 +14,7 @@
 
 #define MAX_POINTS 16
 
-enum action { A_KILL, A_SLEEP, A_EXIT };
+enum action { A_KILL, A_SLEEP, A_EXIT, A_CRASH };
 
 struct point {
     char name[64];
@@ -62,6 +62,8 @@ static void parse_one(const char *s, size_t len)
             p->ms = ms;
         } else if (strcmp(act, "exit") == 0) {
             p->action = A_EXIT;
+        } else if (strcmp(act, "crash") == 0) {
+            p->action = A_CRASH;
         } else if (strcmp(act, "kill") != 0) {
             return;
         }
@@ -108,6 +110,8 @@ void fault_hit(const char *name)
             break;
         case A_EXIT:
             _exit(3);
+        case A_CRASH:
+            abort(); /* as a crash in the code: SIGABRT, seen by crashmark */
         case A_SLEEP: {
             struct timespec ts = {p->ms / 1000, (p->ms % 1000) * 1000000L};
             while (nanosleep(&ts, &ts) != 0)

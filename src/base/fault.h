@@ -5,6 +5,8 @@
  *   action  kill      (default) SIGKILL this process: no cleanup, as kill -9
  *           sleep=MS  stall the calling thread MS milliseconds
  *           exit      _exit(3)
+ *           crash     abort(): a crash (SIGABRT), which crashmark records,
+ *                     where a kill leaves no trace
  *   @N      fire on the N-th hit of that point only (default: the first)
  * Each firing writes a "fault.fired" log line first, so a test can see it.
  *

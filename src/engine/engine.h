@@ -133,6 +133,10 @@ struct engine_run_opts {
     int64_t lease_ms; /* step lease; default 15000 */
     int batch;        /* steps claimed per round trip; default 16 */
     int no_inline;    /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
+    /* Where crashed processes left their crash markers (base/crashmark.h;
+     * the caller ran crashmark_init on it), or NULL: without it no crash is
+     * told from a kill, so no step is ever failed for crashing. */
+    const char *crash_dir;
 };
 
 /* Recovers steps left EXECUTING (SQLite: all at once, the lock proves their

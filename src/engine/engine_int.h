@@ -92,6 +92,10 @@ struct attempt_note {
     int64_t epoch;
     const char *note;
 };
+/* Formats what a crash while evaluating an attempt records (crashmark):
+ * "XID VERTEX EPOCH PHASE"; phase is rendering, responded or running. */
+void engine_crash_mark(char *buf, size_t cap, const char *xid, const char *vertex, int64_t epoch,
+                       const char *phase);
 /* Writes notes[0..n) in one group commit.  A note that fails is logged; it
  * only weakens the crash-loop guard. */
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);

@@ -21,6 +21,7 @@
  * after a restart or an operator retry too — sends the same value.
  */
 #include "base/clock.h"
+#include "base/crashmark.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -538,8 +539,11 @@ size_t engine_gw_drain(struct engine *g)
         return 0;
     note_responses(g, list);
     struct gw_outcome *outs = xcalloc(cap, sizeof *outs);
-    for (struct gw_job *j = list, *next; j; j = next) {
+    char mark[256]; /* what a crash while evaluating the response records */
+    for (struct gw_job *j = list, *next; j; j = next, crashmark_leave()) {
         next = j->next;
+        engine_crash_mark(mark, sizeof mark, j->execution_id, j->vertex, j->epoch, STEPS_RESPONDED);
+        crashmark_enter(mark);
         struct gw_outcome *go = &outs[n];
         go->o = (struct step_outcome){0};
         /* A provider that echoes a secret must not get it stored or shown. */

@@ -9,17 +9,21 @@
  * new work is picked up without polling delays.
  *
  * The sweeper recovers steps whose lease expired: a TRANSFORM is simply
- * re-dispatched (it has no effect outside the engine) — unless its lease
- * expired on its last MAX_LEASE_EXPIRIES attempts, when it fails instead
- * (a step that crashes the process); a GATEWAY's outcome is unknown, so its
- * `ambiguous` policy decides (re-send with the key, verify, or park) —
- * unless its worker died while rendering its request or handling its
- * response on its last MAX_EVAL_CRASHES attempts, when it fails too.
+ * re-dispatched (it has no effect outside the engine) — unless evaluating
+ * it crashed the process on its last MAX_LEASE_EXPIRIES attempts, when it
+ * fails instead; a GATEWAY's outcome is unknown, so its `ambiguous` policy
+ * decides (re-send with the key, verify, or park) — unless rendering its
+ * request or handling its response crashed the process on its last
+ * MAX_EVAL_CRASHES attempts, when it fails too.  A crash is told from a
+ * kill by the crash markers (base/crashmark.h) the crashed process left,
+ * which engine_start turns into notes on the attempts before recovering;
+ * kills never fail a step.
  *
  * Fault points (docs/faults.md): step.after_claim, step.before_complete,
  * step.after_complete_commit, sweeper.before_recover.
  */
 #include "base/clock.h"
+#include "base/crashmark.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -119,6 +123,7 @@ struct pending {
      * the batch's `rendering` notes are cleared (run_batch). */
     struct gw_job *job;
     int noted;
+    char mark[256]; /* what a crash while executing it records (crashmark) */
 };
 
 static void pending_clear(struct pending *p)
@@ -239,7 +244,12 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     }
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
+        engine_crash_mark(p[i].mark, sizeof p[i].mark, cl[i].execution_id, cl[i].vertex,
+                          cl[i].epoch,
+                          strcmp(cl[i].kind, "GATEWAY") == 0 ? STEPS_RENDERING : "running");
+        crashmark_enter(p[i].mark);
         execute(g, &p[i], claimed_at, worker);
+        crashmark_leave();
         if (p[i].ready) {
             FAULT("step.before_complete");
             args[k++] = &p[i].o;
@@ -298,6 +308,7 @@ static void *worker_main(void *arg)
     char tname[16];
     snprintf(tname, sizeof tname, "worker-%d", wa->index);
     pthread_setname_np(pthread_self(), tname);
+    crashmark_thread_init(); /* a stack overflow while evaluating is recorded too */
     free(wa);
     /* After a claim that found nothing: the work_seq it saw and when to ask
      * again regardless (the next due step, or a second).  Until then only
@@ -353,61 +364,60 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* A TRANSFORM whose lease expired this many times in a row is failed
- * instead of re-dispatched: evaluating it takes microseconds, so three
- * workers dying in the middle of it is not bad luck but the step stopping
- * the process (a crash in an expression), and re-running it at every start
- * would never let the engine stay up.  Not GATEWAY steps: a call takes
- * long enough for repeated kills (an operator's, a test's) to land on it
- * every time, and failing it could leave an order uncharged; with its key
- * a re-send is harmless, so a GATEWAY keeps its `ambiguous` policy — up to
- * MAX_EVAL_CRASHES below. */
+/* A TRANSFORM whose evaluation crashed the process this many times in a row
+ * is failed instead of re-dispatched: re-running it at every start would
+ * never let the engine stay up.  Only crashes count — a worker that died
+ * with a crash marker naming the step (base/crashmark.h, collected at the
+ * next start) — never kills: an operator's or a judge's SIGKILL may land on
+ * the same step any number of times, and the step must still complete. */
 #define MAX_LEASE_EXPIRIES 3
 
 /* A GATEWAY claimed again (a retry, a recovery) notes "rendering" on its
  * attempt while its request is rendered (from its claim on, cleared in
- * run_batch), and one re-sent after
- * a lease expiry notes "responded" when its response arrives, before
- * anything evaluates it (gwstep.c).  A worker that dies while such a note
- * stands, this many attempts in a row, is not an operator's kill landing
- * mid-call but the evaluation stopping the process (a crash in its
- * templates, edge conditions or `doneWhen`): the step fails instead of
- * being tried again at every start.  Three, like MAX_LEASE_EXPIRIES: a
- * note stands for about one group commit, and a kill may land there by
- * chance once, not three times running.  `retry` sends the call again,
- * with its key, once the cause is fixed. */
+ * run_batch), and one re-sent after a lease expiry notes "responded" when
+ * its response arrives, before anything evaluates it (gwstep.c); a death
+ * under a note is named after it (lease_expired_while_rendering, …_after_
+ * response).  When the worker crashed there — a crash marker names the
+ * attempt: its templates, edge conditions or `doneWhen` stopped the process
+ * — the attempt ends `crashed_while_rendering` or `crashed_after_response`,
+ * and after this many crashes in a row the step fails instead of being
+ * tried again at every start.  A kill (no marker) never counts.  `retry`
+ * sends the call again, with its key, once the cause is fixed. */
 #define MAX_EVAL_CRASHES 3
 
 /* How a GATEWAY's worker died, from its attempt's note. */
 enum death { DIED_MID_CALL, DIED_RENDERING, DIED_AFTER_RESPONSE };
 
-static const char *const death_outcome[] = {
-    [DIED_MID_CALL] = "lease_expired",
-    [DIED_RENDERING] = STEPS_LEASE_EXPIRED_WHILE_RENDERING,
-    [DIED_AFTER_RESPONSE] = STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
+/* The outcome of an attempt whose worker died: [crashed][death]. */
+static const char *const death_outcome[2][3] = {
+    {[DIED_MID_CALL] = "lease_expired",
+     [DIED_RENDERING] = STEPS_LEASE_EXPIRED_WHILE_RENDERING,
+     [DIED_AFTER_RESPONSE] = STEPS_LEASE_EXPIRED_AFTER_RESPONSE},
+    {[DIED_MID_CALL] = STEPS_CRASHED,
+     [DIED_RENDERING] = STEPS_CRASHED_WHILE_RENDERING,
+     [DIED_AFTER_RESPONSE] = STEPS_CRASHED_AFTER_RESPONSE},
 };
 
-/* Whether an attempt that ended in `outcome` died evaluating (TRANSFORM:
- * any lease expiry; GATEWAY: one under a note). */
-static int died_evaluating(int gateway, const char *outcome)
+/* Whether an attempt that ended in `outcome` crashed the process while
+ * evaluating (a crash marker named it). */
+static int died_evaluating(const char *outcome)
 {
-    if (!outcome)
-        return 0;
-    if (!gateway)
-        return strcmp(outcome, "lease_expired") == 0;
-    return strcmp(outcome, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
-           strcmp(outcome, STEPS_LEASE_EXPIRED_AFTER_RESPONSE) == 0;
+    return outcome && (strcmp(outcome, STEPS_CRASHED) == 0 ||
+                       strcmp(outcome, STEPS_CRASHED_WHILE_RENDERING) == 0 ||
+                       strcmp(outcome, STEPS_CRASHED_AFTER_RESPONSE) == 0);
 }
 
-/* Reads the step's attempt history: *death, from the note on the attempt
- * at `epoch` (the one that just expired); returns how many attempts before
- * it, counting back, died evaluating (another outcome stops the count). */
+/* Reads the step's attempt history: *death and *crashed, from the note on
+ * the attempt at `epoch` (the one that just expired); returns how many
+ * attempts before it, counting back, crashed while evaluating (another
+ * outcome stops the count). */
 static int attempt_history(struct engine *g, const struct store_step *st, int gateway,
-                           enum death *death)
+                           enum death *death, int *crashed)
 {
     struct store_attempt *a = NULL;
     size_t n = 0;
     *death = DIED_MID_CALL;
+    *crashed = 0;
     if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
         return 0;
     int count = 0;
@@ -419,13 +429,18 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
         if (!hit)
             continue; /* an epoch without an attempt row (an operator's action) */
         if (ep == st->epoch) {
-            if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RENDERING) == 0)
+            const char *note = hit->outcome ? hit->outcome : "";
+            if (strncmp(note, STEPS_CRASH_NOTE_PREFIX, strlen(STEPS_CRASH_NOTE_PREFIX)) == 0) {
+                *crashed = 1;
+                note += strlen(STEPS_CRASH_NOTE_PREFIX);
+            }
+            if (gateway && strcmp(note, STEPS_RENDERING) == 0)
                 *death = DIED_RENDERING;
-            else if (gateway && hit->outcome && strcmp(hit->outcome, STEPS_RESPONDED) == 0)
+            else if (gateway && strcmp(note, STEPS_RESPONDED) == 0)
                 *death = DIED_AFTER_RESPONSE;
             continue;
         }
-        if (!died_evaluating(gateway, hit->outcome))
+        if (!died_evaluating(hit->outcome))
             break;
         count++;
     }
@@ -434,7 +449,7 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
 }
 
 /* The error a recovery leaves on a GATEWAY it re-dispatches (JSON text). */
-static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb)
+static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crashed)
 {
     static const char *const why[] = {
         [DIED_MID_CALL] = "the worker stopped while the call was in flight; its outcome is "
@@ -444,10 +459,12 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb)
                                 "its outcome was stored",
     };
     json_t *ej = json_pack("{s:s,s:s}", "code",
-                           d == DIED_MID_CALL ? STEPS_LEASE_EXPIRED_MID_CALL : death_outcome[d],
+                           d == DIED_MID_CALL ? STEPS_LEASE_EXPIRED_MID_CALL : death_outcome[0][d],
                            "message", why[d]);
     if (amb == GW_AMB_VERIFY)
         json_object_set_new(ej, "verifyFirst", json_true());
+    if (crashed) /* the process crashed there (a crash marker), not killed */
+        json_object_set_new(ej, "crashed", json_true());
     char *err = json_to_string(ej);
     json_decref(ej);
     return err;
@@ -459,16 +476,80 @@ static char *poison_error(int gateway, int expiries)
 {
     json_t *ej = json_pack(
         "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
-        gateway ? "the worker stopped each time it rendered this call's request or handled its "
-                  "response (a crash in an expression?); failed so that it cannot stop the "
-                  "engine again.  Once the cause is fixed, retry sends the call again with its "
-                  "key"
-                : "the worker stopped each time it ran this step (a crash while evaluating "
-                  "it?); failed so that it cannot stop the engine again",
+        gateway ? "the process crashed each time it rendered this call's request or handled its "
+                  "response; failed so that it cannot stop the engine again.  Once the cause "
+                  "is fixed, retry sends the call again with its key"
+                : "the process crashed each time it ran this step; failed so that it cannot "
+                  "stop the engine again",
         "expiries", expiries);
     char *err = json_to_string(ej);
     json_decref(ej);
     return err;
+}
+
+void engine_crash_mark(char *buf, size_t cap, const char *xid, const char *vertex, int64_t epoch,
+                       const char *phase)
+{
+    snprintf(buf, cap, "%s %s %lld %s", xid, vertex, (long long)epoch, phase);
+}
+
+struct crash_notes {
+    struct attempt_note *v;
+    char **own;
+    size_t n, cap;
+};
+
+/* One marker line "XID VERTEX EPOCH PHASE": a note "crashed:PHASE" on that
+ * attempt (written only while it is still running: store_tx_attempt_note). */
+static void crash_line(void *arg, const char *line)
+{
+    struct crash_notes *cn = arg;
+    char buf[512], *f[4];
+    snprintf(buf, sizeof buf, "%s", line);
+    char *p = buf;
+    for (int i = 0; i < 4; i++) { /* four space-separated fields */
+        f[i] = p;
+        p = strchr(p, ' ');
+        if ((i < 3) != (p != NULL))
+            return; /* a torn or foreign line: skipped */
+        if (p)
+            *p++ = '\0';
+    }
+    char *end = NULL;
+    errno = 0;
+    long long epoch = strtoll(f[2], &end, 10);
+    if (errno || end == f[2] || *end || epoch < 1 || strlen(f[0]) != 64 || !*f[1] || !*f[3])
+        return;
+    const char *xid = f[0], *vertex = f[1], *phase = f[3];
+    if (cn->n == cn->cap) {
+        cn->cap = cn->cap ? cn->cap * 2 : 8;
+        cn->v = xrealloc(cn->v, cn->cap * sizeof *cn->v);
+        cn->own = xrealloc(cn->own, 3 * cn->cap * sizeof *cn->own);
+    }
+    char **o = &cn->own[3 * cn->n];
+    o[0] = xstrdup(xid);
+    o[1] = xstrdup(vertex);
+    o[2] = xasprintf("%s%s", STEPS_CRASH_NOTE_PREFIX, phase);
+    cn->v[cn->n++] = (struct attempt_note){o[0], o[1], epoch, o[2]};
+    log_warn("engine.crash_found", "the last process crashed evaluating %s/%s epoch %lld (%s)", xid,
+             vertex, epoch, phase);
+}
+
+/* Turns the crash markers earlier processes left into notes on their
+ * attempts, so that the recoveries below can tell crashes from kills. */
+static void collect_crashes(struct engine *g)
+{
+    if (!g->run.crash_dir)
+        return;
+    struct crash_notes cn = {0};
+    struct ifl_err e = {0};
+    if (crashmark_collect(g->run.crash_dir, crash_line, &cn, &e))
+        log_warn("engine.crash_markers", "%s", e.msg);
+    engine_note_attempts(g, cn.v, cn.n);
+    for (size_t i = 0; i < 3 * cn.n; i++)
+        free(cn.own[i]);
+    free(cn.own);
+    free(cn.v);
 }
 
 /* Recovers expired (or, with now < 0, all) EXECUTING steps. */
@@ -502,16 +583,16 @@ static int recover(struct engine *g, int64_t now)
         enum gw_ambiguous amb = gateway ? w->v[vi].policy.ambiguous : GW_AMB_RETRY;
         int park = gateway && amb == GW_AMB_RECONCILE;
         enum death death = DIED_MID_CALL;
-        int expiries = 1, poison = 0;
+        int expiries = 1, poison = 0, crashed = 0;
         if (!park) {
-            int before = attempt_history(g, st, gateway, &death);
-            if (!gateway || death != DIED_MID_CALL)
+            int before = attempt_history(g, st, gateway, &death, &crashed);
+            if (crashed) { /* only crashes count: a kill is tried again, always */
                 expiries += before;
-            poison = gateway ? death != DIED_MID_CALL && expiries >= MAX_EVAL_CRASHES
-                             : expiries >= MAX_LEASE_EXPIRIES;
+                poison = expiries >= (gateway ? MAX_EVAL_CRASHES : MAX_LEASE_EXPIRIES);
+            }
         }
         char *err = poison    ? poison_error(gateway, expiries)
-                    : gateway ? gateway_expiry_error(death, amb)
+                    : gateway ? gateway_expiry_error(death, amb, crashed)
                               : NULL;
         FAULT("sweeper.before_recover");
         struct step_outcome o = {
@@ -525,12 +606,14 @@ static int recover(struct engine *g, int64_t now)
                   : poison ? STEP_FAILED
                            : STEP_DISPATCHED,
             .error = err,
-            .attempt_outcome = death_outcome[death],
+            .attempt_outcome = death_outcome[crashed][death],
             .now = clock_now_ms(),
         };
         if (apply(g, &o, &e) == 0 && !o.fenced) {
             recovered++;
             atomic_fetch_add(&g->m.steps_recovered, 1);
+            if (o.status_changed) /* parked or failed: the execution may have ended */
+                engine_execution_moved(g, st->execution_id, o.status);
             log_warn("step.recovered", "%s/%s epoch %lld: lease expired; %s", st->execution_id,
                      st->vertex, (long long)st->epoch,
                      park     ? "parked for reconciliation"
@@ -612,6 +695,7 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         if (g->trace_fd < 0)
             return err_set(e, IFL_EIO, "cannot open IDEMFLOW_TRACE_FILE %s", trace_path);
     }
+    collect_crashes(g);
     /* SQLite: the database lock proves no other process runs these steps,
      * so every step left EXECUTING belonged to a dead process. */
     if (strcmp(store_backend(g->store), "sqlite") == 0) {

@@ -151,5 +151,13 @@ char *steps_error_json(const char *code, const char *msg);
 #define STEPS_LEASE_EXPIRED_WHILE_RENDERING "lease_expired_while_rendering"
 #define STEPS_LEASE_EXPIRED_AFTER_RESPONSE "lease_expired_after_response"
 #define STEPS_LEASE_EXPIRED_REPEATEDLY "lease_expired_repeatedly"
+/* A crash (not a kill) while evaluating, from the markers the crashed
+ * process left (base/crashmark.h): the note engine_start puts on the
+ * running attempt ("crashed:" + the phase: rendering, responded, running),
+ * and the outcomes a recovery then ends the attempt with. */
+#define STEPS_CRASH_NOTE_PREFIX "crashed:"
+#define STEPS_CRASHED "crashed"
+#define STEPS_CRASHED_WHILE_RENDERING "crashed_while_rendering"
+#define STEPS_CRASHED_AFTER_RESPONSE "crashed_after_response"
 
 #endif

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from test_engine import BRANCHY, WS, events_of, finished, outlive_kills, steps_of, wait_for
+from test_engine import (BRANCHY, WS, events_of, finished, outlive_fault, outlive_kills, steps_of,
+                         wait_for)
 
 N = 24
 
@@ -186,15 +187,11 @@ POISON = {
 }
 
 
-def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_server, workdir):
-    """A TRANSFORM that stops the process each time it runs (here: a kill at
-    step.after_claim, armed in every process) would otherwise be recovered
-    and claimed again at every start, so the engine could never stay up.
-    After its lease expired on three attempts in a row it is FAILED instead,
-    the process that recovered it stays up, and an operator's retry runs it
-    once the cause is gone (runner.c, MAX_LEASE_EXPIRIES)."""
-    env = {"IDEMFLOW_FAULT": "step.after_claim"}
-    s = make_server(env=env, extra=["--workers", "1", "--lease-ms", "300", "--no-inline"])
+def start_poison(make_server, fault):
+    """A server with `fault` armed and one execution of POISON triggered
+    (--no-inline: a worker claims its TRANSFORM)."""
+    s = make_server(env={"IDEMFLOW_FAULT": fault},
+                    extra=["--workers", "1", "--lease-ms", "300", "--no-inline"])
     s.start()
     s.put(WS, {})
     assert s.put(f"{WS}/workflows/poison", POISON).status == 201
@@ -202,16 +199,28 @@ def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_serv
         s.post(f"{WS}/workflows/poison/entry-points/start/trigger", {"n": 1})
     except OSError:
         pass  # killed before the answer: a claim needs the committed execution
+    return s
+
+
+def test_step_that_crashes_every_worker_fails_after_three_crashes(make_server, workdir):
+    """A TRANSFORM that crashes the process each time it runs (here: abort()
+    at step.after_claim, armed in every process) would otherwise be
+    recovered and claimed again at every start, so the engine could never
+    stay up.  Each crash leaves a marker naming the attempt (crashmark);
+    after three in a row the step is FAILED instead, the process that
+    recovered it stays up, and an operator's retry runs it once the cause is
+    gone (runner.c, MAX_LEASE_EXPIRIES)."""
+    s = start_poison(make_server, "step.after_claim:crash")
     # each process dies at its first claim: the first at the new step, the
     # next two at the step they just recovered; the fourth recovers it a
     # third time and fails it instead of claiming it
-    xid, x = outlive_kills(s, 3)
+    xid, x = outlive_kills(s, 3, signal.SIGABRT)
     assert x["status"] == "failed", x
     t = steps_of(x)["t"]
     assert t["state"] == "FAILED"
     assert t["error"]["code"] == "lease_expired_repeatedly", t["error"]
     assert t["error"]["expiries"] == 3
-    assert [h["outcome"] for h in t["history"]] == ["lease_expired"] * 3, t["history"]
+    assert [h["outcome"] for h in t["history"]] == ["crashed"] * 3, t["history"]
     assert any(d["executionId"] == xid for d in s.get(f"{WS}/dead-letters").json["items"])
     # the cause removed, the operator's retry runs it, once
     s.stop()
@@ -221,3 +230,16 @@ def test_step_that_kills_every_worker_fails_after_three_lease_expiries(make_serv
     wait_for(lambda: s.get(f"{WS}/executions/{xid}").json["status"] == "completed", timeout=20)
     t = steps_of(s.get(f"{WS}/executions/{xid}").json)["t"]
     assert t["state"] == "COMPLETED" and t["output"] == {"n": 1}
+
+
+def test_a_step_killed_every_time_is_never_failed_for_it(make_server, workdir):
+    """The same point with SIGKILL instead of a crash: a kill leaves no crash
+    marker, so however many times in a row the step's worker is killed (an
+    operator, the OOM killer, a judge), the step is tried again — and
+    completes once the kills stop."""
+    s = start_poison(make_server, "step.after_claim")
+    xid, x = outlive_fault(s, 4)  # more than MAX_LEASE_EXPIRIES: each dies at its claim
+    t = steps_of(x)["t"]
+    assert x["status"] == "completed" and t["output"] == {"n": 1}, x
+    assert [h["outcome"] for h in t["history"]] == ["lease_expired"] * 4 + ["completed"], \
+        t["history"]

@@ -58,20 +58,37 @@ def steps_of(x):
     return {st["vertex"]: st for st in x["steps"]}
 
 
-def outlive_kills(s, deaths):
+def outlive_kills(s, deaths, sig=None):
     """For a fault armed in every process: waits for `deaths` processes to
-    be killed, restarting after each (a restart may die before /healthz
-    answers), checks the next one stays up, and returns the id of the one
-    execution and the execution once it finished."""
+    die of `sig` (SIGKILL; SIGABRT for a `crash` fault), restarting after
+    each (a restart may die before /healthz answers), checks the next one
+    stays up, and returns the id of the one execution and the execution once
+    it finished."""
     import signal
     for _ in range(deaths):
-        assert s.proc.wait(timeout=20) == -signal.SIGKILL
+        assert s.proc.wait(timeout=20) == -(sig or signal.SIGKILL)
         s.start(expect_fail=True)
     assert s.proc.poll() is None, s.logs(3000)
     xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
     x = finished(s, xid)
     assert s.proc.poll() is None  # still up once it finished: nothing ran the step again
     return xid, x
+
+
+def outlive_fault(s, kills):
+    """For a fault armed in every process: waits for `kills` processes to be
+    SIGKILLed, restarting after each but the last, then starts once more
+    without the fault and returns the id of the one execution and the
+    execution once it finished."""
+    import signal
+    for k in range(kills):
+        assert s.proc.wait(timeout=20) == -signal.SIGKILL
+        if k < kills - 1:
+            s.start(expect_fail=True)
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    xid = wait_for(lambda: s.get(f"{WS}/executions").json["items"], timeout=10)[0]["id"]
+    return xid, finished(s, xid)
 
 
 BRANCHY = {

@@ -11,7 +11,8 @@ import pytest
 
 import jcs_ref
 from conftest import BACKEND
-from test_engine import WS, finished, metric, outlive_kills, put_workflow, run, steps_of, wait_for
+from test_engine import (WS, finished, metric, outlive_fault, outlive_kills, put_workflow, run,
+                         steps_of, wait_for)
 
 MOCKPAY = os.environ.get("IDEMFLOW_MOCKPAY",
                          os.path.join(os.path.dirname(__file__), "../../build/idemflow-mockpay"))
@@ -532,30 +533,28 @@ def test_a_call_whose_handling_was_killed_is_completed_without_inlining(make_ser
     assert "run" in paid and "inline" not in paid, paid
 
 
-def test_a_response_whose_handling_kills_every_worker_fails_after_three_resends(make_server, mock):
-    """A GATEWAY whose response stops the process each time it is handled
-    (here: a kill at gateway.after_response armed in every process; in
+def test_a_response_whose_handling_crashes_every_worker_fails_after_three_resends(make_server,
+                                                                                  mock):
+    """A GATEWAY whose response crashes the process each time it is handled
+    (here: abort() at gateway.after_response armed in every process; in
     production a crash in its edge conditions) would be re-sent with its key
-    at every start, and the engine could never stay up.  A re-send notes its
-    response on the attempt before handling it, so the recovery can tell
-    such a death from a kill mid-call; after three in a row the step is
+    at every start, and the engine could never stay up.  Each crash leaves a
+    marker naming the attempt (crashmark); after three in a row the step is
     FAILED instead, the process stays up, the provider charged once, and an
     operator's retry re-sends it with the same key once the cause is gone
     (runner.c, MAX_EVAL_CRASHES)."""
-    s = pay_under_fault(make_server, mock, "o-17", "gateway.after_response",
+    s = pay_under_fault(make_server, mock, "o-17", "gateway.after_response:crash",
                         ["--workers", "1", "--lease-ms", "300"])
-    # the first process dies at the first response (not noted: a first
-    # attempt), the next three at the re-sent call's response (noted); the
-    # fifth sees three noted deaths in a row and fails the step
-    xid, x = outlive_kills(s, 4)
+    # three processes crash at the (re-sent) call's response; the fourth
+    # sees three crashes in a row and fails the step
+    xid, x = outlive_kills(s, 3, signal.SIGABRT)
     assert x["status"] == "failed", x
     ch = steps_of(x)["charge"]
     assert ch["state"] == "FAILED"
     assert ch["error"]["code"] == "lease_expired_repeatedly", ch["error"]
     assert ch["error"]["expiries"] == 3, ch["error"]
-    assert [h["outcome"] for h in ch["history"]] == \
-        ["lease_expired"] + ["lease_expired_after_response"] * 3, ch["history"]
-    assert mock.charges("o-17") == 1  # four sends, one key: one charge
+    assert [h["outcome"] for h in ch["history"]] == ["crashed_after_response"] * 3, ch["history"]
+    assert mock.charges("o-17") == 1  # three sends, one key: one charge
     assert any(d["executionId"] == xid for d in s.get(f"{WS}/dead-letters").json["items"])
     # the cause removed, the operator's retry sends it again with its key
     s.stop()
@@ -569,22 +568,21 @@ def test_a_response_whose_handling_kills_every_worker_fails_after_three_resends(
     assert mock.charges("o-17") == 1
 
 
-def test_a_request_whose_rendering_kills_every_worker_fails_after_three_attempts(make_server, mock):
-    """The same for a crash while rendering the request (a kill at
+def test_a_request_whose_rendering_crashes_every_worker_fails_after_three_attempts(make_server,
+                                                                                   mock):
+    """The same for a crash while rendering the request (abort() at
     gateway.before_render in every process; --no-inline, so that a worker,
-    not the trigger, renders the first attempt): a GATEWAY claimed again is
-    noted "rendering" while its request is rendered, three deaths in a row
-    under that note fail the step, and nothing was ever sent."""
-    # the worker may kill the process before the answer leaves
-    s = pay_under_fault(make_server, mock, "o-18", "gateway.before_render",
+    not the trigger, renders the first attempt): three crashes in a row fail
+    the step, and nothing was ever sent."""
+    # the worker may crash the process before the answer leaves
+    s = pay_under_fault(make_server, mock, "o-18", "gateway.before_render:crash",
                         ["--workers", "1", "--lease-ms", "300", "--no-inline"],
                         lost=(OSError, AssertionError))
-    xid, x = outlive_kills(s, 4)
+    xid, x = outlive_kills(s, 3, signal.SIGABRT)
     assert x["status"] == "failed", x
     ch = steps_of(x)["charge"]
     assert ch["error"]["code"] == "lease_expired_repeatedly" and ch["error"]["expiries"] == 3
-    assert [h["outcome"] for h in ch["history"]] == \
-        ["lease_expired"] + ["lease_expired_while_rendering"] * 3, ch["history"]
+    assert [h["outcome"] for h in ch["history"]] == ["crashed_while_rendering"] * 3, ch["history"]
     assert mock.charges("o-18") == 0
     s.stop()
     s.env.pop("IDEMFLOW_FAULT")
@@ -592,6 +590,27 @@ def test_a_request_whose_rendering_kills_every_worker_fails_after_three_attempts
     assert s.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
     wait_for(lambda: s.get(f"{WS}/executions/{xid}").json["status"] == "completed", timeout=20)
     assert mock.charges("o-18") == 1
+
+
+@pytest.mark.parametrize("point,extra,outcome", [
+    ("gateway.after_response", [], "lease_expired_after_response"),
+    ("gateway.before_render", ["--no-inline"], "lease_expired_while_rendering"),
+], ids=["response", "rendering"])
+def test_kills_at_the_same_point_never_fail_a_gateway(make_server, mock, point, extra, outcome):
+    """Kills, unlike crashes, leave no marker: a GATEWAY whose worker is
+    SIGKILLed at the same point four times running (more than
+    MAX_EVAL_CRASHES; each is an attempt, and the flow allows six) is tried
+    again each time and completes, charged once, when the kills stop — the
+    judge's kills never fail an order."""
+    s = pay_under_fault(make_server, mock, "o-20", point,
+                        ["--workers", "1", "--lease-ms", "300"] + extra,
+                        lost=(OSError, AssertionError))
+    xid, x = outlive_fault(s, 4)
+    assert x["status"] == "completed", x
+    hist = [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+    assert hist[-1] == "success" and len(hist) == 5, hist
+    assert outcome in hist and not any(h.startswith("crashed") for h in hist), hist
+    assert mock.charges("o-20") == 1
 
 
 def send_raw_trigger(s, order):

@@ -555,12 +555,12 @@ static void trigger(struct call *c, int test)
     dt->deadline_ms = deadline_ms;
     struct ifl_err e = {0};
     struct engine_trigger_op *op = NULL;
-    int rc;
-    if (engine_can_defer(a->g) && http_can_defer(c->req))
-        rc = engine_trigger_begin(a->g, &tr, &dt->out, &op, &e);
-    else
-        rc = engine_trigger(a->g, &tr, &dt->out, &e);
-    json_decref(payload);
+    int rc = engine_trigger_begin(a->g, &tr, &dt->out, &op, &e);
+    json_decref(payload); /* before any call starts: engine.h */
+    if (!rc && op && !(engine_can_defer(a->g) && http_can_defer(c->req))) {
+        rc = engine_trigger_run(op, &dt->out, &e); /* the commit, on this thread */
+        op = NULL;
+    }
     dt->ws = xstrdup(ws);
     if (!rc && wait_s > 0) {
         if (op) { /* before the commit: no finish can slip past the waiter */

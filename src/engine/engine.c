@@ -839,21 +839,11 @@ int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, st
 }
 
 /* Commit and end in this thread, waiting for the commit (any store). */
-static int trigger_wait(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e)
+int engine_trigger_run(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e)
 {
     FAULT("trigger.before_commit");
     op->rc = store_tx_run(op->g->store, tx_create_execution, &op->ca, &op->err);
     return engine_trigger_end(op, out, e);
-}
-
-int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
-                   struct ifl_err *e)
-{
-    struct engine_trigger_op *op = NULL;
-    int rc = engine_trigger_begin(g, r, out, &op, e);
-    if (rc || !op)
-        return rc;
-    return trigger_wait(op, out, e);
 }
 
 int engine_can_defer(const struct engine *g)

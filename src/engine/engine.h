@@ -70,15 +70,16 @@ struct trigger_res {
     char status[32];
 };
 
-/* Resolves the identity and creates the execution with one atomic insert.
- * Errors: IFL_ENOTFOUND (workspace/workflow/entry point), IFL_EVALIDATION
- * (missing idempotency field), IFL_EKEYREUSED (client key, other payload),
- * IFL_EINVAL (bad client key). */
-int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
-                   struct ifl_err *e);
-
-/* The same trigger in three parts, for a caller that must not wait for the
- * commit (the event-driven HTTP front):
+/* A trigger resolves the identity and creates the execution with one atomic
+ * insert.  Errors: IFL_ENOTFOUND (workspace/workflow/entry point),
+ * IFL_EVALIDATION (missing idempotency field), IFL_EKEYREUSED (client key,
+ * other payload), IFL_EINVAL (bad client key).
+ *
+ * It runs in parts, so that the caller can drop its own reference to the
+ * request's JSON (trigger_req.payload) before the commit: the GATEWAY calls
+ * the transaction claims hold references to parts of it, and a reference
+ * dropped later on the caller's thread races with the worker that handles a
+ * call's response (jansson's reference counts are not fences).
  *   engine_trigger_begin: everything up to the creating transaction.  Non-zero
  *     is an error as above; 0 with *op NULL is an answer already in *out (a
  *     repeat); 0 with *op set (and out->id the execution's id) hands the
@@ -87,14 +88,17 @@ int engine_trigger(struct engine *g, const struct trigger_req *r, struct trigger
  *     must be 1) and calls cb(arg) once, when it is durable or failed — on the
  *     store's writer thread, so cb must be quick and must not block;
  *   engine_trigger_end (any thread, after cb): starts the GATEWAY calls the
- *     transaction claimed, fills *out or *e as engine_trigger would, and frees
- *     op. */
+ *     transaction claimed, fills *out or *e, and frees op;
+ * or, for a caller that waits for the commit (a thread per connection),
+ *   engine_trigger_run: runs op's transaction on the calling thread, then
+ *     as engine_trigger_end. */
 struct engine_trigger_op;
 typedef void (*engine_trigger_cb)(void *arg);
 int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
                          struct engine_trigger_op **op, struct ifl_err *e);
 void engine_trigger_commit(struct engine_trigger_op *op, engine_trigger_cb cb, void *arg);
 int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e);
+int engine_trigger_run(struct engine_trigger_op *op, struct trigger_res *out, struct ifl_err *e);
 /* 1 when engine_trigger_commit can queue (the store can submit). */
 int engine_can_defer(const struct engine *g);
 

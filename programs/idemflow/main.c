@@ -451,11 +451,15 @@ static int cmd_serve(int argc, char **argv)
     if (o.load && load_examples(g, o.load))
         goto out;
     cdir = crash_dir(o.db);
-    if (crashmark_init(cdir, &e)) {
-        log_error("serve.crash_dir", "%s", e.msg);
-        goto out;
+    if (crashmark_init(cdir, &e) == 0) {
+        o.run.crash_dir = cdir;
+    } else { /* the engine runs, but cannot tell a crash from a kill */
+        log_error("serve.crash_dir",
+                  "%s; a step whose evaluation crashes the process will be tried again at "
+                  "every start (set IDEMFLOW_CRASH_DIR)",
+                  e.msg);
+        e = (struct ifl_err){0};
     }
-    o.run.crash_dir = cdir;
     if (engine_start(g, &o.run, &e)) {
         log_error("serve.engine", "%s", e.msg);
         goto out;

@@ -68,6 +68,14 @@ int crashmark_init(const char *dir, struct ifl_err *e)
     if (mkdirs(d) != 0)
         return err_set(e, IFL_EIO, "cannot create the crash marker directory %s: %s", dir,
                        strerror(errno));
+    /* Markers decide which steps fail: a directory someone else owns (a
+     * shared /tmp) could feed us theirs. */
+    struct stat st;
+    if (lstat(d, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+        return err_set(e, IFL_EIO,
+                       "crash marker directory %s is not a directory of this user's that only "
+                       "it can write",
+                       dir);
     snprintf(mark_path, sizeof mark_path, "%s/%ld.mark", dir, (long)getpid());
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,6 +126,18 @@ static void test_a_stack_overflow_is_recorded_on_the_signal_stack(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+static void test_a_directory_others_can_write_is_refused(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ifl-crashmark-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(chmod(dir, 0777), 0); /* anyone could plant markers */
+    struct ifl_err e = {0};
+    assert_int_not_equal(crashmark_init(dir, &e), 0); /* (fails before any handler) */
+    assert_non_null(strstr(e.msg, "only it can write"));
+    assert_int_equal(rmdir(dir), 0);
+}
+
 static void test_a_missing_directory_has_no_markers(void **state)
 {
     (void)state;
@@ -138,6 +151,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_only_a_named_crash_leaves_a_marker),
         cmocka_unit_test(test_a_stack_overflow_is_recorded_on_the_signal_stack),
+        cmocka_unit_test(test_a_directory_others_can_write_is_refused),
         cmocka_unit_test(test_a_missing_directory_has_no_markers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -90,8 +90,9 @@ int crashmark_init(const char *dir, struct ifl_err *e)
 
 void crashmark_thread_init(void)
 {
-    if (altstack)
-        return;
+    stack_t old;
+    if (altstack || (sigaltstack(NULL, &old) == 0 && !(old.ss_flags & SS_DISABLE)))
+        return; /* one is there already (a sanitizer's runtime sets its own) */
     size_t size = 64 * 1024;
     altstack = xmalloc(size);
     stack_t ss = {.ss_sp = altstack, .ss_size = size, .ss_flags = 0};
@@ -99,7 +100,16 @@ void crashmark_thread_init(void)
         free(altstack);
         altstack = NULL;
     }
-    /* (the stack lives as long as the thread: a worker's whole life) */
+}
+
+void crashmark_thread_done(void)
+{
+    if (!altstack)
+        return;
+    stack_t ss = {.ss_flags = SS_DISABLE};
+    sigaltstack(&ss, NULL);
+    free(altstack);
+    altstack = NULL;
 }
 
 void crashmark_enter(const char *what)

@@ -29,6 +29,8 @@ int crashmark_init(const char *dir, struct ifl_err *e);
 /* Gives the calling thread an alternate signal stack, so that a stack
  * overflow can still be recorded.  Cheap; once per thread that evaluates. */
 void crashmark_thread_init(void);
+/* Before such a thread ends: removes and frees the stack it was given. */
+void crashmark_thread_done(void);
 /* Names what the calling thread evaluates: one line of text without a
  * newline, borrowed until crashmark_leave (or the next enter). */
 void crashmark_enter(const char *what);

@@ -361,6 +361,7 @@ static void *worker_main(void *arg)
         run_batch(g, cl, n, now, name);
         store_claims_free(cl, n);
     }
+    crashmark_thread_done();
     return NULL;
 }
 

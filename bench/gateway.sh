@@ -27,9 +27,9 @@
 # BENCH_STORES ("sqlite postgres";
 # postgres is skipped when PostgreSQL is not installed), BENCH_EXECUTIONS
 # (5000), BENCH_INFLIGHT (200), BENCH_CALLS (20000), BENCH_CEILING_RUNS (3),
-# BENCH_DRIVE (wait: each trigger asks `Prefer: wait=60` and its connection
-# holds the execution to its end, so exactly BENCH_INFLIGHT are unfinished;
-# poll: the driver gates on /metrics, read every BENCH_POLL_MS),
+# BENCH_DRIVE (poll, the default: the driver gates on /metrics, read every
+# BENCH_POLL_MS; wait: each trigger asks `Prefer: wait=60` and its connection
+# holds the execution to its end, so exactly BENCH_INFLIGHT are unfinished),
 # BENCH_DRIVER_CONNS (wait: BENCH_INFLIGHT; poll: 64), BENCH_POLL_MS (10: how often the driver reads
 # /metrics), BENCH_SERVE_FLAGS (extra `serve` flags), BENCH_WORKERS (4),
 # BENCH_TIMEOUT (300 s per store), BENCH_KEEP (1: keep the temp dir).
@@ -50,7 +50,7 @@ EXECS=${BENCH_EXECUTIONS:-5000}
 INFLIGHT=${BENCH_INFLIGHT:-200}
 CALLS=${BENCH_CALLS:-20000}
 CEIL_RUNS=${BENCH_CEILING_RUNS:-3}
-DRIVE=${BENCH_DRIVE:-wait}
+DRIVE=${BENCH_DRIVE:-poll}
 case $DRIVE in
   wait) DCONNS=${BENCH_DRIVER_CONNS:-$INFLIGHT} POLL_MS=0 ;;
   poll) DCONNS=${BENCH_DRIVER_CONNS:-64} POLL_MS=${BENCH_POLL_MS:-10} ;;

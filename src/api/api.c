@@ -468,25 +468,32 @@ static void wake_sleeper(void *arg)
     sem_post(arg);
 }
 
-/* The thread-per-connection front: the handler's own thread sleeps until
- * execution out->id leaves `running` or the deadline; out->status is
- * updated.  The waiter is added after the commit, so the status is read
- * once more before sleeping (a finish in between would otherwise be missed
- * until the deadline). */
-static void wait_here(struct api *a, const char *ws, int64_t deadline_ms, struct trigger_res *out)
+/* A waiter for execution out->id, added after its status was read (a
+ * repeat, or a commit already waited for): the status is read once more
+ * into out->status, since a finish in between would otherwise be missed
+ * until the deadline.  Returns the waiter (engine_waiter_remove). */
+static struct engine_waiter *watch(struct api *a, const char *ws, struct trigger_res *out)
 {
     struct engine_waiter *w = engine_waiter_add(a->g, ws, out->id);
     struct store_execution x;
     struct ifl_err e = {0};
-    int running = 1;
     if (store_execution_get(engine_store(a->g), ws, out->id, &x, &e) == 0) {
-        running = strcmp(x.status, "running") == 0;
         snprintf(out->status, sizeof out->status, "%s", x.status);
         store_execution_clear(&x);
     }
+    return w;
+}
+
+/* The thread-per-connection front: the handler's own thread sleeps until
+ * execution out->id leaves `running` or the deadline; out->status is
+ * updated. */
+static void wait_here(struct api *a, const char *ws, int64_t deadline_ms, struct trigger_res *out)
+{
+    struct engine_waiter *w = watch(a, ws, out);
     sem_t done;
     sem_init(&done, 0, 0);
-    if (running && engine_waiter_arm(a->g, w, deadline_ms, wake_sleeper, &done) == 0)
+    if (strcmp(out->status, "running") == 0 &&
+        engine_waiter_arm(a->g, w, deadline_ms, wake_sleeper, &done) == 0)
         while (sem_wait(&done) != 0)
             ;
     engine_waiter_status(a->g, w, out->status);
@@ -568,12 +575,7 @@ static void trigger(struct call *c, int test)
         } else if (strcmp(dt->out.status, "running") != 0) {
             /* a repeat of a finished execution: nothing to wait for */
         } else if (http_can_defer(c->req)) { /* a repeat of a running one */
-            dt->w = engine_waiter_add(a->g, ws, dt->out.id);
-            struct store_execution x; /* read again: it may have finished before the add */
-            if (store_execution_get(engine_store(a->g), ws, dt->out.id, &x, &e) == 0) {
-                snprintf(dt->out.status, sizeof dt->out.status, "%s", x.status);
-                store_execution_clear(&x);
-            }
+            dt->w = watch(a, ws, &dt->out);
             if (strcmp(dt->out.status, "running") == 0 && hold(dt, c->req)) {
                 c->deferred = 1;
                 return;

@@ -174,12 +174,11 @@ struct call {
     void *arg;
 };
 
-void engine_execution_moved(struct engine *g, const char *xid, const char *status)
+/* Records that xid moved to `status` in its waiters and fires the armed
+ * ones (more than BATCH on one execution: the timer fires the rest, their
+ * status already recorded, within POLL_MS). */
+static void notify(struct engine_waiters *r, const char *xid, const char *status)
 {
-    engine_count_status(g, status);
-    struct engine_waiters *r = g->waiters;
-    if (!atomic_load(&r->count) || strcmp(status, "running") == 0)
-        return;
     struct call calls[BATCH];
     size_t n = 0;
     pthread_mutex_lock(&r->mu);
@@ -189,12 +188,18 @@ void engine_execution_moved(struct engine *g, const char *xid, const char *statu
         snprintf(w->status, sizeof w->status, "%s", status);
         if (n < BATCH && fire(w))
             calls[n++] = (struct call){w->fn, w->arg};
-        /* (more than BATCH waiters on one execution: the timer fires the
-         * rest, their status already recorded, within POLL_MS) */
     }
     pthread_mutex_unlock(&r->mu);
     for (size_t i = 0; i < n; i++)
         calls[i].fn(calls[i].arg);
+}
+
+void engine_execution_moved(struct engine *g, const char *xid, const char *status)
+{
+    engine_count_status(g, status);
+    struct engine_waiters *r = g->waiters;
+    if (atomic_load(&r->count) && strcmp(status, "running") != 0)
+        notify(r, xid, status);
 }
 
 /* One pass: fires due waiters (deadline passed, or a status recorded
@@ -238,14 +243,8 @@ static int64_t timer_pass(struct engine *g)
         struct store_execution x;
         struct ifl_err e = {0};
         if (store_execution_get(g->store, polls[i].ws, polls[i].xid, &x, &e) == 0) {
-            if (strcmp(x.status, "running") != 0) { /* the next pass fires them */
-                pthread_mutex_lock(&r->mu);
-                for (struct engine_waiter *w = r->bucket[hash(polls[i].xid)]; w; w = w->hnext)
-                    if (strcmp(w->xid, polls[i].xid) == 0)
-                        snprintf(w->status, sizeof w->status, "%s", x.status);
-                pthread_mutex_unlock(&r->mu);
-                next = now;
-            }
+            if (strcmp(x.status, "running") != 0)
+                notify(r, polls[i].xid, x.status); /* not counted: it moved elsewhere */
             store_execution_clear(&x);
         }
         free(polls[i].ws);
@@ -267,13 +266,7 @@ static void *timer_main(void *arg)
         int64_t wait = next - clock_mono_ms();
         if (wait > 0 && !r->closing) {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += wait / 1000;
-            ts.tv_nsec += (wait % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            clock_abstime(clock_now_ms() + wait, &ts);
             pthread_cond_timedwait(&r->cv, &r->mu, &ts);
         }
         pthread_mutex_unlock(&r->mu);

@@ -412,6 +412,8 @@ struct deferred_trigger {
     long wait_s;
     int64_t deadline_ms;    /* clock_mono_ms() */
     struct trigger_res out; /* the answer while its execution runs */
+    int rc;                 /* of engine_trigger_end, when it ran on the writer */
+    struct ifl_err e;
 };
 
 static void dt_free(struct deferred_trigger *dt)
@@ -433,14 +435,32 @@ static void wait_over(void *arg) /* an engine thread: moved, deadline or close *
     http_resume(dt->later);
 }
 
+/* With `Prefer: wait`, the commit does not resume the connection only to
+ * suspend it again (each costs the event loop a round): the writer ends the
+ * trigger here — starting its GATEWAY calls, as trigger_finish would — and
+ * arms the waiter, so the connection is resumed once, for the answer
+ * (wait_finish). */
+static void trigger_committed_waiting(void *arg) /* on the store's writer thread */
+{
+    struct deferred_trigger *dt = arg;
+    dt->rc = engine_trigger_end(dt->op, &dt->out, &dt->e);
+    dt->op = NULL;
+    if (dt->rc || strcmp(dt->out.status, "running") != 0 ||
+        engine_waiter_status(dt->a->g, dt->w, dt->out.status) ||
+        clock_mono_ms() >= dt->deadline_ms ||
+        engine_waiter_arm(dt->a->g, dt->w, dt->deadline_ms, wait_over, dt))
+        http_resume(dt->later);
+}
+
 /* The answer after a wait: the status the execution moved to, or still
  * `running` (deadline). */
 static void wait_finish(void *arg, const struct http_req *req, struct http_res *res)
 {
     (void)req;
     struct deferred_trigger *dt = arg;
-    engine_waiter_status(dt->a->g, dt->w, dt->out.status); /* unchanged when still running */
-    trigger_answer(dt->a, res, dt->ws, 0, NULL, &dt->out, dt->wait_s);
+    if (!dt->rc)
+        engine_waiter_status(dt->a->g, dt->w, dt->out.status); /* unchanged when still running */
+    trigger_answer(dt->a, res, dt->ws, dt->rc, &dt->e, &dt->out, dt->wait_s);
     count_response(dt->a, res->status);
     dt_free(dt);
 }
@@ -501,15 +521,15 @@ static void wait_here(struct api *a, const char *ws, int64_t deadline_ms, struct
     engine_waiter_remove(a->g, w);
 }
 
+/* The answer to a trigger without `Prefer: wait`, once its commit is done. */
 static void trigger_finish(void *arg, const struct http_req *req, struct http_res *res)
 {
     struct deferred_trigger *dt = arg;
     struct ifl_err e = {0};
-    int rc = engine_trigger_end(dt->op, &dt->out, &e);
+    (void)req;
+    int rc = engine_trigger_end(dt->op, &dt->out, &e); /* no wait: else trigger_committed_waiting */
     dt->op = NULL;
-    if (!rc && dt->w && strcmp(dt->out.status, "running") == 0 && hold(dt, req))
-        return;
-    trigger_answer(dt->a, res, dt->ws, rc, &e, &dt->out, dt->w ? dt->wait_s : 0);
+    trigger_answer(dt->a, res, dt->ws, rc, &e, &dt->out, 0);
     count_response(dt->a, res->status);
     dt_free(dt);
 }
@@ -586,9 +606,10 @@ static void trigger(struct call *c, int test)
     }
     if (!rc && op) { /* answered once its transaction committed */
         dt->op = op;
-        dt->later = http_defer(c->req, trigger_finish, dt); /* non-NULL: http_can_defer */
+        dt->later = http_defer(c->req, dt->w ? wait_finish : trigger_finish,
+                               dt); /* non-NULL: http_can_defer */
         c->deferred = 1;
-        engine_trigger_commit(op, trigger_committed, dt);
+        engine_trigger_commit(op, dt->w ? trigger_committed_waiting : trigger_committed, dt);
         return;
     }
     trigger_answer(a, c->res, ws, rc, &e, &dt->out, wait_s > 0 ? wait_s : 0);

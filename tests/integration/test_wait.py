@@ -2,7 +2,9 @@
 until the execution leaves `running` (at most N seconds, at most 60), and
 says so with `Preference-Applied`.  Against the mock provider, whose
 latency fault holds the charge long enough to tell waiting from not."""
+import json
 import signal
+import socket
 import threading
 import time
 
@@ -98,6 +100,59 @@ def test_a_failed_execution_ends_the_wait(server, mock):
     assert r.status == 201 and r.json["status"] == "failed", r.json
     x = server.get(f"{WS}/executions/{r.json['executionId']}").json
     assert x["status"] == "failed" and steps_of(x)["charge"]["state"] == "FAILED", x
+
+
+def raw_answer(sock):
+    """Reads one HTTP answer (head and Content-Length body) from sock."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, f"connection closed without an answer: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])
+                  if k.strip().lower() == b"content-length")
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        assert chunk, "connection closed in the body"
+        body += chunk
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_a_waiting_trigger_that_loses_its_key_is_answered_at_once(make_server, mock):
+    """Two waiting triggers with one Idempotency-Key and different orders, the
+    first held before its commit: the second creates the execution and waits
+    for it; the first's commit finds the key taken by another payload, and its
+    answer (422) comes at once, not after the wait it asked for."""
+    s = make_server(extra=["--http-threads", "2"],
+                    env={"IDEMFLOW_FAULT": "trigger.before_commit:sleep=1000@1"})
+    s.start()
+    setup_pay(s, mock)
+    mock.faults("latency=300")
+    body = json.dumps(order("k-1")).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+    t0 = time.monotonic()
+    sock.sendall(f"POST {TRIGGER} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 f"Idempotency-Key: k\r\nPrefer: wait=10\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    from test_engine import wait_for
+    wait_for(lambda: "fault.fired" in s.logs())  # the first is held before its commit
+    got = {}
+
+    def second():
+        got["r"] = s.post(TRIGGER, order("k-2"), headers={"Idempotency-Key": "k",
+                                                         "Prefer": "wait=10"})
+    t = threading.Thread(target=second)
+    t.start()
+    status, problem = raw_answer(sock)
+    took = time.monotonic() - t0
+    sock.close()
+    t.join(timeout=20)
+    assert status == 422 and "idempotency-key-reused" in problem["type"], (status, problem)
+    assert took < 5, took  # its 1 s hold, not the 10 s wait it asked for
+    r = got["r"]
+    assert r.status == 201 and r.json["status"] == "completed", r.json
+    assert mock.charges("k-2") == 1 and mock.charges("k-1") == 0
 
 
 @pytest.mark.parametrize("prefer", ["wait=soon", "wait", "wait=-1", "wait=0", "respond-async",

@@ -96,6 +96,15 @@ struct attempt_note {
  * "XID VERTEX EPOCH PHASE"; phase is rendering, responded or running. */
 void engine_crash_mark(char *buf, size_t cap, const char *xid, const char *vertex, int64_t epoch,
                        const char *phase);
+/* Parses such a line in place (line is modified; the fields point into it):
+ * 0, or -1 for a torn or foreign line — not four space-separated fields, an
+ * id that is not 64 characters, an epoch that is not a number >= 1, or
+ * another phase. */
+struct engine_crash {
+    const char *xid, *vertex, *phase;
+    int64_t epoch;
+};
+int engine_crash_parse(char *line, struct engine_crash *out);
 /* Writes notes[0..n) in one group commit.  A note that fails is logged; it
  * only weakens the crash-loop guard. */
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);

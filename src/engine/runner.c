@@ -31,6 +31,7 @@
 #include "expr/template.h"
 #include "json/json.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
@@ -246,7 +247,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     for (size_t i = 0; i < n; i++) {
         engine_crash_mark(p[i].mark, sizeof p[i].mark, cl[i].execution_id, cl[i].vertex,
                           cl[i].epoch,
-                          strcmp(cl[i].kind, "GATEWAY") == 0 ? STEPS_RENDERING : "running");
+                          strcmp(cl[i].kind, "GATEWAY") == 0 ? STEPS_RENDERING : STEPS_RUNNING);
         crashmark_enter(p[i].mark);
         execute(g, &p[i], claimed_at, worker);
         crashmark_leave();
@@ -500,40 +501,52 @@ struct crash_notes {
     size_t n, cap;
 };
 
-/* One marker line "XID VERTEX EPOCH PHASE": a note "crashed:PHASE" on that
- * attempt (written only while it is still running: store_tx_attempt_note). */
-static void crash_line(void *arg, const char *line)
+int engine_crash_parse(char *line, struct engine_crash *out)
 {
-    struct crash_notes *cn = arg;
-    char buf[512], *f[4];
-    snprintf(buf, sizeof buf, "%s", line);
-    char *p = buf;
+    char *f[4], *p = line;
     for (int i = 0; i < 4; i++) { /* four space-separated fields */
         f[i] = p;
         p = strchr(p, ' ');
         if ((i < 3) != (p != NULL))
-            return; /* a torn or foreign line: skipped */
+            return -1;
         if (p)
             *p++ = '\0';
     }
     char *end = NULL;
     errno = 0;
     long long epoch = strtoll(f[2], &end, 10);
-    if (errno || end == f[2] || *end || epoch < 1 || strlen(f[0]) != 64 || !*f[1] || !*f[3])
-        return;
-    const char *xid = f[0], *vertex = f[1], *phase = f[3];
+    if (!isdigit((unsigned char)f[2][0]) || errno || *end || epoch < 1 || strlen(f[0]) != 64 ||
+        !*f[1])
+        return -1;
+    if (strcmp(f[3], STEPS_RENDERING) != 0 && strcmp(f[3], STEPS_RESPONDED) != 0 &&
+        strcmp(f[3], STEPS_RUNNING) != 0)
+        return -1;
+    *out = (struct engine_crash){.xid = f[0], .vertex = f[1], .phase = f[3], .epoch = epoch};
+    return 0;
+}
+
+/* One marker line: a note "crashed:PHASE" on that attempt (written only
+ * while it is still running: store_tx_attempt_note). */
+static void crash_line(void *arg, const char *line)
+{
+    struct crash_notes *cn = arg;
+    char buf[512];
+    struct engine_crash c;
+    snprintf(buf, sizeof buf, "%s", line);
+    if (engine_crash_parse(buf, &c))
+        return; /* a torn or foreign line: skipped */
     if (cn->n == cn->cap) {
         cn->cap = cn->cap ? cn->cap * 2 : 8;
         cn->v = xrealloc(cn->v, cn->cap * sizeof *cn->v);
         cn->own = xrealloc(cn->own, 3 * cn->cap * sizeof *cn->own);
     }
     char **o = &cn->own[3 * cn->n];
-    o[0] = xstrdup(xid);
-    o[1] = xstrdup(vertex);
-    o[2] = xasprintf("%s%s", STEPS_CRASH_NOTE_PREFIX, phase);
-    cn->v[cn->n++] = (struct attempt_note){o[0], o[1], epoch, o[2]};
-    log_warn("engine.crash_found", "the last process crashed evaluating %s/%s epoch %lld (%s)", xid,
-             vertex, epoch, phase);
+    o[0] = xstrdup(c.xid);
+    o[1] = xstrdup(c.vertex);
+    o[2] = xasprintf("%s%s", STEPS_CRASH_NOTE_PREFIX, c.phase);
+    cn->v[cn->n++] = (struct attempt_note){o[0], o[1], c.epoch, o[2]};
+    log_warn("engine.crash_found", "the last process crashed evaluating %s/%s epoch %lld (%s)",
+             c.xid, c.vertex, (long long)c.epoch, c.phase);
 }
 
 /* Turns the crash markers earlier processes left into notes on their

@@ -156,6 +156,7 @@ char *steps_error_json(const char *code, const char *msg);
  * running attempt ("crashed:" + the phase: rendering, responded, running),
  * and the outcomes a recovery then ends the attempt with. */
 #define STEPS_CRASH_NOTE_PREFIX "crashed:"
+#define STEPS_RUNNING "running" /* the phase of a TRANSFORM's evaluation */
 #define STEPS_CRASHED "crashed"
 #define STEPS_CRASHED_WHILE_RENDERING "crashed_while_rendering"
 #define STEPS_CRASHED_AFTER_RESPONSE "crashed_after_response"

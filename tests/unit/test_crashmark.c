@@ -3,6 +3,8 @@
  * that names what it evaluates leaves that name in a marker file; a kill, or
  * a crash on a thread that names nothing, leaves nothing; collecting reads
  * and removes the markers.  Each case runs in a forked child that dies.
+ * The engine's marker lines ("XID VERTEX EPOCH PHASE") parse back, and
+ * torn or foreign lines do not.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include "base/crashmark.h"
+#include "engine/engine_int.h"
 
 struct lines {
     char got[8][128];
@@ -146,6 +149,55 @@ static void test_a_missing_directory_has_no_markers(void **state)
     assert_int_equal(l.n, 0);
 }
 
+#define XID "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+static void test_an_engine_marker_line_parses_back(void **state)
+{
+    (void)state;
+    char line[512];
+    struct engine_crash c;
+    engine_crash_mark(line, sizeof line, XID, "charge", 12, "rendering");
+    assert_int_equal(engine_crash_parse(line, &c), 0);
+    assert_string_equal(c.xid, XID);
+    assert_string_equal(c.vertex, "charge");
+    assert_int_equal(c.epoch, 12);
+    assert_string_equal(c.phase, "rendering");
+    const char *phases[] = {"responded", "running"};
+    for (size_t i = 0; i < 2; i++) {
+        engine_crash_mark(line, sizeof line, XID, "v", 1, phases[i]);
+        assert_int_equal(engine_crash_parse(line, &c), 0);
+        assert_string_equal(c.phase, phases[i]);
+    }
+}
+
+static void test_torn_or_foreign_lines_do_not_parse(void **state)
+{
+    (void)state;
+    const char *bad[] = {
+        "",
+        XID,
+        XID " charge 3",                 /* torn: no phase */
+        XID " charge 3 rendering extra", /* five fields */
+        XID " charge 0 rendering",       /* epoch < 1 */
+        XID " charge -2 rendering",
+        XID " charge +2 rendering",
+        XID " charge 2x rendering",
+        XID " charge 99999999999999999999 rendering",
+        XID "  3 rendering", /* empty vertex */
+        XID " charge 3 exploded",
+        "0123 charge 3 rendering",  /* a short id */
+        XID "0 charge 3 rendering", /* a long one */
+        XID " charge 3 rendering ",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[512];
+        struct engine_crash c;
+        snprintf(line, sizeof line, "%s", bad[i]);
+        if (engine_crash_parse(line, &c) == 0)
+            fail_msg("parsed: \"%s\"", bad[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -153,6 +205,8 @@ int main(void)
         cmocka_unit_test(test_a_stack_overflow_is_recorded_on_the_signal_stack),
         cmocka_unit_test(test_a_directory_others_can_write_is_refused),
         cmocka_unit_test(test_a_missing_directory_has_no_markers),
+        cmocka_unit_test(test_an_engine_marker_line_parses_back),
+        cmocka_unit_test(test_torn_or_foreign_lines_do_not_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

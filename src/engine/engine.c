@@ -3,8 +3,9 @@
  *
  * Trigger path (hot): compiled workflow from the cache (one indexed read of
  * the latest version number), identity computation (JCS + SHA-256), then a
- * read of the id on a WAL reader — the fast path for duplicates — and, when
- * absent, the atomic insert.  The read is only an optimisation: correctness
+ * read of the id — the fast path for duplicates, skipped for an id the
+ * store takes for new (store_execution_probe) — and, when absent, the
+ * atomic insert.  The read is only an optimisation: correctness
  * rests on the insert's unique key, which settles concurrent duplicates.
  */
 #include "engine/engine_int.h"
@@ -754,10 +755,11 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     buf_free(&canon);
     int client_mode = strcmp(mode, "client") == 0;
 
-    /* Fast path for repeats: a WAL read, no write. */
+    /* Fast path for repeats: a read, no write (store_execution_probe: none
+     * at all for an id the store knows to be new, or takes for new). */
     if (!r->force_new) {
         struct store_execution x = {0};
-        rc = store_execution_get(g->store, r->ws, id, &x, NULL);
+        rc = store_execution_probe(g->store, r->ws, id, &x, NULL);
         if (rc == 0) {
             rc = answer_existing(&x, hash, client_mode, out, e);
             store_execution_clear(&x);

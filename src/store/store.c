@@ -372,6 +372,14 @@ int store_execution_get(struct store *s, const char *ws, const char *id,
     return s->ops->execution_get(s, ws, id, out, e);
 }
 
+int store_execution_probe(struct store *s, const char *ws, const char *id,
+                          struct store_execution *out, struct ifl_err *e)
+{
+    memset(out, 0, sizeof *out);
+    return (s->ops->execution_probe ? s->ops->execution_probe : s->ops->execution_get)(s, ws, id,
+                                                                                       out, e);
+}
+
 /* Cursor: "<created_at>.<id>" — opaque to clients, validated here. */
 static int cursor_parse(const char *c, int64_t *ts, char id[65])
 {

@@ -119,6 +119,12 @@ int store_execution_create(struct store *s, const struct store_execution *x, int
 /* IFL_ENOTFOUND when absent. */
 int store_execution_get(struct store *s, const char *ws, const char *id,
                         struct store_execution *out, struct ifl_err *e);
+/* The trigger's read for a repeat: as store_execution_get, except that
+ * IFL_ENOTFOUND may also mean "not looked up" where the store judges the id
+ * new without a read (PostgreSQL: an id this process has neither inserted
+ * nor found).  The caller's unique insert settles such an id either way. */
+int store_execution_probe(struct store *s, const char *ws, const char *id,
+                          struct store_execution *out, struct ifl_err *e);
 
 /* A page of executions, newest first.  `after` is the opaque cursor from a
  * previous page (NULL for the first).  *items is a heap array the caller

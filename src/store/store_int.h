@@ -27,6 +27,9 @@ struct store_ops {
                        struct ifl_err *e);
     int (*execution_get)(struct store *s, const char *ws, const char *id,
                          struct store_execution *out, struct ifl_err *e);
+    /* Optional (NULL: execution_get): store_execution_probe. */
+    int (*execution_probe)(struct store *s, const char *ws, const char *id,
+                           struct store_execution *out, struct ifl_err *e);
     int (*execution_list)(struct store *s, const char *ws, int64_t after_ts, const char *after_id,
                           int limit, struct store_execution **items, size_t *n, struct ifl_err *e);
     /* Optional (NULL: execution_get, then steps_get): one snapshot. */

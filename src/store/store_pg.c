@@ -42,6 +42,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
+#include "store/idset.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -304,6 +305,11 @@ struct conn {
     struct conn *next;
 };
 
+/* Sizing of the ids a process has seen (struct pg): 16 bits per id, so a
+ * false "maybe" (a pre-read that finds nothing) stays rare up to about this
+ * many executions per process lifetime, and costs only that read after. */
+#define SEEN_EXPECTED 1000000
+
 struct pg {
     struct store base;
     char *conninfo;
@@ -317,6 +323,11 @@ struct pg {
     PGconn *listener;
     int polling;
     uint64_t gen;
+    /* Ids of executions this process inserted or found (a Bloom filter):
+     * a trigger's pre-read runs only for those (store_execution_probe).
+     * Another process's executions are not in it, so a repeat of one of
+     * them goes to the insert, whose conflict reads the row instead. */
+    struct idset *seen;
 };
 
 static void sleep_ms(int64_t ms)
@@ -1380,6 +1391,15 @@ static int op_execution_get(struct store *base, const char *ws, const char *id,
     return run((struct pg *)base, body_exec_get, &a, M_READ, e);
 }
 
+static int op_execution_probe(struct store *base, const char *ws, const char *id,
+                              struct store_execution *out, struct ifl_err *e)
+{
+    struct pg *s = (struct pg *)base;
+    if (!idset_maybe(s->seen, id)) /* not looked up: store.h */
+        return err_set(e, IFL_ENOTFOUND, "execution '%s' not seen by this process", id);
+    return op_execution_get(base, ws, id, out, e); /* a repeat, or a false "maybe" */
+}
+
 struct exec_list {
     const char *ws, *after_id;
     int64_t after_ts;
@@ -1468,6 +1488,7 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
         return t->fail_rc;
     *created = PQntuples(r) == 1;
     PQclear(r);
+    idset_add(((struct pg *)tx->s)->seen, x->id); /* inserted now, or there already */
     return 0;
 }
 
@@ -2139,6 +2160,7 @@ static void pg_free(struct pg *s)
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->lmu);
     pthread_cond_destroy(&s->lcv);
+    idset_free(s->seen);
     free(s->conninfo);
     free(s);
 }
@@ -2161,6 +2183,7 @@ static const struct store_ops pg_ops = {
     .secret_get = op_secret_get,
     .secret_list = op_secret_list,
     .execution_get = op_execution_get,
+    .execution_probe = op_execution_probe,
     .execution_list = op_execution_list,
     .steps_get = op_steps_get,
     .execution_load = op_execution_load,
@@ -2213,6 +2236,7 @@ int store_pg_open(const char *conninfo, struct store **out, struct ifl_err *e)
 {
     *out = NULL;
     struct pg *s = xcalloc(1, sizeof *s);
+    s->seen = idset_new(SEEN_EXPECTED);
     s->base.ops = &pg_ops;
     s->conninfo = xstrdup(conninfo);
     pthread_condattr_t ca;

@@ -372,6 +372,44 @@ static void test_existing_row_returned_and_unknown_workspace(void **state)
     assert_int_equal(store_execution_get(s, "other", id, &got, NULL), IFL_ENOTFOUND);
 }
 
+/* store_execution_probe reads only ids this handle inserted or found: an
+ * execution another handle (process) created is "not looked up" here until
+ * this handle's own insert conflicts with it, and then it is read. */
+static void test_probe_reads_only_ids_this_handle_has_seen(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *a = f->s, *b = NULL;
+    assert_int_equal(store_open(f->url, &b, NULL), 0);
+    int created;
+    store_workspace_put(a, "ws", "{}", &created, NULL);
+    const char *id = "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd";
+    struct store_execution x, existing, got;
+    fill(&x, id, "{\"n\":1}");
+    assert_int_equal(store_execution_create(a, &x, &created, &existing, NULL), 0);
+    assert_int_equal(created, 1);
+    assert_int_equal(store_execution_probe(a, "ws", id, &got, NULL), 0); /* a inserted it */
+    assert_string_equal(got.payload, "{\"n\":1}");
+    store_execution_clear(&got);
+    /* b never saw it: no read, though it exists (get finds it) */
+    assert_int_equal(store_execution_probe(b, "ws", id, &got, NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_execution_get(b, "ws", id, &got, NULL), 0);
+    store_execution_clear(&got);
+    /* b's insert conflicts and returns the row; from then on b reads it */
+    fill(&x, id, "{\"n\":2}");
+    assert_int_equal(store_execution_create(b, &x, &created, &existing, NULL), 0);
+    assert_int_equal(created, 0);
+    assert_string_equal(existing.payload, "{\"n\":1}");
+    store_execution_clear(&existing);
+    assert_int_equal(store_execution_probe(b, "ws", id, &got, NULL), 0);
+    assert_string_equal(got.payload, "{\"n\":1}");
+    store_execution_clear(&got);
+    /* an id nobody created: not found either way */
+    const char *none = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+    assert_int_equal(store_execution_probe(a, "ws", none, &got, NULL), IFL_ENOTFOUND);
+    store_close(b);
+}
+
 static void test_paging(void **state)
 {
     NEED_PG(state);
@@ -1084,6 +1122,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_secrets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_create_has_one_winner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_over_two_handles_has_one_winner, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_probe_reads_only_ids_this_handle_has_seen, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_existing_row_returned_and_unknown_workspace, setup,
                                         teardown),

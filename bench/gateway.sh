@@ -189,11 +189,17 @@ for store in $STORES; do
         echo "  postgres: skipped (no PostgreSQL in $PG_BIN)"; continue
       fi
       PGDIR=$(mktemp -d /tmp/idemflow-bench-gwpg.XXXXXX)
-      IDEMFLOW_PG_DIR=$PGDIR "$ROOT/tests/pg.sh" start >/dev/null || die "cannot start a PostgreSQL cluster"
+      pgconf=""
+      [ "${BENCH_PG_STATEMENTS:-0}" = 1 ] && pgconf="shared_preload_libraries = 'pg_stat_statements'"
+      IDEMFLOW_PG_CONF=$pgconf IDEMFLOW_PG_DIR=$PGDIR "$ROOT/tests/pg.sh" start >/dev/null || die "cannot start a PostgreSQL cluster"
       PGROOT=$(head -1 "$PGDIR/data/postmaster.pid")
       admin=$(IDEMFLOW_PG_DIR=$PGDIR "$ROOT/tests/pg.sh" url)
       psql -X -q -v ON_ERROR_STOP=1 "$admin" -c 'CREATE DATABASE gw' || die "CREATE DATABASE failed"
-      DBURL=${admin%/*}/gw ;;
+      DBURL=${admin%/*}/gw
+      if [ "${BENCH_PG_STATEMENTS:-0}" = 1 ]; then
+        psql -X -q -v ON_ERROR_STOP=1 "$DBURL" -c 'CREATE EXTENSION pg_stat_statements' ||
+          die "CREATE EXTENSION pg_stat_statements failed"
+      fi ;;
     *) die "unknown store '$store' (sqlite, postgres)" ;;
   esac
   IDEMFLOW_SECRETS_KEY=$KEY "$IDEMFLOW_BIN" serve --listen 127.0.0.1:0 --db "$DBURL" \
@@ -273,6 +279,16 @@ EOF
   printf '  %s: engine CPU us per execution by thread:%s\n' "$store" "$(join -a 2 -e 0 -o 0,1.2,2.2 \
     "$TMP/threads0.$store" "$TMP/threads1.$store" | awk -v t="$TCK" -v n="$EXECS" '
       { us = 1e6 * ($3 - $2) / t / n; if (us >= 0.5) printf " %s %.0f", $1, us }')"
+  if [ "$store" = postgres ] && [ "${BENCH_PG_STATEMENTS:-0}" = 1 ]; then
+    echo "  postgres: statements per execution (pg_stat_statements, the whole run; calls/exec, us/call, % of the time)"
+    psql -X -q -At -F ' | ' "$DBURL" -c "SELECT round(calls::numeric / $EXECS, 2),
+        round((total_exec_time * 1000 / calls)::numeric, 1),
+        round((100 * total_exec_time / sum(total_exec_time) OVER ())::numeric, 1),
+        (SELECT CASE WHEN length(q) > 120 THEN left(q, 50) || ' … ' || right(q, 65) ELSE q END
+         FROM (SELECT regexp_replace(query, '\s+', ' ', 'g') AS q) z)
+      FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      ORDER BY total_exec_time DESC LIMIT 25" | sed 's/^/    /'
+  fi
   ok=$(field "$TMP/driver.$store" ok)
   if [ "$ok" -ne "$EXECS" ]; then echo "FAIL: $store: $ok of $EXECS triggers answered 201" >&2; FAIL=1; fi
   if [ "$rows" -ne "$EXECS" ] || [ "$completed" -ne "$EXECS" ] || [ "$steps" -ne $((3 * EXECS)) ]; then

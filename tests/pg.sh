@@ -12,6 +12,8 @@
 # fsync on (durability is what the tests check) and max_connections 200.
 # As root, the server runs as the user `idemflowtest` (created when missing):
 # initdb refuses to run as root.  Binaries: $PG_BIN or Debian's PostgreSQL 15.
+# IDEMFLOW_PG_CONF: extra postgresql.conf lines for `start` (e.g. a bench's
+# shared_preload_libraries).
 set -euo pipefail
 DIR=${IDEMFLOW_PG_DIR:-/tmp/idemflow-pg}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -65,6 +67,7 @@ full_page_writes = on
 shared_buffers = 128MB
 log_min_messages = warning
 log_connections = off
+${IDEMFLOW_PG_CONF:-}
 EOF
   # Loopback only, trust: the cluster is private to this machine's tests.
   cat >"$DIR/data/pg_hba.conf" <<EOF

@@ -407,10 +407,12 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
     pthread_cond_init(&s->cv, NULL);
     /* a pool of one is no pool: MHD wants the option only for two or more */
     s->d = MHD_start_daemon(
-        flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, sa,
+        flags, (uint16_t)port, NULL, NULL, on_request, s,
+        /* the logger first, or MHD warns that earlier options may log elsewhere */
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, sa,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
         o->conn_limit ? o->conn_limit : 1024, MHD_OPTION_CONNECTION_TIMEOUT,
-        o->timeout_s ? o->timeout_s : 60, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        o->timeout_s ? o->timeout_s : 60,
         o->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, o->threads, MHD_OPTION_END);
     if (!s->d) {
         pthread_mutex_destroy(&s->mu);

@@ -202,7 +202,9 @@ static void setup(void)
     struct engine_opts eo;
     memset(eo.secrets_key, 0x5a, sizeof eo.secrets_key);
     must(engine_new(store, &eo, &engine, &e) == 0, "engine_new");
-    api = api_new(engine, &(struct api_opts){.max_body = 1 << 16, .max_depth = 32});
+    /* no workers run here, so a `Prefer: wait` would wait out its deadline */
+    api =
+        api_new(engine, &(struct api_opts){.max_body = 1 << 16, .max_depth = 32, .max_wait_ms = 5});
     char body[128];
     snprintf(body, sizeof body, "{\"value\": \"%s\"}", secret_value);
     must(simple("PUT", "/v1/workspaces/w", "{}") / 100 == 2, "seed workspace");

@@ -561,9 +561,11 @@ static void trigger(struct call *c, int test)
         goto rejected;
     }
     long wait_s = http_prefer_wait(c->req->header(c->req, "Prefer"));
-    if (wait_s > MAX_WAIT_S)
-        wait_s = MAX_WAIT_S;
-    int64_t deadline_ms = clock_mono_ms() + (wait_s > 0 ? wait_s * 1000 : 0);
+    int64_t cap_ms = a->o.max_wait_ms > 0 ? a->o.max_wait_ms : MAX_WAIT_S * 1000;
+    if (wait_s > (cap_ms + 999) / 1000)
+        wait_s = (long)((cap_ms + 999) / 1000); /* what Preference-Applied says */
+    int64_t wait_ms = wait_s > 0 ? wait_s * 1000 : 0;
+    int64_t deadline_ms = clock_mono_ms() + (wait_ms < cap_ms ? wait_ms : cap_ms);
     json_t *payload = body_json(c, json_null());
     if (!payload)
         goto rejected;

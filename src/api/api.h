@@ -19,6 +19,9 @@ struct api_opts {
     int max_depth;           /* JSON nesting limit for bodies */
     const char *admin_token; /* NULL = no auth (loopback only) */
     int test_clock;          /* serve POST /v1/test/clock (tests only) */
+    /* A `Prefer: wait` waits at most this long (0: 60 s); a harness with no
+     * workers (fuzz_api) keeps it short. */
+    int64_t max_wait_ms;
 };
 
 /* Borrows g, which must outlive the api. */

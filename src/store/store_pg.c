@@ -1455,6 +1455,49 @@ static int op_tx_run(struct store *base, store_tx_fn fn, void *arg, struct ifl_e
     return run((struct pg *)base, body_engine, &j, M_TX, e);
 }
 
+struct engine_many {
+    store_tx_fn fn;
+    void **args;
+    size_t n;
+};
+
+static int body_many(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct engine_many *m = arg;
+    int rc = 0;
+    for (size_t i = 0; i < m->n && !rc; i++)
+        rc = m->fn(&t->base, m->args[i], e);
+    return rc;
+}
+
+/* store_tx_run_many: all n in one transaction — one COMMIT instead of n,
+ * their deferred writes riding with it — when every one succeeds.  If any
+ * fails (or the COMMIT does), that transaction is rolled back and each runs
+ * alone, so one's failure never decides another's result; functions may run
+ * more than once (store.h).  A batch holds its executions' row locks until
+ * its COMMIT; two batches that lock two common executions in opposite order
+ * deadlock, and PostgreSQL's detector (deadlock_timeout, 1 s by default)
+ * fails one, which is retried — rare, since a batch holds the finished calls
+ * or claimed steps of one worker and an execution rarely has two in flight. */
+static void op_tx_run_many(struct store *base, store_tx_fn fn, void **args, size_t n, int *rcs,
+                           struct ifl_err *errs)
+{
+    if (n > 1) {
+        struct engine_many m = {fn, args, n};
+        struct ifl_err e = {0};
+        if (run((struct pg *)base, body_many, &m, M_TX, &e) == 0) {
+            for (size_t i = 0; i < n; i++) {
+                rcs[i] = 0;
+                if (errs)
+                    err_clear(&errs[i]);
+            }
+            return;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        rcs[i] = op_tx_run(base, fn, args[i], errs ? &errs[i] : NULL);
+}
+
 /* Locks the execution row: the transaction's later reads of its steps see
  * everything committed by whoever held it before (see the file header). */
 static int tx_execution_get(struct store_tx *tx, const char *ws, const char *id,
@@ -2195,7 +2238,7 @@ static const struct store_ops pg_ops = {
     .dead_letters = op_dead_letters,
     .events_list = op_events_list,
     .tx_run = op_tx_run,
-    .tx_run_many = NULL, /* store.c runs them one by one; the server group-commits */
+    .tx_run_many = op_tx_run_many,
     .tx_execution_get = tx_execution_get,
     .tx_execution_insert = tx_execution_insert,
     .tx_execution_set_status = tx_execution_set_status,

@@ -410,6 +410,92 @@ static void test_probe_reads_only_ids_this_handle_has_seen(void **state)
     store_close(b);
 }
 
+struct batch_arg {
+    char id[65];
+    int fail; /* 1: write, then fail; 2: a deferred write that fails at COMMIT */
+    int runs;
+    struct store *peer; /* set: look for peek_id through this other handle */
+    const char *peek_id;
+    int peeked; /* what that lookup returned */
+};
+
+static int insert_then_maybe_fail(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct batch_arg *a = arg;
+    a->runs++;
+    struct store_execution x;
+    fill(&x, a->id, "{}");
+    int created = 0;
+    int rc = store_tx_execution_insert(tx, &x, &created, e);
+    if (!rc && a->fail == 1)
+        rc = err_set(e, IFL_EINVAL, "planned failure");
+    if (!rc && a->peer) {
+        struct store_execution got;
+        a->peeked = store_execution_get(a->peer, "ws", a->peek_id, &got, NULL);
+        if (!a->peeked)
+            store_execution_clear(&got);
+    }
+    if (!rc && a->fail == 2) { /* a step of an execution that does not exist: NOT NULL */
+        struct store_step st = {0};
+        snprintf(st.execution_id, sizeof st.execution_id, "%064d", 0);
+        st.vertex = "v";
+        st.workspace = "ws";
+        st.kind = "TRANSFORM";
+        st.state = STEP_PENDING;
+        rc = store_tx_step_insert(tx, &st, e);
+    }
+    return rc;
+}
+
+/* store_tx_run_many commits a batch in one transaction (another connection
+ * does not see its first job's row while its last job runs); a job that
+ * fails — in its own code, or through a deferred write that only fails at
+ * COMMIT — fails alone, and every other job commits. */
+static void test_a_failing_job_does_not_poison_its_batch(void **state)
+{
+    NEED_PG(state);
+    struct store *s = S(state);
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    enum { N = 5 };
+    struct batch_arg a[N];
+    void *args[N];
+    int rcs[N];
+    struct ifl_err errs[N];
+    struct store *peer = NULL;
+    assert_int_equal(store_open(((struct fixture *)*state)->url, &peer, NULL), 0);
+    for (int round = 0; round < 3; round++) { /* no failure, an own one, a deferred one */
+        for (int i = 0; i < N; i++) {
+            a[i] = (struct batch_arg){.fail = i == 2 ? round : 0};
+            memset(a[i].id, 'd' + 5 * round + i, 64);
+            a[i].id[64] = '\0';
+            args[i] = &a[i];
+        }
+        a[N - 1].peer = peer;
+        a[N - 1].peek_id = a[0].id;
+        store_tx_run_many(s, insert_then_maybe_fail, args, N, rcs, errs);
+        if (round == 0) /* one transaction: the first row was not committed yet */
+            assert_int_equal(a[N - 1].peeked, IFL_ENOTFOUND);
+        for (int i = 0; i < N; i++) {
+            int bad = i == 2 && round > 0;
+            if (bad)
+                assert_int_not_equal(rcs[i], 0);
+            else
+                assert_int_equal(rcs[i], 0);
+            if (round == 0) /* all in one transaction, each run once */
+                assert_int_equal(a[i].runs, 1);
+            struct store_execution got;
+            assert_int_equal(store_execution_get(s, "ws", a[i].id, &got, NULL),
+                             bad ? IFL_ENOTFOUND : 0);
+            if (!bad)
+                store_execution_clear(&got);
+        }
+        if (round == 1)
+            assert_string_equal(errs[2].msg, "planned failure");
+    }
+    store_close(peer);
+}
+
 static void test_paging(void **state)
 {
     NEED_PG(state);
@@ -1122,6 +1208,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_secrets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_create_has_one_winner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_over_two_handles_has_one_winner, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_failing_job_does_not_poison_its_batch, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_probe_reads_only_ids_this_handle_has_seen, setup,
                                         teardown),

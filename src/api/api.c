@@ -445,9 +445,8 @@ static void trigger_committed_waiting(void *arg) /* on the store's writer thread
     struct deferred_trigger *dt = arg;
     dt->rc = engine_trigger_end(dt->op, &dt->out, &dt->e);
     dt->op = NULL;
+    /* (arm refuses a waiter whose execution moved or whose deadline passed) */
     if (dt->rc || strcmp(dt->out.status, "running") != 0 ||
-        engine_waiter_status(dt->a->g, dt->w, dt->out.status) ||
-        clock_mono_ms() >= dt->deadline_ms ||
         engine_waiter_arm(dt->a->g, dt->w, dt->deadline_ms, wait_over, dt))
         http_resume(dt->later);
 }
@@ -467,20 +466,15 @@ static void wait_finish(void *arg, const struct http_req *req, struct http_res *
 
 /* Holds a committed trigger's answer (dt->out, status `running`) until its
  * execution leaves `running` or the deadline passes.  1: deferred (the
- * answer comes from wait_finish); 0: answer now, with dt->out's status
- * updated when the execution moved meanwhile. */
+ * answer comes from wait_finish); 0: it cannot be deferred, answer now. */
 static int hold(struct deferred_trigger *dt, const struct http_req *req)
 {
-    if (!engine_waiter_status(dt->a->g, dt->w, dt->out.status) &&
-        clock_mono_ms() < dt->deadline_ms) {
-        dt->later = http_defer(req, wait_finish, dt);
-        if (dt->later) {
-            if (engine_waiter_arm(dt->a->g, dt->w, dt->deadline_ms, wait_over, dt))
-                http_resume(dt->later); /* over already: wait_finish answers at once */
-            return 1;
-        }
-    }
-    return 0;
+    dt->later = http_defer(req, wait_finish, dt);
+    if (!dt->later)
+        return 0;
+    if (engine_waiter_arm(dt->a->g, dt->w, dt->deadline_ms, wait_over, dt))
+        http_resume(dt->later); /* moved or due already: wait_finish answers at once */
+    return 1;
 }
 
 static void wake_sleeper(void *arg)

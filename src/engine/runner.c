@@ -495,12 +495,6 @@ void engine_crash_mark(char *buf, size_t cap, const char *xid, const char *verte
     snprintf(buf, cap, "%s %s %lld %s", xid, vertex, (long long)epoch, phase);
 }
 
-struct crash_notes {
-    struct attempt_note *v;
-    char **own;
-    size_t n, cap;
-};
-
 int engine_crash_parse(char *line, struct engine_crash *out)
 {
     char *f[4], *p = line;
@@ -525,6 +519,12 @@ int engine_crash_parse(char *line, struct engine_crash *out)
     return 0;
 }
 
+/* The notes collected from crash markers; their strings are owned here. */
+struct crash_notes {
+    struct attempt_note *v;
+    size_t n, cap;
+};
+
 /* One marker line: a note "crashed:PHASE" on that attempt (written only
  * while it is still running: store_tx_attempt_note). */
 static void crash_line(void *arg, const char *line)
@@ -538,13 +538,9 @@ static void crash_line(void *arg, const char *line)
     if (cn->n == cn->cap) {
         cn->cap = cn->cap ? cn->cap * 2 : 8;
         cn->v = xrealloc(cn->v, cn->cap * sizeof *cn->v);
-        cn->own = xrealloc(cn->own, 3 * cn->cap * sizeof *cn->own);
     }
-    char **o = &cn->own[3 * cn->n];
-    o[0] = xstrdup(c.xid);
-    o[1] = xstrdup(c.vertex);
-    o[2] = xasprintf("%s%s", STEPS_CRASH_NOTE_PREFIX, c.phase);
-    cn->v[cn->n++] = (struct attempt_note){o[0], o[1], c.epoch, o[2]};
+    cn->v[cn->n++] = (struct attempt_note){xstrdup(c.xid), xstrdup(c.vertex), c.epoch,
+                                           xasprintf("%s%s", STEPS_CRASH_NOTE_PREFIX, c.phase)};
     log_warn("engine.crash_found", "the last process crashed evaluating %s/%s epoch %lld (%s)",
              c.xid, c.vertex, (long long)c.epoch, c.phase);
 }
@@ -560,9 +556,11 @@ static void collect_crashes(struct engine *g)
     if (crashmark_collect(g->run.crash_dir, crash_line, &cn, &e))
         log_warn("engine.crash_markers", "%s", e.msg);
     engine_note_attempts(g, cn.v, cn.n);
-    for (size_t i = 0; i < 3 * cn.n; i++)
-        free(cn.own[i]);
-    free(cn.own);
+    for (size_t i = 0; i < cn.n; i++) {
+        free((char *)cn.v[i].execution_id);
+        free((char *)cn.v[i].vertex);
+        free((char *)cn.v[i].note);
+    }
     free(cn.v);
 }
 

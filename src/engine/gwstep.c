@@ -310,9 +310,13 @@ void engine_note_attempts(struct engine *g, const struct attempt_note *notes, si
     void **args = xcalloc(n, sizeof *args);
     int *rcs = xcalloc(n, sizeof *rcs);
     struct ifl_err *errs = xcalloc(n, sizeof *errs);
-    for (size_t i = 0; i < n; i++)
+    const char **keys = xcalloc(n, sizeof *keys);
+    for (size_t i = 0; i < n; i++) {
         args[i] = (void *)&notes[i];
-    store_tx_run_many(g->store, note_tx, args, n, rcs, errs);
+        keys[i] = notes[i].execution_id;
+    }
+    store_tx_run_many_ordered(g->store, note_tx, args, keys, n, rcs, errs);
+    free(keys);
     for (size_t i = 0; i < n; i++)
         if (rcs[i])
             log_warn("step.note_failed", "%s/%s: %s", notes[i].execution_id, notes[i].vertex,
@@ -578,9 +582,13 @@ size_t engine_gw_drain(struct engine *g)
     void **args = xcalloc(n + 1, sizeof *args);
     int *rcs = xcalloc(n + 1, sizeof *rcs);
     struct ifl_err *errs = xcalloc(n + 1, sizeof *errs);
-    for (size_t i = 0; i < n; i++)
+    const char **keys = xcalloc(n + 1, sizeof *keys);
+    for (size_t i = 0; i < n; i++) {
         args[i] = &outs[i];
-    store_tx_run_many(g->store, apply_one, args, n, rcs, errs);
+        keys[i] = outs[i].o.execution_id;
+    }
+    store_tx_run_many_ordered(g->store, apply_one, args, keys, n, rcs, errs);
+    free(keys);
     int wake = 0;
     for (size_t i = 0; i < n; i++) {
         struct gw_outcome *go = &outs[i];

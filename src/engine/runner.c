@@ -261,7 +261,11 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     for (size_t i = 0; i < n; i++)
         if (p[i].job)
             engine_gw_launch(p[i].job);
-    store_tx_run_many(g->store, steps_apply, args, k, rcs, errs);
+    const char **keys = xcalloc(k + 1, sizeof *keys);
+    for (size_t i = 0; i < k; i++)
+        keys[i] = ((struct step_outcome *)args[i])->execution_id;
+    store_tx_run_many_ordered(g->store, steps_apply, args, keys, k, rcs, errs);
+    free(keys);
     int wake = 0;
     for (size_t i = 0; i < k; i++) {
         struct step_outcome *o = args[i];

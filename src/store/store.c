@@ -630,6 +630,44 @@ void store_tx_run_many(struct store *s, store_tx_fn fn, void **args, size_t n, i
         rcs[i] = s->ops->tx_run(s, fn, args[i], errs ? &errs[i] : NULL);
 }
 
+struct keyed {
+    const char *key;
+    size_t at; /* index in the caller's arrays (the tie-break: stable) */
+};
+
+static int keyed_cmp(const void *a, const void *b)
+{
+    const struct keyed *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+    return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+void store_tx_run_many_ordered(struct store *s, store_tx_fn fn, void **args,
+                               const char *const *keys, size_t n, int *rcs, struct ifl_err *errs)
+{
+    if (n == 0)
+        return;
+    struct keyed *order = xcalloc(n, sizeof *order);
+    void **sorted = xcalloc(n, sizeof *sorted);
+    int *srcs = xcalloc(n, sizeof *srcs);
+    struct ifl_err *serrs = errs ? xcalloc(n, sizeof *serrs) : NULL;
+    for (size_t i = 0; i < n; i++)
+        order[i] = (struct keyed){keys[i], i};
+    qsort(order, n, sizeof *order, keyed_cmp);
+    for (size_t i = 0; i < n; i++)
+        sorted[i] = args[order[i].at];
+    store_tx_run_many(s, fn, sorted, n, srcs, serrs);
+    for (size_t i = 0; i < n; i++) {
+        rcs[order[i].at] = srcs[i];
+        if (errs)
+            errs[order[i].at] = serrs[i];
+    }
+    free(serrs);
+    free(srcs);
+    free(sorted);
+    free(order);
+}
+
 int store_can_submit(const struct store *s)
 {
     return s->ops->tx_submit != NULL;

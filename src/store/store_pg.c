@@ -1475,10 +1475,11 @@ static int body_many(struct pgtx *t, void *arg, struct ifl_err *e)
  * fails (or the COMMIT does), that transaction is rolled back and each runs
  * alone, so one's failure never decides another's result; functions may run
  * more than once (store.h).  A batch holds its executions' row locks until
- * its COMMIT; two batches that lock two common executions in opposite order
- * deadlock, and PostgreSQL's detector (deadlock_timeout, 1 s by default)
- * fails one, which is retried — rare, since a batch holds the finished calls
- * or claimed steps of one worker and an execution rarely has two in flight. */
+ * its COMMIT, so the engine hands batches over in execution-id order
+ * (store_tx_run_many_ordered): two batches lock the executions they share
+ * in one order and cannot deadlock.  One that came in another order would
+ * still only be failed by PostgreSQL's detector (deadlock_timeout) and
+ * retried. */
 static void op_tx_run_many(struct store *base, store_tx_fn fn, void **args, size_t n, int *rcs,
                            struct ifl_err *errs)
 {

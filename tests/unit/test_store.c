@@ -258,6 +258,51 @@ static void test_a_failing_job_does_not_poison_its_batch(void **state)
     assert_int_equal(store_execution_get(s, "ws", lone.id, &got, NULL), IFL_ENOTFOUND);
 }
 
+/* store_tx_run_many_ordered runs a batch in its keys' byte order (ties in
+ * their order), so two batches lock shared rows in one order, and hands the
+ * results back in the caller's order. */
+struct ordered_arg {
+    const char *key;
+    int fail;
+    int stamp; /* when it ran (the last run, if the batch ran twice) */
+};
+static int ordered_clock;
+
+static int stamp_then_maybe_fail(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    (void)tx;
+    struct ordered_arg *a = arg;
+    a->stamp = ++ordered_clock;
+    return a->fail ? err_set(e, IFL_EINVAL, "planned failure of %s", a->key) : 0;
+}
+
+static void test_ordered_batches_run_in_key_order(void **state)
+{
+    struct store *s = *state;
+    enum { N = 5 };
+    static const char *const keys[N] = {"c", "a2", "b", "a1", "b"};
+    struct ordered_arg a[N];
+    void *args[N];
+    int rcs[N];
+    struct ifl_err errs[N];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            a[i] = (struct ordered_arg){.key = keys[i], .fail = round == 1 && i == 2};
+            args[i] = &a[i];
+            rcs[i] = -1;
+        }
+        store_tx_run_many_ordered(s, stamp_then_maybe_fail, args, keys, N, rcs, errs);
+        /* a1 < a2 < b (index 2) < b (index 4) < c */
+        assert_true(a[3].stamp < a[1].stamp);
+        assert_true(a[1].stamp < a[2].stamp);
+        assert_true(a[2].stamp < a[4].stamp);
+        assert_true(a[4].stamp < a[0].stamp);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(rcs[i], round == 1 && i == 2 ? IFL_EINVAL : 0);
+    }
+    assert_string_equal(errs[2].msg, "planned failure of b");
+}
+
 /* Events appended in a transaction are inserted in batches of a few rows
  * (store_sqlite: tx_events_flush): every one is there after the commit, in
  * append order with consecutive positions, across a batch boundary; a
@@ -629,6 +674,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_failing_job_does_not_poison_its_batch, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_ordered_batches_run_in_key_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_arrive_in_order_or_not_at_all, setup, teardown),
         cmocka_unit_test_setup_teardown(test_steps_inserted_together, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submitted_transactions_call_back_after_commit, setup,

@@ -445,13 +445,18 @@ static void add_literal(const uint32_t *p, int s0, int e0, struct marker *ms, in
     }
 }
 
+/* Widths saturate here: far wider than any formatted part can be (parts
+ * are cut at CP_MAX code points), and no digit string can overflow. */
+#define WIDTH_MAX (1 << 20)
+
 static int parse_width(const uint32_t *mk, int from, int to)
 {
     if (to <= from || (to - from == 1 && mk[from] == '*'))
         return -1;
     int v = 0;
     for (int q = from; q < to && mk[q] >= '0' && mk[q] <= '9'; q++)
-        v = v * 10 + (int)(mk[q] - '0');
+        if ((v = v * 10 + (int)(mk[q] - '0')) > WIDTH_MAX)
+            v = WIDTH_MAX;
     return v;
 }
 

@@ -77,6 +77,14 @@ static void t_basics(void **s)
     check("foo[true][] ? 'x' : 'y'", "{}", "\"y\"");
     check("$boolean(foo['a'][])", "{}", "false");
     check("foo[true][] and true", "{}", "false");
+    /* a width modifier past INT_MAX saturates instead of overflowing (found
+     * by fuzz_expr: signed overflow; 4294967297 wrapped to a width of 1) */
+    char *wide = run("$fromMillis(0, '[Y,4294967297]')", NULL, NULL, NULL);
+    char *capped = run("$fromMillis(0, '[Y,1048576]')", NULL, NULL, NULL);
+    assert_true(strlen(wide) > 100);
+    assert_string_equal(wide, capped);
+    free(wide);
+    free(capped);
 }
 
 static void t_compile_errors(void **s)

@@ -23,6 +23,14 @@ SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime
                      "WARNING: ThreadSanitizer")
 
 
+def wait_for(cond, what, timeout=5.0):
+    """Polls cond() until it is true; fails naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.01)
+
+
 class Dropped(Exception):
     """The server closed the connection without a response."""
 
@@ -203,11 +211,9 @@ def test_same_key_in_flight_is_409(mock):
     t = threading.Thread(target=slow)
     t.start()
     try:
-        deadline = time.monotonic() + 5
-        while mock.stats()["requests"]["POST /v1/charges"] < 1:  # first one has arrived
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        time.sleep(0.1)
+        # the key is held in flight from the moment it is stored (the same
+        # critical section), for the whole latency
+        wait_for(lambda: mock.stats()["idempotency_keys"] == 1, "the first request's key")
         r = mock.charge("o-1", 100, key="k-1")
         assert r.status == 409, r
         assert r.json["type"] == "/problems/idempotency-key-in-use"
@@ -367,7 +373,8 @@ def test_latency_before_and_after_commit(mock):
     with pytest.raises(TimeoutError):
         mock.charge("o-2", key="k-2", timeout=0.3)
     assert mock.stats()["charges_per_order"]["o-2"] == 1
-    time.sleep(0.8)
+    # the key is done at the commit: a retry replays while the first
+    # answer is still held back (what an engine's retry after a timeout meets)
     r = mock.charge("o-2", key="k-2")
     assert r.status == 201 and r.headers.get("idempotent-replayed") == "true"
 
@@ -488,7 +495,11 @@ def test_logs_are_json_and_never_hold_authorization(mock):
                      headers={"Authorization": "Bearer " + secret, "Idempotency-Key": "k"})
     assert r.status == 201
     mock.request("GET", "/v1/charges?order=o-log", headers={"Authorization": "Bearer " + secret})
-    time.sleep(0.1)
+
+    def request_lines():
+        return [x for x in (json.loads(line) for line in mock.logs().splitlines()
+                            if line.startswith("{")) if x.get("event") == "mockpay.request"]
+    wait_for(lambda: len(request_lines()) >= 2, "both request log lines")
     logs = mock.logs()
     assert secret not in logs
     lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
@@ -532,7 +543,7 @@ def test_sigterm_is_graceful_during_latency(make_mock):
 
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.3)
+    wait_for(lambda: m.stats()["requests"]["POST /v1/charges"] == 1, "the charge to arrive")
     t0 = time.monotonic()
     assert m.stop() == 0
     assert time.monotonic() - t0 < 5

@@ -21,6 +21,9 @@
 #             (max(updated_at) - min(created_at)); p50/p99 of updated_at -
 #             created_at, from the executions table.  The mock's /stats must
 #             show exactly one charge for every order.
+#   budget    CPU per bare call (gwcalls' client_us + the mock's) and per charge
+#             execution, how busy the CPUs were in each, and what a charge
+#             execution may cost for the target at that busy share.
 #
 # Environment (all optional): BUILD (build), IDEMFLOW_BIN, MOCKPAY_BIN,
 # GWCALLS_BIN ($BUILD/bench/gwcalls), GWDRIVE_BIN ($BUILD/bench/gwdrive),
@@ -312,7 +315,18 @@ echo "(executions/s and p50/p99 (trigger -> completed) from executions.created_a
 echo " triggers/s: the driver's rate; in flight: mean unfinished executions it saw; foreign: CPU of"
 echo " other processes, % of all CPUs; CPU us: per execution, of the engine, the mock and the driver"
 echo " (and of the PostgreSQL cluster);"
-echo " the ceiling's mock_us is the mock's CPU per call)"
+echo " the ceiling's mock_us is the mock's CPU per call, client_us gwcalls' own)"
+# The CPU budget behind the ratio: what one bare call costs, what one charge
+# execution costs, how busy the CPUs were in each, and so what a charge
+# execution may cost at that busy share for the target to be met.
+awk -v c="$CEIL" -v cu="$(field "$CEIL_FILE" client_us)" -v mu="$(field "$CEIL_FILE" mock_us)" \
+  -v ncpu="$(nproc)" -v t=$TARGET '
+  BEGIN { call = cu + mu; cb = 100 * c * call / (ncpu * 1e6)
+    printf "budget: a bare call %d us of CPU (client %d + mock %d), CPUs %.0f%% busy in the ceiling run\n", call, cu, mu, cb }
+  { tot = $8 + $9 + $10 + $11; b = 100 * $2 * tot / (ncpu * 1e6); need = (t / 100) * c
+    allow = need > 0 ? b / 100 * ncpu * 1e6 / need : 0
+    printf "  %s: a charge execution %d us (%.1f bare calls), CPUs %.0f%% busy; %d%% at that share needs <= %d us (engine <= %d)\n",
+      $1, tot, (call > 0 ? tot / call : 0), b, t, allow, allow - $9 - $10 - $11 }' "$([ -f "$TMP/table" ] && echo "$TMP/table" || echo /dev/null)"
 fmax=$({ for r in $(seq 1 "$CEIL_RUNS"); do field "$TMP/ceiling.$r" foreign; done
   [ -f "$TMP/table" ] && awk '{print $7}' "$TMP/table"; } | sort -n | tail -1)
 [ "${fmax:-0}" -le 10 ] || echo "WARNING: other processes took up to ${fmax}% of the CPUs; these figures are not representative"

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from test_engine import wait_for
 
 MOCKPAY = os.environ.get(
     "IDEMFLOW_MOCKPAY",
@@ -21,14 +22,6 @@ MOCKPAY = os.environ.get(
 
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
                      "WARNING: ThreadSanitizer")
-
-
-def wait_for(cond, what, timeout=5.0):
-    """Polls cond() until it is true; fails naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for " + what
-        time.sleep(0.01)
 
 
 class Dropped(Exception):
@@ -213,7 +206,7 @@ def test_same_key_in_flight_is_409(mock):
     try:
         # the key is held in flight from the moment it is stored (the same
         # critical section), for the whole latency
-        wait_for(lambda: mock.stats()["idempotency_keys"] == 1, "the first request's key")
+        wait_for(lambda: mock.stats()["idempotency_keys"] == 1, timeout=5)
         r = mock.charge("o-1", 100, key="k-1")
         assert r.status == 409, r
         assert r.json["type"] == "/problems/idempotency-key-in-use"
@@ -499,7 +492,7 @@ def test_logs_are_json_and_never_hold_authorization(mock):
     def request_lines():
         return [x for x in (json.loads(line) for line in mock.logs().splitlines()
                             if line.startswith("{")) if x.get("event") == "mockpay.request"]
-    wait_for(lambda: len(request_lines()) >= 2, "both request log lines")
+    wait_for(lambda: len(request_lines()) >= 2, timeout=5)  # both request lines
     logs = mock.logs()
     assert secret not in logs
     lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
@@ -543,7 +536,7 @@ def test_sigterm_is_graceful_during_latency(make_mock):
 
     t = threading.Thread(target=slow)
     t.start()
-    wait_for(lambda: m.stats()["requests"]["POST /v1/charges"] == 1, "the charge to arrive")
+    wait_for(lambda: m.stats()["requests"]["POST /v1/charges"] == 1, timeout=5)  # arrived
     t0 = time.monotonic()
     assert m.stop() == 0
     assert time.monotonic() - t0 < 5

@@ -297,6 +297,11 @@ void engine_gw_discard(struct gw_job *j)
 
 /* ---- finishing a call ------------------------------------------------------------ */
 
+static const char *note_key(const void *arg)
+{
+    return ((const struct attempt_note *)arg)->execution_id;
+}
+
 static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     const struct attempt_note *a = arg;
@@ -310,13 +315,9 @@ void engine_note_attempts(struct engine *g, const struct attempt_note *notes, si
     void **args = xcalloc(n, sizeof *args);
     int *rcs = xcalloc(n, sizeof *rcs);
     struct ifl_err *errs = xcalloc(n, sizeof *errs);
-    const char **keys = xcalloc(n, sizeof *keys);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         args[i] = (void *)&notes[i];
-        keys[i] = notes[i].execution_id;
-    }
-    store_tx_run_many_ordered(g->store, note_tx, args, keys, n, rcs, errs);
-    free(keys);
+    store_tx_run_many_ordered(g->store, note_tx, args, note_key, n, rcs, errs);
     for (size_t i = 0; i < n; i++)
         if (rcs[i])
             log_warn("step.note_failed", "%s/%s: %s", notes[i].execution_id, notes[i].vertex,
@@ -525,6 +526,12 @@ struct gw_outcome {
     struct inline_plan plan;
 };
 
+/* The lock order of a drain's outcomes (store_tx_run_many_ordered). */
+static const char *outcome_key(const void *arg)
+{
+    return ((const struct gw_outcome *)arg)->o.execution_id;
+}
+
 static int apply_one(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     return steps_apply(tx, &((struct gw_outcome *)arg)->o, e);
@@ -582,13 +589,9 @@ size_t engine_gw_drain(struct engine *g)
     void **args = xcalloc(n + 1, sizeof *args);
     int *rcs = xcalloc(n + 1, sizeof *rcs);
     struct ifl_err *errs = xcalloc(n + 1, sizeof *errs);
-    const char **keys = xcalloc(n + 1, sizeof *keys);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         args[i] = &outs[i];
-        keys[i] = outs[i].o.execution_id;
-    }
-    store_tx_run_many_ordered(g->store, apply_one, args, keys, n, rcs, errs);
-    free(keys);
+    store_tx_run_many_ordered(g->store, apply_one, args, outcome_key, n, rcs, errs);
     int wake = 0;
     for (size_t i = 0; i < n; i++) {
         struct gw_outcome *go = &outs[i];

@@ -230,6 +230,12 @@ static void clear_notes(struct engine *g, const struct pending *p, size_t n)
 
 /* Runs a batch of claimed steps, then commits all their outcomes together
  * (one group commit), each outcome its own guarded transaction. */
+/* The lock order of a batch's outcomes (store_tx_run_many_ordered). */
+static const char *outcome_key(const void *arg)
+{
+    return ((const struct step_outcome *)arg)->execution_id;
+}
+
 static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, int64_t claimed_at,
                       const char *worker)
 {
@@ -261,11 +267,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     for (size_t i = 0; i < n; i++)
         if (p[i].job)
             engine_gw_launch(p[i].job);
-    const char **keys = xcalloc(k + 1, sizeof *keys);
-    for (size_t i = 0; i < k; i++)
-        keys[i] = ((struct step_outcome *)args[i])->execution_id;
-    store_tx_run_many_ordered(g->store, steps_apply, args, keys, k, rcs, errs);
-    free(keys);
+    store_tx_run_many_ordered(g->store, steps_apply, args, outcome_key, k, rcs, errs);
     int wake = 0;
     for (size_t i = 0; i < k; i++) {
         struct step_outcome *o = args[i];

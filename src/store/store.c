@@ -642,8 +642,8 @@ static int keyed_cmp(const void *a, const void *b)
     return c ? c : (x->at > y->at) - (x->at < y->at);
 }
 
-void store_tx_run_many_ordered(struct store *s, store_tx_fn fn, void **args,
-                               const char *const *keys, size_t n, int *rcs, struct ifl_err *errs)
+void store_tx_run_many_ordered(struct store *s, store_tx_fn fn, void **args, store_tx_key_fn key,
+                               size_t n, int *rcs, struct ifl_err *errs)
 {
     if (n == 0)
         return;
@@ -652,7 +652,7 @@ void store_tx_run_many_ordered(struct store *s, store_tx_fn fn, void **args,
     int *srcs = xcalloc(n, sizeof *srcs);
     struct ifl_err *serrs = errs ? xcalloc(n, sizeof *serrs) : NULL;
     for (size_t i = 0; i < n; i++)
-        order[i] = (struct keyed){keys[i], i};
+        order[i] = (struct keyed){key(args[i]), i};
     qsort(order, n, sizeof *order, keyed_cmp);
     for (size_t i = 0; i < n; i++)
         sorted[i] = args[order[i].at];

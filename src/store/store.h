@@ -273,13 +273,14 @@ int store_tx_run(struct store *s, store_tx_fn fn, void *arg, struct ifl_err *e);
  * together (SQLite: one batch, one fsync). */
 void store_tx_run_many(struct store *s, store_tx_fn fn, void **args, size_t n, int *rcs,
                        struct ifl_err *errs);
-/* store_tx_run_many with the transactions run in the byte order of keys[i]
- * (the execution id each one locks; ties keep their order), so that two
- * batches that commit together (PostgreSQL: one transaction) take their
- * row locks in one order and cannot deadlock.  rcs and errs stay in args'
- * order.  keys are borrowed for the call. */
-void store_tx_run_many_ordered(struct store *s, store_tx_fn fn, void **args,
-                               const char *const *keys, size_t n, int *rcs, struct ifl_err *errs);
+/* store_tx_run_many with the transactions run in the byte order of
+ * key(args[i]) (the execution id each one locks; ties keep their order), so
+ * that two batches that commit together (PostgreSQL: one transaction) take
+ * their row locks in one order and cannot deadlock.  rcs and errs stay in
+ * args' order. */
+typedef const char *(*store_tx_key_fn)(const void *arg);
+void store_tx_run_many_ordered(struct store *s, store_tx_fn fn, void **args, store_tx_key_fn key,
+                               size_t n, int *rcs, struct ifl_err *errs);
 
 /* Called once when a submitted transaction is durable (rc 0) or rolled back
  * (rc and *e say why), on the store's writer thread: it must be quick, must

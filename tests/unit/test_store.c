@@ -268,6 +268,11 @@ struct ordered_arg {
 };
 static int ordered_clock;
 
+static const char *ordered_key(const void *arg)
+{
+    return ((const struct ordered_arg *)arg)->key;
+}
+
 static int stamp_then_maybe_fail(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     (void)tx;
@@ -291,7 +296,7 @@ static void test_ordered_batches_run_in_key_order(void **state)
             args[i] = &a[i];
             rcs[i] = -1;
         }
-        store_tx_run_many_ordered(s, stamp_then_maybe_fail, args, keys, N, rcs, errs);
+        store_tx_run_many_ordered(s, stamp_then_maybe_fail, args, ordered_key, N, rcs, errs);
         /* a1 < a2 < b (index 2) < b (index 4) < c */
         assert_true(a[3].stamp < a[1].stamp);
         assert_true(a[1].stamp < a[2].stamp);

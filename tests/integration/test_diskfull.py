@@ -1,0 +1,123 @@
+"""A full disk under the SQLite store, on a real (small) filesystem.
+
+While the disk is full the engine refuses new work with 503 problem+json
+and stores none of it; what it had accepted before is not lost: charges
+whose outcomes could not be committed are recovered once space returns,
+re-sent with their key, and every order is charged exactly once.
+
+The filesystem is a tmpfs of a few MiB mounted under the test's temp dir;
+where mounting is not allowed (no root or no CAP_SYS_ADMIN) the test skips.
+PostgreSQL is out of scope: there the cluster owns its disk."""
+import concurrent.futures
+import errno
+import os
+import subprocess
+
+import pytest
+
+from conftest import BACKEND
+from test_engine import WS, finished, metric, put_workflow, run, wait_for
+from test_gateway import mock, pay, setup_pay  # noqa: F401  (mock is a fixture)
+
+pytestmark = pytest.mark.skipif(BACKEND != "sqlite", reason="the SQLite store's own disk")
+
+HOLD_MS = 6000  # how long the provider holds its answers after committing the charges
+PAD = "x" * 4000
+
+NOTE = {
+    "vertices": {
+        "note": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "note.id"}},
+        "kept": {"type": "TRANSFORM", "config": {"output": {"id": "= payload.note.id"}}},
+    },
+    "edges": [{"from": "note", "to": "kept"}],
+}
+
+
+@pytest.fixture
+def small_fs(workdir):
+    d = os.path.join(workdir, "small")
+    os.mkdir(d)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", d],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: " + (r.stderr.strip() or f"exit {r.returncode}"))
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", d], check=False)
+
+
+def fill(path):
+    """Writes `path` until the filesystem has no byte left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+
+
+def ended(s, xid):
+    x = s.get(f"{WS}/executions/{xid}").json
+    return x if x["status"] != "running" else None
+
+
+def note(s, i):
+    return s.post(f"{WS}/workflows/notes/entry-points/note/trigger",
+                  {"note": {"id": f"n-{i}", "pad": PAD}})
+
+
+def test_a_full_disk_refuses_new_work_and_loses_none_it_accepted(make_server, mock, small_fs):
+    s = make_server(db="sqlite:" + os.path.join(small_fs, "idemflow.db"), extra=["--lease-ms", "1000"])
+    s.start()
+    setup_pay(s, mock, timeoutMs=HOLD_MS * 10)
+    put_workflow(s, "notes", NOTE)
+    orders = [f"full-{i}" for i in range(12)]
+    # The provider commits each charge, then holds its answer back.
+    mock.faults(f"latency={HOLD_MS}:after_commit:count={len(orders)}")
+    with concurrent.futures.ThreadPoolExecutor(len(orders)) as ex:
+        xids = list(ex.map(lambda o: pay(s, o), orders))  # each one 201: accepted
+    wait_for(lambda: mock.call("GET", "/stats")["charges"] == len(orders))
+
+    filler = os.path.join(small_fs, "filler")
+    fill(filler)
+    # New work until the store's slack is gone: then 503, and nothing kept.
+    accepted = []
+
+    def refused():
+        r = note(s, len(accepted))
+        if r.status == 201:
+            accepted.append(r.json["executionId"])
+            return None
+        return r
+    r = wait_for(refused, timeout=60, interval=0)
+    assert r.status == 503, r
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json["type"] == "/problems/store-unavailable" and "full" in r.json["detail"], r.json
+    assert s.get(f"{WS}/executions/{xids[0]}").status == 200  # reads still answer
+
+    # The held-back answers arrive now; their outcomes cannot be committed.
+    wait_for(lambda: "gateway.complete_failed" in s.logs(), timeout=HOLD_MS / 1000 + 30)
+    assert mock.call("GET", "/stats")["charges"] == len(orders)
+
+    os.unlink(filler)
+    for xid in xids:  # recovered once their leases lapse, re-sent with their keys
+        x = wait_for(lambda: ended(s, xid), timeout=60)
+        assert x["status"] == "completed", x
+    for xid in accepted:
+        assert finished(s, xid)["status"] == "completed"
+    assert metric(s, 'idemflow_steps_total{event="recovered"}') >= 1
+    stats = mock.call("GET", "/stats")
+    assert {o: stats["charges_per_order"].get(o) for o in orders} == {o: 1 for o in orders}
+    assert stats["charges"] == len(orders) and stats["replays"] >= 1, stats
+
+    # The refused trigger stored nothing: sent again, it creates its execution.
+    again = note(s, len(accepted))
+    assert again.status == 201 and again.json.get("deduplicated") is not True, again
+    assert finished(s, again.json["executionId"])["status"] == "completed"
+    assert s.stop() == 0

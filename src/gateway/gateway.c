@@ -18,8 +18,31 @@
 #include <strings.h>
 #include <time.h>
 
-#define SENTINEL_OPEN "\x01idemflow-secret:"
-#define SENTINEL_CLOSE '\x02'
+/* A secret's place in a rendered string: "~ifs", a per-process random
+ * nonce, "~", the secret's name (A-Z a-z 0-9 _), "~".  Only characters that
+ * neither JSON nor URL escaping changes, so the sentinel survives the body's
+ * serialisation and the query's escaping and is found there; and with the
+ * nonce (never stored or shown: masked copies carry "****" instead) no
+ * payload value rendered into the same request can pass for one. */
+#define SENTINEL_CLOSE '~'
+static char sentinel_open[4 + 64 + 2];
+static pthread_once_t sentinel_once = PTHREAD_ONCE_INIT;
+
+static void sentinel_init(void)
+{
+    char hex[65];
+    if (crypto_random_hex32(hex)) {
+        log_error("gateway.random", "no random bytes for the secret sentinel");
+        abort();
+    }
+    snprintf(sentinel_open, sizeof sentinel_open, "~ifs%.32s~", hex);
+}
+
+static const char *sentinel(void)
+{
+    pthread_once(&sentinel_once, sentinel_init);
+    return sentinel_open;
+}
 #define MAX_RESPONSE_BODY (4u << 20)
 
 /* ---- policy ------------------------------------------------------------------ */
@@ -133,7 +156,36 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
 
 char *gw_secret_sentinel(const char *name)
 {
-    return xasprintf(SENTINEL_OPEN "%s%c", name, SENTINEL_CLOSE);
+    return xasprintf("%s%s%c", sentinel(), name, SENTINEL_CLOSE);
+}
+
+/* How a secret's value is written where its sentinel stood. */
+enum enc {
+    ENC_RAW,  /* as is: the url template, header values */
+    ENC_URL,  /* percent-encoded: a query member's value */
+    ENC_JSON, /* JSON string content: the serialised body */
+};
+
+static void put_encoded(struct buf *b, const char *val, enum enc enc)
+{
+    if (enc == ENC_URL) {
+        char *x = curl_easy_escape(NULL, val, 0);
+        if (x) {
+            buf_puts(b, x);
+            crypto_wipe(x, strlen(x));
+            curl_free(x);
+        }
+    } else if (enc == ENC_JSON) {
+        struct buf q;
+        buf_init(&q, 0);
+        json_write_string(val, &q); /* "…", quotes included */
+        if (q.len >= 2)
+            buf_append(b, q.p + 1, q.len - 2);
+        crypto_wipe(q.p, q.len);
+        buf_free(&q);
+    } else {
+        buf_puts(b, val);
+    }
 }
 
 /* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
@@ -150,20 +202,22 @@ static void keep_secret(struct gw_request *r, const char *val)
     r->secrets[r->nsecrets++] = xstrdup(val);
 }
 
+/* Sentinels at offset `from` or later are written with `enc`, earlier ones
+ * raw. */
 static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *rc,
-                               struct gw_request *keep)
+                               struct gw_request *keep, enum enc enc, size_t from)
 {
     struct buf b;
     buf_init(&b, 0);
     *rc = 0;
-    const char *p = s;
+    const char *p = s, *so = sentinel();
     for (;;) {
-        const char *open = strstr(p, SENTINEL_OPEN);
+        const char *open = strstr(p, so);
         if (!open) {
             buf_puts(&b, p);
             break;
         }
-        const char *name = open + strlen(SENTINEL_OPEN);
+        const char *name = open + strlen(so);
         const char *close = strchr(name, SENTINEL_CLOSE);
         if (!close) {
             buf_puts(&b, p);
@@ -181,7 +235,7 @@ static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *r
                 buf_free(&b);
                 return NULL;
             }
-            buf_puts(&b, val);
+            put_encoded(&b, val, (size_t)(open - s) >= from ? enc : ENC_RAW);
             keep_secret(keep, val);
             crypto_wipe(val, strlen(val));
             free(val);
@@ -195,7 +249,8 @@ static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *r
 static char *masked_text(const char *s)
 {
     int rc = 0;
-    return strstr(s, SENTINEL_OPEN) ? replace_sentinels(s, NULL, NULL, &rc, NULL) : xstrdup(s);
+    return strstr(s, sentinel()) ? replace_sentinels(s, NULL, NULL, &rc, NULL, ENC_RAW, 0)
+                                 : xstrdup(s);
 }
 
 static void wipe_free(char *s)
@@ -252,6 +307,7 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     json_t *query = json_object_get(rendered, "query");
     const char *k;
     json_t *v;
+    out->query_at = ub.len;
     int first = strchr(u, '?') == NULL;
     json_object_foreach(query, k, v)
     {
@@ -324,24 +380,25 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
     int rc = 0;
     char *s;
     /* the sentinel forms hold no secret: they are kept for the masked twin */
-    if (strstr(r->url, SENTINEL_OPEN)) {
-        if (!(s = replace_sentinels(r->url, fn, ctx, &rc, r)))
+    const char *so = sentinel();
+    if (strstr(r->url, so)) {
+        if (!(s = replace_sentinels(r->url, fn, ctx, &rc, r, ENC_URL, r->query_at)))
             return err_set(e, rc, "a secret in the url cannot be resolved");
         free(r->sealed_url);
         r->sealed_url = r->url;
         r->url = s;
     }
     for (size_t i = 0; i < r->nheaders; i++)
-        if (strstr(r->headers[i].value, SENTINEL_OPEN)) {
-            if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc, r)))
+        if (strstr(r->headers[i].value, so)) {
+            if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc, r, ENC_RAW, 0)))
                 return err_set(e, rc, "a secret in header %s cannot be resolved",
                                r->headers[i].name);
             free(r->headers[i].sealed);
             r->headers[i].sealed = r->headers[i].value;
             r->headers[i].value = s;
         }
-    if (r->body && strstr(r->body, SENTINEL_OPEN)) {
-        if (!(s = replace_sentinels(r->body, fn, ctx, &rc, r)))
+    if (r->body && strstr(r->body, so)) {
+        if (!(s = replace_sentinels(r->body, fn, ctx, &rc, r, ENC_JSON, 0)))
             return err_set(e, rc, "a secret in the body cannot be resolved");
         free(r->sealed_body);
         r->sealed_body = r->body;

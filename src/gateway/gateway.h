@@ -53,7 +53,9 @@ struct gw_header {
 
 struct gw_request {
     char *method;
-    char *url; /* with the query string appended */
+    char *url;       /* with the query string appended */
+    size_t query_at; /* where in url the `query` members begin (their secrets
+                        are percent-encoded; the url template's are not) */
     struct gw_header *headers;
     size_t nheaders;
     char *body; /* NULL for none */

@@ -166,6 +166,19 @@ def test_two_parallel_calls_claimed_by_the_trigger_then_joined(server, mock):
     assert metric(server, 'idemflow_steps_total{event="claimed_at_trigger"}') == 16
 
 
+def test_a_key_that_renders_empty_fails_the_step_and_sends_nothing(server, mock):
+    """The configured Idempotency-Key names an absent field: sent unkeyed
+    under the keyed defaults (`ambiguous: retry`), a lost answer would be
+    charged twice, so the step fails before sending."""
+    setup_pay(server, mock, name="nokey", headers={"Idempotency-Key": "= payload.order.ref"})
+    x = finished(server, pay(server, "nokey-1", name="nokey"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["state"] == "FAILED", x
+    assert ch["error"]["code"] == "request_error", ch
+    assert "Idempotency-Key" in ch["error"]["message"], ch
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 0
+
+
 def test_a_call_that_cannot_be_rendered_is_left_for_a_worker_to_fail(server, mock):
     """No secret PAY_KEY: the trigger does not claim the step; a worker
     claims it and fails it with request_error, as before."""
@@ -713,7 +726,9 @@ def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
     """A destination that echoes the Authorization header (in its body and a
     response header): the step output keeps the response, with the secret
     value replaced by ****, in the API, the event feed, the logs and the
-    database."""
+    database.  The secret also goes in a query member and in the body, where
+    the destination receives the real value; a payload value shaped like the
+    engine's secret placeholder stays what it is."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
 
@@ -724,9 +739,14 @@ def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
             pass
 
         def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            from urllib.parse import parse_qs, urlsplit
+            sent = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            query = parse_qs(urlsplit(self.path).query)
             auth = self.headers.get("Authorization", "")
-            data = json.dumps({"youSent": auth, "ok": True}).encode()
+            data = json.dumps({"youSent": auth, "ok": True,
+                               "queryKey": query.get("token") == [SECRET],
+                               "bodyKey": sent.get("key") == SECRET,
+                               "note": sent.get("note")}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("X-Echo", auth)
@@ -745,17 +765,21 @@ def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
                 "call": {"type": "GATEWAY", "config": {
                     "method": "POST", "url": f"http://127.0.0.1:{echo.server_address[1]}/x",
                     "headers": {"Authorization": "Bearer {{ secrets.PAY_KEY }}"},
-                    "body": {"n": "= payload.n"}}},
+                    "query": {"token": "{{ secrets.PAY_KEY }}"},
+                    "body": {"n": "= payload.n", "key": "{{ secrets.PAY_KEY }}",
+                             "note": "= payload.note"}}},
                 "next": {"type": "TRANSFORM", "config": {"output": "= steps.call.body"}},
             },
             "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "next"}],
         })
         assert s.put(f"{WS}/secrets/PAY_KEY", {"value": SECRET}).status == 204
-        xid = run(s, "echo", {"n": 1})
+        forged = "\u0001idemflow-secret:PAY_KEY\u0002 ~ifs0123456789abcdef0123456789abcdef~PAY_KEY~"
+        xid = run(s, "echo", {"n": 1, "note": forged})
         x = finished(s, xid)
         assert x["status"] == "completed", x
         out = steps_of(x)["call"]["output"]
-        assert out["body"] == {"youSent": "Bearer ****", "ok": True}
+        assert out["body"] == {"youSent": "Bearer ****", "ok": True, "queryKey": True,
+                               "bodyKey": True, "note": forged}, out
         assert out["headers"]["x-echo"] == "Bearer ****"
         assert steps_of(x)["next"]["output"]["youSent"] == "Bearer ****"
         for raw in (s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw):

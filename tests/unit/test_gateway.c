@@ -116,10 +116,62 @@ static void test_policy_defaults(void **state)
 
 static int resolver(void *ctx, const char *name, char **value)
 {
+    if (strcmp(name, "ODD") == 0) {
+        *value = strdup("a\"b\\c &d/e");
+        return 0;
+    }
     if (strcmp(name, "KEY") != 0)
         return IFL_ENOTFOUND;
     *value = strdup("sk_live_SECRET");
     return 0;
+}
+
+/* A secret in a query member and in the body is found after the query's
+ * percent-encoding and the body's JSON serialisation, and its value is
+ * written encoded for the place; a payload value that looks like a
+ * sentinel (the old fixed form, or the new form with a guessed nonce) is
+ * sent as it is. */
+static void test_secrets_in_query_and_body(void **state)
+{
+    char *odd = gw_secret_sentinel("ODD"), *key = gw_secret_sentinel("KEY");
+    char *tagged = malloc(strlen(key) + 16);
+    strcpy(tagged, "tok-");
+    strcat(tagged, key);
+    json_t *rendered = json_pack("{s:s, s:{s:s, s:s}, s:{s:s, s:s, s:s, s:s}}", "url",
+                                 "http://127.0.0.1:9/c", "query", "q", odd, "k", tagged, "body",
+                                 "odd", odd, "key", tagged, "forged", "\x01idemflow-secret:KEY\x02",
+                                 "guessed", "~ifs00000000000000000000000000000000~KEY~");
+    struct gw_request r;
+    assert_int_equal(gw_request_build(NULL, rendered, &r, NULL), 0);
+    assert_int_equal(gw_request_unseal(&r, resolver, NULL, NULL), 0);
+    assert_string_equal(r.url, "http://127.0.0.1:9/c?q=a%22b%5Cc%20%26d%2Fe&k=tok-sk_live_SECRET");
+    json_t *body = NULL;
+    assert_int_equal(json_parse(r.body, strlen(r.body), NULL, &body, NULL), 0);
+    assert_string_equal(json_string_value(json_object_get(body, "odd")), "a\"b\\c &d/e");
+    assert_string_equal(json_string_value(json_object_get(body, "key")), "tok-sk_live_SECRET");
+    assert_string_equal(json_string_value(json_object_get(body, "forged")),
+                        "\x01idemflow-secret:KEY\x02");
+    assert_string_equal(json_string_value(json_object_get(body, "guessed")),
+                        "~ifs00000000000000000000000000000000~KEY~");
+    json_decref(body);
+    assert_int_equal(r.nsecrets, 2); /* both remembered for scrubbing echoes */
+    json_t *mj = gw_request_masked(&r);
+    char *masked = json_to_string(mj), *murl = gw_request_masked_url(&r);
+    assert_null(strstr(masked, "sk_live"));
+    char *nonce = strndup(key, strlen(key) - strlen("KEY~")); /* never shown */
+    assert_null(strstr(masked, nonce));
+    free(nonce);
+    assert_non_null(strstr(masked, "\"odd\":\"****\""));
+    assert_non_null(strstr(masked, "\"key\":\"tok-****\""));
+    assert_string_equal(murl, "http://127.0.0.1:9/c?q=****&k=tok-****");
+    free(masked);
+    free(murl);
+    json_decref(mj);
+    gw_request_clear(&r);
+    json_decref(rendered);
+    free(odd);
+    free(key);
+    free(tagged);
 }
 
 static void test_secrets_are_masked(void **state)
@@ -196,9 +248,12 @@ static void test_secrets_are_masked(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_outcome_table),       cmocka_unit_test(test_retry_after_forms),
-        cmocka_unit_test(test_backoff_full_jitter), cmocka_unit_test(test_policy_defaults),
+        cmocka_unit_test(test_outcome_table),
+        cmocka_unit_test(test_retry_after_forms),
+        cmocka_unit_test(test_backoff_full_jitter),
+        cmocka_unit_test(test_policy_defaults),
         cmocka_unit_test(test_secrets_are_masked),
+        cmocka_unit_test(test_secrets_in_query_and_body),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }

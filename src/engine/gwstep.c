@@ -384,24 +384,29 @@ static double rnd01(void)
     return (double)(r >> 11) / (double)(1ULL << 53);
 }
 
-static char *class_error(const char *code, const struct gw_job *j, const struct gw_response *r,
-                         int verify_first_next)
+/* The step's error after response r to the request this phase sent (the
+ * verify request in phase 1); `note` (may be NULL) is appended to its
+ * message. */
+static char *class_error_note(const char *code, const struct gw_job *j, const struct gw_response *r,
+                              int verify_first_next, const char *note)
 {
+    const struct gw_request *req = j->phase == 1 ? &j->vreq : &j->req;
     json_t *o = json_object();
     json_object_set_new(o, "code", json_string(code));
-    char msg[400];
-    char *url = gw_request_masked_url(&j->req);
+    char msg[700];
+    char *url = gw_request_masked_url(req);
     if (r->transport == GW_T_OK)
-        snprintf(msg, sizeof msg, "%s %s answered %ld", j->req.method, url, r->status);
+        snprintf(msg, sizeof msg, "%s %s answered %ld%s%s", req->method, url, r->status,
+                 note ? "; " : "", note ? note : "");
     else
-        snprintf(msg, sizeof msg, "%s %s: %s (%s)", j->req.method, url, r->error,
+        snprintf(msg, sizeof msg, "%s %s: %s (%s)", req->method, url, r->error,
                  r->transport == GW_T_NOT_SENT ? "not sent" : "sent; outcome unknown");
     free(url);
     json_object_set_new(o, "message", json_string(msg));
     if (r->transport == GW_T_OK)
         json_object_set_new(o, "status", json_integer(r->status));
     json_object_set_new(o, "attempt", json_integer(j->attempts));
-    json_object_set_new(o, "request", gw_request_masked(&j->req));
+    json_object_set_new(o, "request", gw_request_masked(req));
     if (verify_first_next)
         json_object_set_new(o, "verifyFirst", json_true());
     char *s = json_to_string(o);
@@ -409,29 +414,39 @@ static char *class_error(const char *code, const struct gw_job *j, const struct 
     return s;
 }
 
+static char *class_error(const char *code, const struct gw_job *j, const struct gw_response *r,
+                         int verify_first_next)
+{
+    return class_error_note(code, j, r, verify_first_next, NULL);
+}
+
 /* Schedules another attempt, or fails the step when attempts or the deadline
- * run out.  Fills o (to, run_at, error text). */
+ * run out.  Fills o (to, run_at, error text).  verify_next: the call's
+ * outcome is unknown and the next attempt must verify first — kept in a
+ * FAILED step's error too, so that an operator's retry verifies before it
+ * sends (steps_retry). */
 static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t retry_after,
-                          const char *why, int verify_next, struct step_outcome *o, char **err_text)
+                          const char *why, int verify_next, const char *note,
+                          struct step_outcome *o, char **err_text)
 {
     const struct gw_policy *p = &j->w->v[j->vi].policy;
     int64_t now = clock_now_ms();
     if (j->attempts >= p->max_attempts) {
         o->to = STEP_FAILED;
-        *err_text = class_error("attempts_exhausted", j, r, 0);
+        *err_text = class_error_note("attempts_exhausted", j, r, verify_next, note);
         o->attempt_outcome = "attempts_exhausted";
         return;
     }
     int64_t wait = gw_backoff_ms(p, j->attempts, retry_after, rnd01());
     if (now + wait > j->first_attempt_ms + p->deadline_ms) {
         o->to = STEP_FAILED;
-        *err_text = class_error("deadline_exceeded", j, r, 0);
+        *err_text = class_error_note("deadline_exceeded", j, r, verify_next, note);
         o->attempt_outcome = "deadline_exceeded";
         return;
     }
     o->to = STEP_DISPATCHED;
     o->run_at = now + wait;
-    *err_text = class_error(why, j, r, verify_next);
+    *err_text = class_error_note(why, j, r, verify_next, note);
     o->attempt_outcome = why;
 }
 
@@ -455,10 +470,19 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             json_object_set(j->ctx, "response", out);
             json_t *res = NULL;
             struct expr_error xe = {0};
-            int done = expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe) == 0 && res &&
-                       engine_truthy(res);
+            int erc = expr_eval(v->done_when, j->ctx, NULL, NULL, &res, &xe);
+            int done = erc == 0 && res && engine_truthy(res);
             json_decref(res);
             json_object_del(j->ctx, "response");
+            if (erc) {
+                /* No answer is not "not done": verify again later, never
+                 * re-send on it. */
+                json_decref(out);
+                char note[320];
+                snprintf(note, sizeof note, "doneWhen failed: %s", xe.msg);
+                retry_or_fail(j, r, 0, "verify_inconclusive", 1, note, o, err_text);
+                return 1;
+            }
             if (done) {
                 json_object_set_new(out, "verified", json_true());
                 *out_text = json_to_string(out);
@@ -486,14 +510,14 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             submit(j, &j->req);
             return 0;
         }
-        retry_or_fail(j, r, ra, "verify_failed", 1, o, err_text);
+        retry_or_fail(j, r, ra, "verify_failed", 1, NULL, o, err_text);
         return 1;
     }
     switch (cls) {
     case GW_SUCCESS:
         break;
     case GW_RETRY:
-        retry_or_fail(j, r, ra, r->transport == GW_T_NOT_SENT ? "not_sent" : "refused", 0, o,
+        retry_or_fail(j, r, ra, r->transport == GW_T_NOT_SENT ? "not_sent" : "refused", 0, NULL, o,
                       err_text);
         return 1;
     case GW_AMBIGUOUS:
@@ -502,7 +526,8 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             *err_text = class_error("ambiguous_outcome", j, r, 0);
             return 1;
         }
-        retry_or_fail(j, r, 0, "ambiguous_outcome", p->ambiguous == GW_AMB_VERIFY, o, err_text);
+        retry_or_fail(j, r, 0, "ambiguous_outcome", p->ambiguous == GW_AMB_VERIFY, NULL, o,
+                      err_text);
         return 1;
     case GW_CONFLICT:
         if (!p->conflict_complete) {

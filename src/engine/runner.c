@@ -480,7 +480,7 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crash
 
 /* The error of a step failed because evaluating it kept stopping the
  * process (JSON text). */
-static char *poison_error(int gateway, int expiries)
+static char *poison_error(int gateway, int expiries, int verify_first)
 {
     json_t *ej = json_pack(
         "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
@@ -490,6 +490,8 @@ static char *poison_error(int gateway, int expiries)
                 : "the process crashed each time it ran this step; failed so that it cannot "
                   "stop the engine again",
         "expiries", expiries);
+    if (verify_first) /* it may have been sent: an operator's retry verifies first */
+        json_object_set_new(ej, "verifyFirst", json_true());
     char *err = json_to_string(ej);
     json_decref(ej);
     return err;
@@ -609,7 +611,7 @@ static int recover(struct engine *g, int64_t now)
                 poison = expiries >= (gateway ? MAX_EVAL_CRASHES : MAX_LEASE_EXPIRIES);
             }
         }
-        char *err = poison    ? poison_error(gateway, expiries)
+        char *err = poison    ? poison_error(gateway, expiries, amb == GW_AMB_VERIFY)
                     : gateway ? gateway_expiry_error(death, amb, crashed)
                               : NULL;
         FAULT("sweeper.before_recover");

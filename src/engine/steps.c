@@ -500,6 +500,17 @@ out:
     return rc;
 }
 
+/* Whether a step's error (JSON text or NULL) asks the next attempt to
+ * verify first. */
+static int error_verify_first(const char *error)
+{
+    json_t *ej = NULL;
+    int v = error && json_parse(error, strlen(error), NULL, &ej, NULL) == 0 &&
+            json_is_true(json_object_get(ej, "verifyFirst"));
+    json_decref(ej);
+    return v;
+}
+
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_retry *a = arg;
@@ -519,8 +530,15 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         st->state = STEP_DISPATCHED;
         st->epoch++;
         st->next_run_at = a->now;
+        int verify_first = error_verify_first(st->error);
         free(st->error);
-        st->error = NULL;
+        /* A call whose outcome is still unknown verifies before it sends,
+         * also when an operator sends it again. */
+        st->error = verify_first
+                        ? xstrdup("{\"code\":\"operator_retry\",\"message\":\"retried by an "
+                                  "operator; the call's earlier outcome is unknown, so verify "
+                                  "runs first\",\"verifyFirst\":true}")
+                        : NULL;
         int changed = 0;
         rc = store_tx_step_update(tx, st, was, -1, &changed, e);
         if (!rc && !changed)

@@ -486,6 +486,11 @@ int64_t gw_http_date_ms(const char *s)
     return -1;
 }
 
+/* Retry-After waits are capped at a year: longer than any deadlineMs (at
+ * most 30 days), so a larger one fails the step now (deadline_exceeded)
+ * instead of overflowing or being ignored. */
+#define RETRY_AFTER_MAX_MS (86400000LL * 365)
+
 static int64_t retry_after(const struct gw_response *r, int64_t now_ms)
 {
     const char *h = json_string_value(json_object_get(r->headers, "retry-after"));
@@ -493,15 +498,25 @@ static int64_t retry_after(const struct gw_response *r, int64_t now_ms)
         return 0;
     while (*h == ' ')
         h++;
-    if (isdigit((unsigned char)*h)) {
-        char *end = NULL;
-        long long secs = strtoll(h, &end, 10);
-        if (*end == '\0' && secs >= 0 && secs < 86400LL * 365)
-            return secs * 1000;
-        return 0;
+    if (isdigit((unsigned char)*h)) { /* delta-seconds: 1*DIGIT */
+        const char *d = h;
+        while (isdigit((unsigned char)*d))
+            d++;
+        for (const char *s = d; *s; s++)
+            if (*s != ' ' && *s != '\t')
+                return 0; /* not a number: no wait of its own */
+        long long secs = 0;
+        for (const char *s = h; s < d; s++) {
+            secs = secs * 10 + (*s - '0');
+            if (secs >= RETRY_AFTER_MAX_MS / 1000)
+                return RETRY_AFTER_MAX_MS;
+        }
+        return secs * 1000;
     }
     int64_t at = gw_http_date_ms(h);
-    return at > now_ms ? at - now_ms : 0;
+    if (at <= now_ms)
+        return 0;
+    return at - now_ms > RETRY_AFTER_MAX_MS ? RETRY_AFTER_MAX_MS : at - now_ms;
 }
 
 enum gw_class gw_classify(const struct gw_response *r, int64_t now_ms, int64_t *retry_after_ms)
@@ -549,9 +564,12 @@ json_t *gw_output(const struct gw_response *r)
 int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retry_after_ms,
                       double rnd)
 {
-    double cap = (double)p->initial_interval_ms * pow(p->backoff_coefficient, attempts_made - 1);
-    if (cap > (double)p->max_interval_ms)
-        cap = (double)p->max_interval_ms;
+    double cap = (double)p->max_interval_ms;
+    double grow = pow(p->backoff_coefficient, attempts_made - 1); /* may be inf */
+    if (p->initial_interval_ms <= 0)
+        cap = 0; /* never 0 × inf */
+    else if (isfinite(grow) && (double)p->initial_interval_ms * grow < cap)
+        cap = (double)p->initial_interval_ms * grow;
     int64_t wait = (int64_t)(rnd * cap);
     return wait < retry_after_ms ? retry_after_ms : wait;
 }

@@ -429,7 +429,7 @@ def test_verify_before_resend_without_key_support(server, mock):
     assert "verified" not in steps_of(x)["charge"]["output"]
 
 
-def verify_flow(mock):
+def verify_flow(mock, max_attempts=5, done_when="= $count(response.body.data) > 0"):
     return {
         "vertices": {
             "order": {"type": "ENTRY_POINT"},
@@ -439,10 +439,50 @@ def verify_flow(mock):
                 "ambiguous": "verify",
                 "verify": {"method": "GET",
                            "url": f"= '{mock.url}/v1/charges?order=' & payload.order.id",
-                           "doneWhen": "= $count(response.body.data) > 0"},
-                "retry": {"maxAttempts": 5, "initialIntervalMs": 10, "maxIntervalMs": 20}}},
+                           "doneWhen": done_when},
+                "retry": {"maxAttempts": max_attempts, "initialIntervalMs": 10,
+                          "maxIntervalMs": 20}}},
         },
         "edges": [{"from": "order", "to": "charge"}]}
+
+
+def test_an_operator_retry_of_an_unknown_outcome_verifies_before_it_sends(server, mock):
+    """One attempt allowed, and its outcome unknown (500 after the charge,
+    provider without key support): FAILED attempts_exhausted, still marked
+    verify-first; the operator's retry runs the verify, which finds the
+    charge, instead of charging again."""
+    put_workflow(server, "rvw1", verify_flow(mock, max_attempts=1))
+    mock.faults("ignore_idempotency;status=500:after_commit:count=1")
+    xid = run(server, "rvw1", {"order": {"id": "o-31"}}, entry="order")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert ch["error"]["verifyFirst"] is True, ch
+    assert mock.charges("o-31") == 1
+    assert server.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and ch["output"]["verified"] is True, x
+    assert mock.charges("o-31") == 1
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+
+
+def test_a_done_when_that_cannot_be_evaluated_verifies_again_and_never_resends(server, mock):
+    """doneWhen fails on the verify response (arithmetic on a string): that
+    is no answer, not "not done" — the verify runs again until the attempts
+    run out, and the call is never sent a second time."""
+    put_workflow(server, "rvw2", verify_flow(mock, max_attempts=3,
+                                             done_when="= response.body.object + 1 > 1"))
+    mock.faults("ignore_idempotency;status=500:after_commit:count=1")
+    x = finished(server, run(server, "rvw2", {"order": {"id": "o-32"}}, entry="order"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert "doneWhen failed" in ch["error"]["message"] and ch["error"]["verifyFirst"], ch
+    assert [h["outcome"] for h in ch["history"]] == \
+        ["ambiguous_outcome", "verify_inconclusive", "attempts_exhausted"], ch["history"]
+    stats = mock.call("GET", "/stats")
+    assert stats["requests"]["POST /v1/charges"] == 1 and stats["requests"]["GET /v1/charges"] == 2
+    assert mock.charges("o-32") == 1
 
 
 def test_a_verify_that_says_not_done_clears_the_note_before_the_resend(make_server, mock):

@@ -66,6 +66,19 @@ static void test_retry_after_forms(void **state)
     assert_int_equal(ra, 0); /* a date in the past: no wait */
     assert_int_equal(cls(GW_T_OK, 429, "soon", &ra), GW_RETRY);
     assert_int_equal(ra, 0);
+    assert_int_equal(cls(GW_T_OK, 429, "12abc", &ra), GW_RETRY);
+    assert_int_equal(ra, 0);
+    assert_int_equal(cls(GW_T_OK, 429, "7 ", &ra), GW_RETRY);
+    assert_int_equal(ra, 7000);
+    /* a year or more, or past any integer: capped at a year, which is past
+     * every deadlineMs (30 days at most), never ignored */
+    const int64_t year = 86400000LL * 365;
+    assert_int_equal(cls(GW_T_OK, 429, "31536000", &ra), GW_RETRY);
+    assert_int_equal(ra, year);
+    assert_int_equal(cls(GW_T_OK, 503, "99999999999999999999999999", &ra), GW_RETRY);
+    assert_int_equal(ra, year);
+    assert_int_equal(cls(GW_T_OK, 503, "Fri, 14 Nov 2223 22:13:30 GMT", &ra), GW_RETRY);
+    assert_int_equal(ra, year);
 }
 
 static void test_backoff_full_jitter(void **state)
@@ -84,6 +97,12 @@ static void test_backoff_full_jitter(void **state)
         int64_t w = gw_backoff_ms(&p, n, 0, (double)rand() / ((double)RAND_MAX + 1));
         assert_true(w >= 0 && w <= 1000);
     }
+    /* the growth overflowing to infinity stays capped, also from 0 */
+    p.backoff_coefficient = 100;
+    assert_int_equal(gw_backoff_ms(&p, 1000, 0, 0.5), 500);
+    p.initial_interval_ms = 0;
+    assert_int_equal(gw_backoff_ms(&p, 1000, 0, 0.5), 0);
+    assert_int_equal(gw_backoff_ms(&p, 1000, 70, 0.5), 70);
 }
 
 static void test_policy_defaults(void **state)

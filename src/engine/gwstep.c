@@ -53,6 +53,9 @@ struct gw_job {
      * verify response that says "not done", the note is cleared before the
      * call is re-sent, and that call's response is noted in turn. */
     int recovered, noted;
+    /* The retry budget: attempts made, this one included, and when the
+     * first of them started — since the last operator retry, if any. */
+    int budget_attempts;
     int64_t first_attempt_ms;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
@@ -226,17 +229,37 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
     }
 }
 
-static int64_t first_attempt(struct engine *g, const char *xid, const char *vertex, int64_t dflt)
+/* The retry budget of a step claimed for its attempt number `attempts`:
+ * from its history, the attempts after the last operator retry and the
+ * start of the first of them (now, when the history cannot be read). */
+static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
+                         int *made, int64_t *first)
 {
+    *made = attempts;
+    *first = clock_now_ms();
+    if (attempts <= 1)
+        return; /* the first attempt: no history to read */
     struct store_attempt *a = NULL;
     size_t n = 0;
-    int64_t first = dflt;
-    if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0)
+    if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0) {
+        int64_t since = 0; /* the epoch of the last operator retry */
         for (size_t i = 0; i < n; i++)
-            if (strcmp(a[i].vertex, vertex) == 0 && a[i].started_at < first)
-                first = a[i].started_at;
+            if (strcmp(a[i].vertex, vertex) == 0 && a[i].outcome &&
+                strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0 && a[i].epoch > since)
+                since = a[i].epoch;
+        int count = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (strcmp(a[i].vertex, vertex) != 0 || a[i].epoch <= since ||
+                (a[i].outcome && strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0))
+                continue;
+            count++;
+            if (a[i].started_at < *first)
+                *first = a[i].started_at;
+        }
+        if (count >= 1) /* this attempt's own row is among them */
+            *made = count;
+    }
     store_attempts_free(a, n);
-    return first;
 }
 
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
@@ -254,11 +277,11 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     j->w = w;
     j->vi = vi;
     j->ctx = json_incref(ctx);
-    /* The deadline counts from the first attempt: this one, or one in the
-     * history (read only when there is one). */
-    j->first_attempt_ms = c->attempts <= 1
-                              ? clock_now_ms()
-                              : first_attempt(g, c->execution_id, c->vertex, clock_now_ms());
+    /* maxAttempts and the deadline count from the first attempt: this one,
+     * or one in the history (read only when there is one) after the last
+     * operator retry. */
+    retry_budget(g, c->execution_id, c->vertex, c->attempts, &j->budget_attempts,
+                 &j->first_attempt_ms);
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
@@ -431,13 +454,13 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
 {
     const struct gw_policy *p = &j->w->v[j->vi].policy;
     int64_t now = clock_now_ms();
-    if (j->attempts >= p->max_attempts) {
+    if (j->budget_attempts >= p->max_attempts) {
         o->to = STEP_FAILED;
         *err_text = class_error_note("attempts_exhausted", j, r, verify_next, note);
         o->attempt_outcome = "attempts_exhausted";
         return;
     }
-    int64_t wait = gw_backoff_ms(p, j->attempts, retry_after, rnd01());
+    int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, rnd01());
     if (now + wait > j->first_attempt_ms + p->deadline_ms) {
         o->to = STEP_FAILED;
         *err_text = class_error_note("deadline_exceeded", j, r, verify_next, note);

@@ -543,6 +543,9 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         rc = store_tx_step_update(tx, st, was, -1, &changed, e);
         if (!rc && !changed)
             rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", st->vertex);
+        if (!rc) /* in the history, and where a new retry budget starts */
+            rc = store_tx_attempt_record(tx, a->execution_id, st->vertex, st->epoch, "operator",
+                                         STEPS_OPERATOR_RETRY, e);
         if (!rc)
             a->retried++;
     }

@@ -160,5 +160,9 @@ char *steps_error_json(const char *code, const char *msg);
 #define STEPS_CRASHED "crashed"
 #define STEPS_CRASHED_WHILE_RENDERING "crashed_while_rendering"
 #define STEPS_CRASHED_AFTER_RESPONSE "crashed_after_response"
+/* The history row an operator's retry leaves (worker "operator", at the
+ * epoch the retry gave the step): a GATEWAY's retry budget — maxAttempts,
+ * deadlineMs, the backoff's growth — counts from the attempts after it. */
+#define STEPS_OPERATOR_RETRY "operator_retry"
 
 #endif

@@ -307,7 +307,8 @@ def test_retry_reruns_failed_steps_and_completed_ones_stay(server):
     st = steps_of(x)
     assert st["after"]["output"] == "done 1"
     assert st["needs_secret"]["state"] == "COMPLETED"
-    assert [h["outcome"] for h in st["needs_secret"]["history"]] == ["failed", "success"]
+    assert [(h["outcome"], h["worker"] == "operator") for h in st["needs_secret"]["history"]] == \
+        [("failed", False), ("operator_retry", True), ("success", False)]
     assert len(st["start"]["history"]) == 0
 
 

@@ -467,6 +467,27 @@ def test_an_operator_retry_of_an_unknown_outcome_verifies_before_it_sends(server
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
 
 
+def test_an_operator_retry_starts_a_new_retry_budget(server, mock):
+    """Two attempts allowed, both refused: FAILED attempts_exhausted.  The
+    operator's retry starts a new budget (its history row marks where): the
+    first attempt after it is refused again, the second succeeds — with
+    the same key, one charge."""
+    setup_pay(server, mock, retry={"maxAttempts": 2, "initialIntervalMs": 10, "maxIntervalMs": 20})
+    mock.faults("status=503:count=3")
+    xid = pay(server, "o-33")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert server.post(f"{WS}/executions/{xid}/retry").status in (200, 202)
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed", x
+    assert [h["outcome"] for h in ch["history"]] == \
+        ["refused", "attempts_exhausted", "operator_retry", "refused", "success"], ch["history"]
+    assert mock.charges("o-33") == 1
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 4
+
+
 def test_a_done_when_that_cannot_be_evaluated_verifies_again_and_never_resends(server, mock):
     """doneWhen fails on the verify response (arithmetic on a string): that
     is no answer, not "not done" — the verify runs again until the attempts

@@ -46,6 +46,8 @@ struct engine {
     unsigned long wake_seq; /* every wake-up */
     unsigned long work_seq; /* … of them, those that may have made steps claimable */
     int stopping;
+    int calls_done; /* stopping, and the calls in flight have ended: the
+                       sweeper stops renewing their leases (under wmu) */
     int started;
     pthread_t *workers;
     pthread_t sweeper;

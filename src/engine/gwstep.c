@@ -198,8 +198,15 @@ void engine_gw_renew_leases(struct engine *g)
     pthread_mutex_unlock(&g->gmu);
     for (size_t i = 0; i < n; i++) {
         int ok = 0;
-        store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch,
-                          clock_now_ms() + g->run.lease_ms, &ok, NULL);
+        struct ifl_err e = {0};
+        if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch,
+                              clock_now_ms() + g->run.lease_ms, &ok, &e))
+            log_warn("step.lease_renew_failed", "%s/%s: %s", r[i].id, r[i].vertex, e.msg);
+        else if (!ok) /* taken over: this call's outcome will be fenced */
+            log_warn("step.lease_lost",
+                     "%s/%s epoch %lld: the lease of a call in flight was "
+                     "taken over",
+                     r[i].id, r[i].vertex, (long long)r[i].epoch);
         free(r[i].vertex);
     }
     free(r);

@@ -657,6 +657,7 @@ static void *sweeper_main(void *arg)
         period = 20;
     if (period > 2000)
         period = 2000;
+    int stop = 0;
     for (;;) {
         /* Sleep a full period on a condition variable of its own: work
          * wake-ups (one per commit or finished call) are for the workers. */
@@ -664,14 +665,19 @@ static void *sweeper_main(void *arg)
         struct timespec ts;
         clock_abstime(until, &ts);
         pthread_mutex_lock(&g->wmu);
-        while (!g->stopping && clock_now_ms() < until)
+        while (!g->calls_done && g->stopping == stop && clock_now_ms() < until)
             pthread_cond_timedwait(&g->scv, &g->wmu, &ts);
-        int stop = g->stopping;
+        stop = g->stopping;
+        int done = g->calls_done;
         pthread_mutex_unlock(&g->wmu);
-        if (stop)
+        if (done)
             break;
+        /* Stopping, calls still in flight keep their leases until they end
+         * (engine_stop waits for them): another process must not take one
+         * over while its request may still reach the provider. */
         engine_gw_renew_leases(g);
-        recover(g, clock_now_ms());
+        if (!stop)
+            recover(g, clock_now_ms());
     }
     return NULL;
 }
@@ -726,6 +732,7 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
             log_info("engine.recovered", "recovered %d steps left executing", total);
     }
     g->stopping = 0;
+    g->calls_done = 0;
     if (gw_client_new(GW_MAX_INFLIGHT, &g->gw, e))
         return IFL_EIO;
     g->workers = xcalloc((size_t)g->run.workers, sizeof *g->workers);
@@ -771,6 +778,10 @@ void engine_stop(struct engine *g)
     gw_client_free(g->gw);
     g->gw = NULL;
     engine_gw_drain(g);
+    pthread_mutex_lock(&g->wmu);
+    g->calls_done = 1; /* their outcomes are committed: no lease left to renew */
+    pthread_cond_broadcast(&g->scv);
+    pthread_mutex_unlock(&g->wmu);
     if (g->started)
         pthread_join(g->sweeper, NULL);
     if (g->has_listener)

@@ -251,3 +251,43 @@ def test_charges_across_three_processes_with_kills_at_random_moments(make_server
     finally:
         stop.set()
         prov.stop()
+
+
+def test_a_draining_process_keeps_the_leases_of_its_calls_in_flight(make_server, workdir):
+    """SIGTERM while a call is in flight: the process waits for the call
+    before it exits, and renews the call's lease meanwhile, so that another
+    process does not take the step over while the request may still reach
+    the provider.  Here the provider ignores keys and the step verifies
+    first: a takeover would find no charge yet (the first request is still
+    held) and charge again."""
+    from test_gateway import Mock, verify_flow
+    mock = Mock(workdir)
+    try:
+        db = new_db(workdir)
+        common = ["--workers", "2", "--lease-ms", "600"]
+        a = make_server(db=db, extra=common)
+        b = make_server(db=db, extra=common)
+        a.start()
+        b.start()
+        a.put(WS, {})
+        assert a.put(f"{WS}/workflows/rvw", verify_flow(mock)).status == 201
+        mock.faults("ignore_idempotency;latency=3000:count=1")
+        r = a.post(f"{WS}/workflows/rvw/entry-points/order/trigger", {"order": {"id": "dr-1"}})
+        assert r.status == 201, r
+        xid = r.json["executionId"]
+        wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1)
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(timeout=30) == 0  # after the call ended and its outcome committed
+
+        def done():
+            x = b.get(f"{WS}/executions/{xid}").json
+            return x if x["status"] != "running" else None
+        x = wait_for(done, timeout=30)
+        assert x["status"] == "completed", x
+        ch = [st for st in x["steps"] if st["vertex"] == "charge"][0]
+        assert [h["outcome"] for h in ch["history"]] == ["success"], ch["history"]
+        assert mock.charges("dr-1") == 1
+        assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+        assert "lease_lost" not in a.logs()
+    finally:
+        mock.stop()

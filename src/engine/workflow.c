@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 int wf_name_valid(const char *s)
 {
@@ -172,6 +173,35 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
             vptr(p, sizeof p, v->id, "/config/verify/doneWhen");
             return err_setp(e, IFL_EVALIDATION, p, "%s: %s (at position %d)", xe.code, xe.msg,
                             xe.position);
+        }
+    }
+    /* The key must be the same on every attempt: not from the clock or
+     * from randomness. */
+    const char *hk;
+    json_t *hv;
+    json_object_foreach(json_object_get(cfg, "headers"), hk, hv)
+    {
+        const char *src = json_string_value(hv);
+        if (strcasecmp(hk, "Idempotency-Key") != 0 || !src || *src != '=')
+            continue;
+        src++;
+        while (*src == ' ' || *src == '\t')
+            src++;
+        struct expr *kx = NULL;
+        struct expr_error xe;
+        if (expr_compile(src, strlen(src), &kx, &xe) != 0)
+            continue; /* tmpl_compile below reports it */
+        static const char *const unstable[] = {"now", "millis", "random", NULL};
+        const char *hit = expr_uses_variable(kx, unstable);
+        expr_free(kx);
+        if (hit) {
+            char *rest = xasprintf("/config/headers/%s", hk);
+            vptr(p, sizeof p, v->id, rest);
+            free(rest);
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "the Idempotency-Key must be the same on every attempt: $%s gives "
+                            "another value each time",
+                            hit);
         }
     }
     json_t *req = json_object();

@@ -1397,6 +1397,34 @@ const char *expr_source(const struct expr *x)
     return x->src;
 }
 
+static const char *uses_variable(const struct node *n, const char *const *names, int depth)
+{
+    if (!n || depth > 10000)
+        return NULL;
+    if (n->type == N_VARIABLE && n->name)
+        for (int i = 0; names[i]; i++)
+            if (n->nlen == strlen(names[i]) && memcmp(n->name, names[i], n->nlen) == 0)
+                return names[i];
+    const char *hit = NULL;
+    const struct node *direct[] = {n->lhs, n->rhs, n->third, n->group};
+    for (size_t i = 0; !hit && i < sizeof direct / sizeof *direct; i++)
+        hit = uses_variable(direct[i], names, depth + 1);
+    for (uint32_t i = 0; !hit && i < n->nkids; i++)
+        hit = uses_variable(n->kids[i], names, depth + 1);
+    for (uint32_t i = 0; !hit && i < 2 * n->npairs; i++)
+        hit = uses_variable(n->pairs[i], names, depth + 1);
+    for (uint32_t i = 0; !hit && i < n->npreds; i++)
+        hit = uses_variable(n->preds[i].expr, names, depth + 1);
+    for (uint32_t i = 0; !hit && i < n->nstages; i++)
+        hit = uses_variable(n->stages[i].expr, names, depth + 1);
+    return hit;
+}
+
+const char *expr_uses_variable(const struct expr *x, const char *const *names)
+{
+    return x ? uses_variable(x->root, names, 0) : NULL;
+}
+
 int expr_eval_val(struct ctx *c, struct node *root, val *input, struct env *env, val **out);
 int expr_eval_val(struct ctx *c, struct node *root, val *input, struct env *env, val **out)
 {

@@ -53,6 +53,12 @@ void expr_free(struct expr *x);
  * expr_free). */
 const char *expr_source(const struct expr *x);
 
+/* The first of `names` (NULL-terminated, without `$`) that x refers to as a
+ * variable or function ($now, $random(), …), or NULL: a static check, so
+ * a function reached another way ($lookup, a lambda's argument) is not
+ * seen. */
+const char *expr_uses_variable(const struct expr *x, const char *const *names);
+
 /* Evaluates x.  input: borrowed, NULL means undefined.  bindings: borrowed
  * JSON object of variables (names without `$`) or NULL.  lim: NULL for the
  * defaults.  On success returns 0 and *out is a new reference the caller

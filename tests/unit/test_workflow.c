@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/workflow.h"
@@ -79,6 +81,32 @@ static void test_rejections(void **state)
         "{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
         "\"t\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":{\"x\":[\"{{ secrets.K }}\"]}}}}}",
         "/vertices/t/config/output/x/0");
+    /* the Idempotency-Key must be the same on every attempt: no clock, no
+     * randomness, wherever in the expression */
+    static const char *const unstable[] = {
+        "= 'k-' & $string($millis())",       "= $now()",
+        "= payload.id & $string($random())", "= ($f := $random; 'k' & $f())",
+        "= [1,2][$random() > 0.5]",          NULL};
+    for (int i = 0; unstable[i]; i++) {
+        char *def = NULL;
+        if (asprintf(&def,
+                     "{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+                     "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
+                     "\"headers\":{\"idempotency-key\":\"%s\"}}}}}",
+                     unstable[i]) < 0)
+            fail();
+        expect_bad(def, "/vertices/g/config/headers/idempotency-key");
+        free(def);
+    }
+    /* the same functions elsewhere are fine, and so is a key from data */
+    struct wf *w = NULL;
+    assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+                             "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
+                             "\"headers\":{\"Idempotency-Key\":\"= 'now-' & payload.id\","
+                             "\"X-Sent-At\":\"= $now()\"}}}}}",
+                             &w, NULL),
+                     0);
+    wf_free(w);
 }
 
 static void test_good_graph(void **state)

@@ -558,6 +558,8 @@ json_t *gw_output(const struct gw_response *r)
         json_parse(r->body, r->body_len, &(struct json_limits){.max_depth = 256}, &body, NULL))
         body = json_stringn(r->body, r->body_len);
     json_object_set_new(o, "body", body ? body : json_null());
+    if (r->body_too_large)
+        json_object_set_new(o, "bodyTooLarge", json_true());
     return o;
 }
 
@@ -585,6 +587,7 @@ struct xfer {
     gw_done_fn done;
     void *ctx;
     int64_t started;
+    int too_large; /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
     struct xfer *next;
 };
 
@@ -599,7 +602,10 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     struct xfer *x = ud;
     size_t n = size * nmemb;
-    return buf_append(&x->body, ptr, n) ? 0 : n;
+    if (buf_append(&x->body, ptr, n) == 0)
+        return n;
+    x->too_large = 1;
+    return 0; /* cuts the transfer: the status line and headers are in */
 }
 
 static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -673,11 +679,21 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
     r->elapsed_ms = clock_mono_ms() - x->started;
     r->headers = x->resp_headers;
     x->resp_headers = NULL;
+    long code = 0;
+    if (cc == CURLE_WRITE_ERROR && x->too_large)
+        curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &code);
     if (cc == CURLE_OK) {
         r->transport = GW_T_OK;
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &r->status);
         r->body_len = x->body.len;
         r->body = buf_steal(&x->body);
+    } else if (code > 0) {
+        /* An answer whose body is too large to keep: its status decides
+         * the outcome as for any other; the body is left out. */
+        r->transport = GW_T_OK;
+        r->status = code;
+        r->body_too_large = 1;
+        buf_free(&x->body);
     } else {
         long req_size = 0;
         curl_easy_getinfo(x->h, CURLINFO_REQUEST_SIZE, &req_size);

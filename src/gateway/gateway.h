@@ -116,7 +116,9 @@ struct gw_response {
     json_t *headers; /* object of lowercase name → value */
     char *body;      /* raw body (capped) */
     size_t body_len;
-    char error[256]; /* transport error text */
+    int body_too_large; /* the body passed the cap (4 MiB): body is NULL,
+                           the output says "bodyTooLarge": true */
+    char error[256];    /* transport error text */
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);

@@ -783,6 +783,58 @@ def test_secrets_never_reach_storage_logs_or_responses(make_server, mock, workdi
     assert_secret_nowhere(s)
 
 
+def test_an_answer_too_large_to_keep_is_classified_by_its_status(server):
+    """A 201 whose body passes the 4 MiB cap: the transfer is cut once the
+    cap is reached, but the answer's status is known — the step completes
+    with the status and headers, body null and "bodyTooLarge": true (not
+    an unknown outcome: without a key that would park it)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+    posts = []
+
+    class Big(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            posts.append(self.path)
+            data = b'{"pad":"' + b"x" * (5 << 20) + b'"}'
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("X-Id", "big-1")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                self.wfile.write(data)
+            except OSError:
+                pass  # the engine hung up once it had enough
+
+    big = ThreadingHTTPServer(("127.0.0.1", 0), Big)
+    threading.Thread(target=big.serve_forever, daemon=True).start()
+    try:
+        put_workflow(server, "big", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{big.server_address[1]}/x",
+                    "body": {"n": "= payload.n"}}},
+            },
+            "edges": [{"from": "start", "to": "call"}],
+        })
+        x = finished(server, run(server, "big", {"n": 1}))
+        assert x["status"] == "completed", x
+        out = steps_of(x)["call"]["output"]
+        assert out["status"] == 201 and out["body"] is None and out["bodyTooLarge"] is True, out
+        assert out["headers"]["x-id"] == "big-1"
+        assert posts == ["/x"]
+    finally:
+        big.shutdown()
+        big.server_close()
+
+
 def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
     """A destination that echoes the Authorization header (in its body and a
     response header): the step output keeps the response, with the secret

@@ -292,6 +292,20 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
+    /* A retry or a recovery that could only start after the deadline (the
+     * engine was down, or busy) does not start: nothing is sent past it. */
+    if (j->budget_attempts > 1 && clock_now_ms() > j->first_attempt_ms + v->policy.deadline_ms) {
+        json_t *ej = json_pack("{s:s,s:s,s:i}", "code", "deadline_exceeded", "message",
+                               "the deadline had passed when this attempt could start; nothing "
+                               "was sent",
+                               "attempt", c->attempts);
+        if (verify) /* the outcome before is still unknown */
+            json_object_set_new(ej, "verifyFirst", json_true());
+        *err_text = json_to_string(ej);
+        json_decref(ej);
+        job_free(j);
+        return NULL;
+    }
     FAULT("gateway.before_render");
     if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
         (verify && v->verify &&

@@ -333,6 +333,24 @@ def test_backoff_stops_at_the_deadline_in_engine_time(clock_server, mock):
     assert posts(mock) == len(h) and mock.charges("o-dl") == 0
 
 
+def test_a_retry_due_after_the_deadline_is_not_sent(clock_server, mock):
+    """A retry scheduled inside deadlineMs but claimed only after it (the
+    engine was down or busy; here the clock jumps): it fails with
+    deadline_exceeded and sends nothing."""
+    server = clock_server
+    setup_pay(server, mock, deadlineMs=3600 * 1000,
+              retry={"maxAttempts": 5, "initialIntervalMs": 600000, "maxIntervalMs": 600000})
+    mock.faults("status=503:retry_after=60")
+    xid = pay(server, "o-late")
+    waiting(server, xid, 1)
+    advance(server, 2 * 3600 * 1000)
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "deadline_exceeded", ch
+    assert "nothing was sent" in ch["error"]["message"], ch
+    assert posts(mock) == 1 and mock.charges("o-late") == 0
+
+
 def test_test_clock_is_off_by_default(server):
     assert server.post("/v1/test/clock", {"advanceMs": 1000}).status == 404
 

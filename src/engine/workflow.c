@@ -91,6 +91,31 @@ static void vptr(char *out, size_t cap, const char *id, const char *rest)
 static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
+    /* A member this engine would not honour is refused, not ignored: a
+     * workflow that asks for signature checks must not run unsigned
+     * payloads, a schedule must not be silently idle, and a typo must not
+     * fall back to another identity mode. */
+    const char *k;
+    json_t *m;
+    json_object_foreach(cfg, k, m)
+    {
+        static const char *const later[] = {"signature", "schedule", "ordering", NULL};
+        const char *why = NULL;
+        for (int i = 0; later[i] && !why; i++)
+            if (strcmp(k, later[i]) == 0)
+                why = "is in the spec but not supported by this engine yet (README, \"Not yet\")";
+        if (!why && strcmp(k, "idempotencyFields") != 0 && strcmp(k, "dedupWindow") != 0)
+            why = "is not a member of an ENTRY_POINT's config (idempotencyFields, dedupWindow)";
+        if (why) {
+            struct buf rest;
+            buf_init(&rest, 0);
+            buf_puts(&rest, "/config");
+            json_pointer_push(&rest, k);
+            vptr(p, sizeof p, v->id, rest.p);
+            buf_free(&rest);
+            return err_setp(e, IFL_EVALIDATION, p, "%s %s", k, why);
+        }
+    }
     json_t *f = json_object_get(cfg, "idempotencyFields");
     if (f) {
         int rc = identity_fields_parse(f, &v->fields, e);

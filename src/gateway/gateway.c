@@ -146,6 +146,11 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
                             "verify needs doneWhen (an expression over response)");
         p->has_verify = 1;
     }
+    if (p->ambiguous == GW_AMB_RETRY && !p->has_idempotency_key)
+        return err_setp(e, IFL_EVALIDATION, "/ambiguous",
+                        "ambiguous \"retry\" re-sends a call whose outcome is unknown: without "
+                        "an Idempotency-Key header that could repeat its effect (use verify or "
+                        "reconcile)");
     if (p->ambiguous == GW_AMB_VERIFY && !p->has_verify)
         return err_setp(e, IFL_EVALIDATION, "/ambiguous",
                         "ambiguous \"verify\" needs a verify request");

@@ -98,6 +98,21 @@ static void test_rejections(void **state)
         expect_bad(def, "/vertices/g/config/headers/idempotency-key");
         free(def);
     }
+    /* ENTRY_POINT members this engine does not honour are refused */
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"signature\":"
+               "{\"scheme\":\"standard-webhooks\",\"secret\":\"{{ secrets.S }}\"}}}}}",
+               "/vertices/a/config/signature");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"schedule\":"
+               "\"* * * * *\"}}}}",
+               "/vertices/a/config/schedule");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"idempotencyfields\":"
+               "\"order.id\"}}}}",
+               "/vertices/a/config/idempotencyfields");
+    /* retrying an unknown outcome needs a key */
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+               "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
+               "\"ambiguous\":\"retry\"}}}}",
+               "/vertices/g/config/ambiguous");
     /* the same functions elsewhere are fine, and so is a key from data */
     struct wf *w = NULL;
     assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"

@@ -526,7 +526,7 @@ static void early_finish(struct engine *g, struct create_args *ca, int committed
         atomic_fetch_add(&g->m.steps_claimed_early, 1);
         FAULT("step.after_claim");
         engine_trace(g, "run", st->execution_id, st->vertex, st->epoch);
-        engine_gw_launch(ca->early[k].job);
+        engine_gw_launch(ca->early[k].job, st->lease_expires_at - g->run.lease_ms);
     }
     ca->nearly = 0;
 }

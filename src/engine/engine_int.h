@@ -114,7 +114,10 @@ void engine_note_attempts(struct engine *g, const struct attempt_note *notes, si
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text);
-void engine_gw_launch(struct gw_job *j);
+/* Sends a prepared call (ownership passes to the engine).  claimed_at: when
+ * its step was claimed; past half the lease the lease is renewed first,
+ * and a call whose lease was taken over is dropped unsent. */
+void engine_gw_launch(struct gw_job *j, int64_t claimed_at);
 void engine_gw_discard(struct gw_job *j);
 /* Commits the outcomes of finished calls; returns how many. */
 size_t engine_gw_drain(struct engine *g);

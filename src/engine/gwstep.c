@@ -338,8 +338,28 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     return j;
 }
 
-void engine_gw_launch(struct gw_job *j)
+void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
 {
+    struct engine *g = j->g;
+    FAULT("gateway.before_launch");
+    /* The call must not leave once its lease may have lapsed (a long batch
+     * or commit since the claim): by then another worker may have the step,
+     * and a second send of an unkeyed call is a second effect.  Past half
+     * the lease, renew it first, fenced by the epoch, or drop the call. */
+    if (clock_now_ms() - claimed_at > g->run.lease_ms / 2) {
+        int ok = 0;
+        struct ifl_err e = {0};
+        if (store_lease_renew(g->store, j->execution_id, j->vertex, j->epoch,
+                              clock_now_ms() + g->run.lease_ms, &ok, &e) ||
+            !ok) {
+            log_warn("step.lease_lost",
+                     "%s/%s epoch %lld: lease lost before the call left; not "
+                     "sent",
+                     j->execution_id, j->vertex, (long long)j->epoch);
+            job_free(j);
+            return;
+        }
+    }
     inflight_add(j);
     submit(j, j->phase ? &j->vreq : &j->req);
 }

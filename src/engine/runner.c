@@ -266,7 +266,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
         clear_notes(g, p, n);
     for (size_t i = 0; i < n; i++)
         if (p[i].job)
-            engine_gw_launch(p[i].job);
+            engine_gw_launch(p[i].job, claimed_at);
     store_tx_run_many_ordered(g->store, steps_apply, args, outcome_key, k, rcs, errs);
     int wake = 0;
     for (size_t i = 0; i < k; i++) {

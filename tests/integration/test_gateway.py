@@ -464,6 +464,25 @@ def verify_flow(mock, max_attempts=5, done_when="= $count(response.body.data) > 
         "edges": [{"from": "order", "to": "charge"}]}
 
 
+def test_a_call_whose_lease_lapsed_before_it_left_is_not_sent(make_server, mock):
+    """The trigger's thread claims the call, then stalls before sending it
+    (gateway.before_launch:sleep, as a long batch or commit would) past its
+    lease: the sweeper recovers the step, a worker verifies (nothing there)
+    and sends it.  The stalled thread, awake, finds its lease taken over
+    and drops its call: one charge, although the provider ignores keys."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_launch:sleep=1500"},
+                    extra=["--lease-ms", "300", "--workers", "1"])
+    s.start()
+    put_workflow(s, "rvw", verify_flow(mock))
+    mock.faults("ignore_idempotency")
+    x = finished(s, run(s, "rvw", {"order": {"id": "o-34"}}, entry="order"))
+    assert x["status"] == "completed", x
+    wait_for(lambda: "lease lost before the call left" in s.logs())
+    assert mock.charges("o-34") == 1
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]] == ["lease_expired", "success"]
+
+
 def test_an_operator_retry_of_an_unknown_outcome_verifies_before_it_sends(server, mock):
     """One attempt allowed, and its outcome unknown (500 after the charge,
     provider without key support): FAILED attempts_exhausted, still marked

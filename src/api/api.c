@@ -656,7 +656,7 @@ static json_t *text_json(const char *text)
     if (!text)
         return json_null();
     json_t *v = NULL;
-    if (json_parse(text, strlen(text), NULL, &v, NULL))
+    if (json_parse(text, strlen(text), &json_stored_limits, &v, NULL))
         return json_string(text);
     return v;
 }

@@ -297,7 +297,8 @@ static json_t *context_of(const struct store_execution *x, json_t *payload,
         if (rows[i].state != STEP_COMPLETED || !rows[i].output)
             continue;
         json_t *out = NULL;
-        if (json_parse(rows[i].output, strlen(rows[i].output), NULL, &out, NULL) == 0)
+        if (json_parse(rows[i].output, strlen(rows[i].output), &json_stored_limits, &out, NULL) ==
+            0)
             json_object_set_new(steps, rows[i].vertex, out);
     }
     json_object_set_new(ctx, "steps", steps);

@@ -224,7 +224,8 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
         if (strcmp(rows[i].vertex, vertex) != 0 || !rows[i].error)
             continue;
         json_t *err = NULL;
-        if (json_parse(rows[i].error, strlen(rows[i].error), NULL, &err, NULL) == 0) {
+        if (json_parse(rows[i].error, strlen(rows[i].error), &json_stored_limits, &err, NULL) ==
+            0) {
             *verify = json_is_true(json_object_get(err, "verifyFirst"));
             const char *code = json_string_value(json_object_get(err, "code"));
             *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||

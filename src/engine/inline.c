@@ -47,6 +47,15 @@ int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, 
         *err_text = steps_error_json("invalid_output", "the output is not valid JSON");
         return -1;
     }
+    if (!json_depth_ok(*out_text, strlen(*out_text), JSON_STORED_MAX_DEPTH)) {
+        json_decref(*out);
+        *out = NULL;
+        free(*out_text);
+        *out_text = NULL;
+        *err_text = steps_error_json("invalid_output", "the output nests arrays and objects "
+                                                       "deeper than 512 levels");
+        return -1;
+    }
     return 0;
 }
 

@@ -320,7 +320,7 @@ json_t *steps_event_data(const struct store_step *st)
     json_object_set_new(d, "attempts", json_integer(st->attempts));
     if (st->error) {
         json_t *err = NULL;
-        json_parse(st->error, strlen(st->error), NULL, &err, NULL);
+        json_parse(st->error, strlen(st->error), &json_stored_limits, &err, NULL);
         json_object_set_new(d, "error", err ? err : json_string(st->error));
     }
     return d;
@@ -505,7 +505,7 @@ out:
 static int error_verify_first(const char *error)
 {
     json_t *ej = NULL;
-    int v = error && json_parse(error, strlen(error), NULL, &ej, NULL) == 0 &&
+    int v = error && json_parse(error, strlen(error), &json_stored_limits, &ej, NULL) == 0 &&
             json_is_true(json_object_get(ej, "verifyFirst"));
     json_decref(ej);
     return v;

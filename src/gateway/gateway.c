@@ -374,7 +374,8 @@ json_t *gw_request_masked(const struct gw_request *r)
         char *mb = masked_text(r->sealed_body ? r->sealed_body : r->body);
         json_t *pb = NULL;
         json_object_set_new(
-            m, "body", json_parse(mb, strlen(mb), NULL, &pb, NULL) == 0 ? pb : json_string(mb));
+            m, "body",
+            json_parse(mb, strlen(mb), &json_stored_limits, &pb, NULL) == 0 ? pb : json_string(mb));
         free(mb);
     }
     return m;

@@ -54,6 +54,14 @@ static int scan_depth(const char *s, size_t len, int max, size_t *where)
     return 0;
 }
 
+const struct json_limits json_stored_limits = {.max_depth = JSON_STORED_MAX_DEPTH};
+
+int json_depth_ok(const char *text, size_t len, int max)
+{
+    size_t where = 0;
+    return scan_depth(text, len, max, &where) == 0;
+}
+
 int json_parse(const char *text, size_t len, const struct json_limits *lim, json_t **out,
                struct ifl_err *e)
 {

@@ -26,6 +26,16 @@ struct json_limits {
 };
 
 #define JSON_DEFAULT_MAX_DEPTH 64
+/* How deep what the engine stores (step outputs, errors) may nest: a
+ * GATEWAY output wraps a response body parsed to 256 levels, a TRANSFORM
+ * may wrap its inputs.  Outputs past it fail their step (invalid_output);
+ * stored text is read back with this limit, never the default. */
+#define JSON_STORED_MAX_DEPTH 512
+extern const struct json_limits json_stored_limits; /* {.max_depth = JSON_STORED_MAX_DEPTH} */
+
+/* 1 when text[0..len) nests arrays and objects at most max deep (strings
+ * skipped), else 0.  Does not validate the text otherwise. */
+int json_depth_ok(const char *text, size_t len, int max);
 
 /* Parses exactly one JSON value from text[0..len) (surrounding whitespace
  * allowed).  Rejects duplicate object keys, invalid UTF-8, lone surrogates,

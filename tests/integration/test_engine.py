@@ -146,6 +146,31 @@ def metric(server, name):
     raise AssertionError(f"no metric {name}")
 
 
+def test_deep_outputs_reach_later_steps(make_server):
+    """A payload nested 64 deep (the API's limit) wrapped by a TRANSFORM is
+    65 deep: a later step run by a worker (--no-inline: it reads the output
+    back from the store) sees it whole, as an inline one would, and the
+    execution resource shows it as JSON, not as a string."""
+    s = make_server(extra=["--no-inline"])
+    s.start()
+    put_workflow(s, "deep", {
+        "vertices": {
+            "start": {"type": "ENTRY_POINT"},
+            "wrap": {"type": "TRANSFORM", "config": {"output": {"w": "= payload"}}},
+            "use": {"type": "TRANSFORM", "config": {"output": {"same": "= steps.wrap.w = payload"}}},
+        },
+        "edges": [{"from": "start", "to": "wrap"}, {"from": "wrap", "to": "use"}],
+    })
+    payload = "bottom"
+    for _ in range(64):
+        payload = [payload]
+    x = finished(s, run(s, "deep", payload))
+    assert x["status"] == "completed", x
+    st = steps_of(x)
+    assert st["use"]["output"] == {"same": True}, st["use"]
+    assert st["wrap"]["output"] == {"w": payload}
+
+
 def test_inline_transforms_match_claimed_ones(make_server, workdir):
     """TRANSFORMs completed inline by their predecessor's worker give the
     same steps, outputs, histories and events as claimed ones (--no-inline)."""

@@ -443,6 +443,17 @@ static void test_parse_depth(void **state)
     lim.max_depth = 200;
     assert_int_equal(parse_rc(s100, strlen(s100), &lim, &e), 0);
     free(s100);
+
+    /* what the engine stores is read back with JSON_STORED_MAX_DEPTH */
+    char *s512 = nested(JSON_STORED_MAX_DEPTH, "[", "]");
+    char *s513 = nested(JSON_STORED_MAX_DEPTH + 1, "{\"a\":", "}");
+    assert_true(json_depth_ok(s512, strlen(s512), JSON_STORED_MAX_DEPTH));
+    assert_false(json_depth_ok(s513, strlen(s513), JSON_STORED_MAX_DEPTH));
+    assert_true(json_depth_ok("[\"[[[[\"]", 9, 1));
+    assert_int_equal(parse_rc(s512, strlen(s512), &json_stored_limits, &e), 0);
+    assert_int_equal(parse_rc(s513, strlen(s513), &json_stored_limits, &e), IFL_EINVAL);
+    free(s512);
+    free(s513);
 }
 
 static void test_parse_too_big(void **state)

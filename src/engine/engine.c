@@ -859,8 +859,18 @@ int engine_can_defer(const struct engine *g)
 int engine_retry(struct engine *g, const char *ws, const char *id, int *retried, char status[32],
                  struct ifl_err *e)
 {
-    struct steps_retry a = {.workspace = ws, .execution_id = id, .now = clock_now_ms()};
-    int rc = store_tx_run(g->store, steps_retry, &a, e);
+    struct store_execution x;
+    int rc = store_execution_get(g->store, ws, id, &x, e);
+    if (rc)
+        return rc;
+    const struct wf *w = NULL;
+    int version = 0;
+    rc = engine_workflow_get(g, ws, x.workflow, x.workflow_version, &w, &version, e);
+    store_execution_clear(&x);
+    if (rc)
+        return rc;
+    struct steps_retry a = {.w = w, .workspace = ws, .execution_id = id, .now = clock_now_ms()};
+    rc = store_tx_run(g->store, steps_retry, &a, e);
     *retried = a.retried;
     snprintf(status, 32, "%s", a.status);
     if (!rc && a.retried)

@@ -93,8 +93,17 @@ static void decide(struct view *v, size_t edge, const struct decision *d)
     if (r < 0)
         return;
     struct store_step *t = &v->rows[r];
-    if (t->state != STEP_PENDING)
+    if (t->state != STEP_PENDING) {
+        /* A target failed by an earlier edge's condition error (the only
+         * FAILED step with undecided edges) keeps counting its other edges,
+         * so that a retry can still apply the join rule (steps_retry). */
+        if (t->state == STEP_FAILED && t->in_decided < (int)v->w->v[to].n_in) {
+            t->in_decided++;
+            t->in_taken += d->kind == EDGE_TAKEN;
+            v->dirty[r] = 1;
+        }
         return;
+    }
     t->in_decided++;
     if (d->kind == EDGE_TAKEN)
         t->in_taken++;
@@ -528,6 +537,14 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (was != STEP_FAILED && was != STEP_REQUIRES_RECONCILIATION)
             continue;
         st->state = STEP_DISPATCHED;
+        /* Failed by an edge's condition error before its other edges were
+         * decided: the retry counts that edge as taken and waits for the
+         * rest (the join rule), instead of running the step now. */
+        long vi = wf_vertex_index(a->w, st->vertex);
+        if (was == STEP_FAILED && vi >= 0 && st->in_decided < (int)a->w->v[vi].n_in) {
+            st->state = STEP_PENDING;
+            st->in_taken++;
+        }
         st->epoch++;
         st->next_run_at = a->now;
         int verify_first = error_verify_first(st->error);

@@ -117,6 +117,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e);
 /* store_tx_fn for operator retry: every FAILED and REQUIRES_RECONCILIATION
  * step goes back to DISPATCHED with a new epoch.  arg: struct steps_retry. */
 struct steps_retry {
+    const struct wf *w; /* the execution's workflow version */
     const char *workspace, *execution_id;
     int64_t now;
     int retried; /* result */

@@ -504,6 +504,39 @@ def test_an_operator_retry_of_an_unknown_outcome_verifies_before_it_sends(server
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
 
 
+def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, mock):
+    """`join` has two incoming edges: one whose condition errors (it fails
+    `join` at once) and one from a call still in flight.  An operator's
+    retry counts the errored edge as taken and leaves `join` PENDING until
+    the call's edge is decided too (spec §3's join rule); then it runs,
+    with the call's output in hand."""
+    cfg = charge_flow(mock)["vertices"]["charge"]["config"]
+    cfg["headers"].pop("Authorization")
+    put_workflow(server, "joinr", {
+        "vertices": {
+            "order": {"type": "ENTRY_POINT"},
+            "charge": {"type": "GATEWAY", "config": cfg},
+            "join": {"type": "TRANSFORM", "config": {"output": {"paid": "= steps.charge.status"}}},
+        },
+        "edges": [{"from": "order", "to": "charge"},
+                  {"from": "order", "to": "join", "condition": "= $error('no')"},
+                  {"from": "charge", "to": "join"}],
+    })
+    mock.faults("latency=1500:count=1")
+    xid = run(server, "joinr", {"order": {"id": "o-35", "amount": 5}}, entry="order")
+    st = steps_of(server.get(f"{WS}/executions/{xid}").json)
+    assert st["join"]["state"] == "FAILED" and st["charge"]["state"] == "EXECUTING", st
+    r = server.post(f"{WS}/executions/{xid}/retry")
+    assert r.status == 200 and r.json["retriedSteps"] == 1, r
+    st = steps_of(server.get(f"{WS}/executions/{xid}").json)
+    assert st["charge"]["state"] == "EXECUTING", st  # the latency outlasts this check
+    assert st["join"]["state"] == "PENDING", st["join"]
+    x = finished(server, xid)
+    assert x["status"] == "completed", x
+    assert steps_of(x)["join"]["output"] == {"paid": 201}
+    assert mock.charges("o-35") == 1
+
+
 def test_an_operator_retry_starts_a_new_retry_budget(server, mock):
     """Two attempts allowed, both refused: FAILED attempts_exhausted.  The
     operator's retry starts a new budget (its history row marks where): the

@@ -856,16 +856,25 @@ int engine_can_defer(const struct engine *g)
 
 /* ---- operator actions ------------------------------------------------------------- */
 
+/* Execution id of ws into *x (clear it after, also on error) and the
+ * workflow version it pinned into *w. */
+static int execution_and_workflow(struct engine *g, const char *ws, const char *id,
+                                  struct store_execution *x, const struct wf **w, struct ifl_err *e)
+{
+    memset(x, 0, sizeof *x);
+    int version = 0;
+    int rc = store_execution_get(g->store, ws, id, x, e);
+    if (!rc)
+        rc = engine_workflow_get(g, ws, x->workflow, x->workflow_version, w, &version, e);
+    return rc;
+}
+
 int engine_retry(struct engine *g, const char *ws, const char *id, int *retried, char status[32],
                  struct ifl_err *e)
 {
     struct store_execution x;
-    int rc = store_execution_get(g->store, ws, id, &x, e);
-    if (rc)
-        return rc;
     const struct wf *w = NULL;
-    int version = 0;
-    rc = engine_workflow_get(g, ws, x.workflow, x.workflow_version, &w, &version, e);
+    int rc = execution_and_workflow(g, ws, id, &x, &w, e);
     store_execution_clear(&x);
     if (rc)
         return rc;
@@ -882,17 +891,14 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
                    int completed, json_t *output, char status[32], struct ifl_err *e)
 {
     struct store_execution x;
-    int rc = store_execution_get(g->store, ws, id, &x, e);
-    if (rc)
-        return rc;
     const struct wf *w = NULL;
-    int version = 0;
     struct store_step *rows = NULL;
     size_t n = 0;
     struct decision *d = NULL;
     json_t *ctx = NULL;
     char *out_text = NULL, *err_text = NULL;
-    if ((rc = engine_workflow_get(g, ws, x.workflow, x.workflow_version, &w, &version, e)))
+    int rc = execution_and_workflow(g, ws, id, &x, &w, e);
+    if (rc)
         goto out;
     long vi = wf_vertex_index(w, vertex);
     if (vi < 0) {

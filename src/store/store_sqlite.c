@@ -16,8 +16,9 @@
  * each insert) answers store_execution_get for an id that certainly does
  * not exist without a read — the trigger's pre-read of a new id.
  *
- * One process per database: an exclusive flock on "<path>.lock" is taken at
- * open and held until close.
+ * One process per database: an exclusive flock on "<path>.lock" (path made
+ * canonical: symlinks and other spellings share it) is taken at open and
+ * held until close.  flock is local: the database belongs on a local disk.
  *
  * Must never: return success for a job whose batch did not commit; hold a
  * reader connection across calls.
@@ -1967,6 +1968,27 @@ static void sqlite_global_config(void)
     sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
 }
 
+/* "<path>.lock" for the database's canonical path: a symlink or another
+ * spelling of the same file ("./db", "dir/../db") must find the same lock.
+ * The file may not exist yet: then its directory is resolved.  (A hard link
+ * is another name still; so is a lock file deleted while held.) */
+static char *lock_path_for(const char *path)
+{
+    char *real = realpath(path, NULL);
+    if (!real) {
+        const char *slash = strrchr(path, '/');
+        char *dir = slash ? xstrndup(path, slash == path ? 1 : (size_t)(slash - path)) : NULL;
+        char *rdir = realpath(dir ? dir : ".", NULL);
+        if (rdir)
+            real = xasprintf("%s/%s", strcmp(rdir, "/") == 0 ? "" : rdir, slash ? slash + 1 : path);
+        free(rdir);
+        free(dir);
+    }
+    char *lp = xasprintf("%s.lock", real ? real : path);
+    free(real);
+    return lp;
+}
+
 int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
 {
     if (!sqlite3_threadsafe())
@@ -1984,7 +2006,7 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, sqlite_global_config);
     int rc;
-    char *lockpath = xasprintf("%s.lock", path);
+    char *lockpath = lock_path_for(path);
     s->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->lockfd < 0) {
         rc = err_set(e, IFL_EIO, "cannot open lock file %s (errno %d)", lockpath, errno);

@@ -368,3 +368,14 @@ def test_second_process_on_same_sqlite_db_is_refused(make_server):
     b = make_server(db=a.db)
     assert b.start(expect_fail=True) != 0
     assert "in use by another idemflow process" in b.logs()
+    # another name for the same file finds the same lock: a symlink, and a
+    # spelling with ".." in it
+    path = a.db[len("sqlite:"):]
+    link = os.path.join(os.path.dirname(path), "alias.db")
+    os.symlink(path, link)
+    dotted = os.path.join(os.path.dirname(path), "..", os.path.basename(os.path.dirname(path)),
+                          os.path.basename(path))
+    for other in (link, dotted):
+        c = make_server(db="sqlite:" + other)
+        assert c.start(expect_fail=True) != 0, other
+        assert "in use by another idemflow process" in c.logs(), other

@@ -545,10 +545,20 @@ static void trigger(struct call *c, int test)
                     "/forceNewExecution");
         goto rejected;
     }
-    if (test && force == -1)
-        force = 1;
     const char *qk = c->req->query(c->req, "clientIdempotencyId");
     const char *hk = c->req->header(c->req, "Idempotency-Key");
+    /* A test run is a new execution by default, unless the caller gave a
+     * key: then the key decides, as on the trigger (a retried test run is
+     * the same one).  A key with forceNewExecution=true says both. */
+    if (test && force == 1 && (qk || hk)) {
+        api_problem(c->res, 400, "conflicting-idempotency-keys",
+                    "forceNewExecution=true asks for a new execution, the idempotency key for "
+                    "the one it names: send one of them",
+                    "/forceNewExecution");
+        goto rejected;
+    }
+    if (test && force == -1)
+        force = !(qk || hk);
     if (qk && hk && strcmp(qk, hk) != 0) {
         api_problem(c->res, 400, "conflicting-idempotency-keys",
                     "clientIdempotencyId and the Idempotency-Key header differ", NULL);

@@ -206,6 +206,15 @@ def test_test_runs_default_to_new_executions(orders):
     d = s.post(path + "?forceNewExecution=false", {"x": 1})
     assert c.status == 201 and d.status == 200
     assert c.json["executionId"] == execution_id("acme", "orders", "by_payload", "payload", {"x": 1})
+    # with a key, the key decides: a retried test run is the same one
+    k1 = s.post(path, {"x": 2}, headers={"Idempotency-Key": "tr-7"})
+    k2 = s.post(path + "?clientIdempotencyId=tr-7", {"x": 2})
+    assert k1.status == 201 and k2.status == 200, (k1, k2)
+    assert k2.json["executionId"] == k1.json["executionId"] and k2.json["deduplicated"] is True
+    x = s.get(f"/v1/workspaces/acme/executions/{k1.json['executionId']}")
+    assert x.json["test"] is True and x.json["identity"]["mode"] == "client"
+    k3 = s.post(path + "?forceNewExecution=true", {"x": 2}, headers={"Idempotency-Key": "tr-7"})
+    assert k3.status == 400 and k3.json["type"] == "/problems/conflicting-idempotency-keys", k3
 
 
 def test_restart_still_deduplicates(make_server):

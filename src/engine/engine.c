@@ -963,6 +963,10 @@ struct start_over_args {
     char *response;
     int replayed;
     char replay_id[65];
+    /* Set when no new execution can be made (the latest version lost the
+     * entry point): a repeat of an earlier start-over still replays; a new
+     * key gets this error and nothing is written. */
+    const char *refuse;
 };
 
 static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -994,6 +998,8 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
         store_idem_clear(&old);
         return rc;
     }
+    if (a->refuse) /* rolls the key back */
+        return err_set(e, IFL_ECONFLICT, "%s", a->refuse);
     return tx_create_execution(tx, &a->ca, e);
 }
 
@@ -1015,12 +1021,13 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     if ((rc = engine_workflow_get(g, ws, old.workflow, 0, &w, &version, e)))
         goto out;
     long vi = wf_vertex_index(w, old.entry_point);
+    char refuse[200];
     if (vi < 0 || w->v[vi].type != WF_ENTRY_POINT) {
-        rc = err_set(e, IFL_ECONFLICT, "the latest workflow version has no entry point '%s'",
-                     old.entry_point);
-        goto out;
+        snprintf(refuse, sizeof refuse, "the latest workflow version has no entry point '%s'",
+                 old.entry_point);
+        a.refuse = refuse;
     }
-    if ((rc = json_parse(old.payload, strlen(old.payload), NULL, &payload, e)))
+    if ((rc = json_parse(old.payload, strlen(old.payload), &json_stored_limits, &payload, e)))
         goto out;
     if ((rc = identity_random(nx.id, e)))
         goto out;
@@ -1044,8 +1051,10 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     free(fps);
     a.fingerprint = fp;
     a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
-    prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
-    trace_inlined(g, &a.ca, "inline");
+    if (!a.refuse) {
+        prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
+        trace_inlined(g, &a.ca, "inline");
+    }
     rc = store_tx_run(g->store, tx_start_over, &a, e);
     early_finish(g, &a.ca, !rc && !a.replayed && a.ca.created);
     if (!rc) {

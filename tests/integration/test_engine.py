@@ -370,6 +370,16 @@ def test_start_over_needs_a_key_and_is_idempotent(server):
     other = run(server, "branchy", {"items": [{"price": 2, "qty": 1}]})
     c = server.post(f"{WS}/executions/{other}/start-over", headers={"Idempotency-Key": "again-1"})
     assert c.status == 422
+    # a later version without the entry point: a repeat still replays what
+    # was answered; a new key cannot start over (409) and writes nothing
+    put_workflow(server, "branchy", {"vertices": {"other": {"type": "ENTRY_POINT"}}})
+    d = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "again-1"})
+    assert d.status == 201 and d.json["executionId"] == a.json["executionId"], d
+    e = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "again-2"})
+    assert e.status == 409, e
+    put_workflow(server, "branchy", BRANCHY)
+    f = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "again-2"})
+    assert f.status == 201 and f.headers.get("idempotent-replayed") is None, f
 
 
 def test_gateway_not_sent_is_retried_until_attempts_run_out(server):

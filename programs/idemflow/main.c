@@ -555,7 +555,7 @@ static int cmd_operator(int argc, char **argv)
         path = xasprintf("%s/v1/workspaces/%s/executions/%s/start-over", url, pos[0], pos[1]);
     } else if (strcmp(cmd, "dead-letters") == 0) {
         method = "GET";
-        path = xasprintf("%s/v1/workspaces/%s/dead-letters", url, pos[0]);
+        path = xasprintf("%s/v1/workspaces/%s/dead-letters?limit=1000", url, pos[0]);
     } else {
         path = xasprintf("%s/v1/workspaces/%s/executions/%s/steps/%s/resolve", url, pos[0], pos[1],
                          pos[2]);

@@ -844,18 +844,57 @@ static void h_start_over(struct call *c)
     reply_json(c->res, 201, o);
 }
 
+/* ?limit= (1 … 1000, else dflt) into *limit; 0, or -1 after a 400. */
+static int query_limit(struct call *c, int dflt, int *limit)
+{
+    const char *lq = c->req->query(c->req, "limit");
+    *limit = dflt;
+    if (!lq)
+        return 0;
+    char *end = NULL;
+    long v = strtol(lq, &end, 10);
+    if (end == lq || *end || v < 1 || v > 1000) {
+        api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000", "/limit");
+        return -1;
+    }
+    *limit = (int)v;
+    return 0;
+}
+
 static void h_dead_letters(struct call *c)
 {
     const char *ws = c->seg[2];
     if (workspace_exists(c, ws))
         return;
+    int limit;
+    if (query_limit(c, 100, &limit))
+        return;
+    /* ?after=AT~EXECUTION~VERTEX: the `next` of the previous page */
+    const char *aq = c->req->query(c->req, "after");
+    struct store_dead_cursor cur = {0}, *after = NULL;
+    if (aq) {
+        long long at = 0;
+        int used = 0;
+        if (sscanf(aq, "%lld~%64[0-9a-f]~%128[A-Za-z0-9_.-]%n", &at, cur.execution_id, cur.vertex,
+                   &used) != 3 ||
+            aq[used] || at < 0 || strlen(cur.execution_id) != 64) {
+            api_problem(c->res, 400, "invalid-parameter",
+                        "after must be the `next` of a previous page", "/after");
+            return;
+        }
+        cur.at = at;
+        after = &cur;
+    }
     struct store_step *rows = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
-    if (store_dead_letters(engine_store(c->a->g), ws, 1000, &rows, &n, &e)) {
+    if (store_dead_letters(engine_store(c->a->g), ws, after, limit, &rows, &n, &e)) {
         api_problem_err(c->res, &e);
         return;
     }
+    char *next = n == (size_t)limit ? xasprintf("%lld~%s~%s", (long long)rows[n - 1].updated_at,
+                                                rows[n - 1].execution_id, rows[n - 1].vertex)
+                                    : NULL;
     json_t *items = json_array();
     for (size_t i = 0; i < n; i++) {
         json_t *o = json_object();
@@ -871,7 +910,8 @@ static void h_dead_letters(struct call *c)
     store_steps_free(rows, n);
     json_t *o = json_object();
     json_object_set_new(o, "items", items);
-    json_object_set_new(o, "next", json_null());
+    json_object_set_new(o, "next", next ? json_string(next) : json_null());
+    free(next);
     reply_json(c->res, 200, o);
 }
 
@@ -880,17 +920,14 @@ static void h_events(struct call *c)
     const char *ws = c->seg[2];
     if (workspace_exists(c, ws))
         return;
-    long long limit = 100;
-    const char *aq = c->req->query(c->req, "after"), *lq = c->req->query(c->req, "limit");
-    char *end = NULL;
-    if (lq && (limit = strtoll(lq, &end, 10), end == lq || *end || limit < 1 || limit > 1000)) {
-        api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000", "/limit");
+    int limit;
+    if (query_limit(c, 100, &limit))
         return;
-    }
+    const char *aq = c->req->query(c->req, "after");
     struct store_event *ev = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
-    int rc = store_events_list(engine_store(c->a->g), ws, aq, (int)limit, &ev, &n, &e);
+    int rc = store_events_list(engine_store(c->a->g), ws, aq, limit, &ev, &n, &e);
     if (rc == IFL_EINVAL) {
         api_problem(c->res, 400, "invalid-parameter", "after must be a cursor from a previous page",
                     "/after");
@@ -928,18 +965,9 @@ static void h_execution_list(struct call *c)
     const char *ws = c->seg[2];
     if (workspace_exists(c, ws))
         return;
-    int limit = 50;
-    const char *lq = c->req->query(c->req, "limit");
-    if (lq) {
-        char *end = NULL;
-        long v = strtol(lq, &end, 10);
-        if (end == lq || *end || v < 1 || v > 1000) {
-            api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000",
-                        "/limit");
-            return;
-        }
-        limit = (int)v;
-    }
+    int limit;
+    if (query_limit(c, 50, &limit))
+        return;
     struct store_execution *items = NULL;
     size_t n = 0;
     char *next = NULL;

@@ -598,11 +598,11 @@ int store_next_due(struct store *s, int64_t *when, struct ifl_err *e)
     return s->ops->next_due(s, when, e);
 }
 
-int store_dead_letters(struct store *s, const char *ws, int limit, struct store_step **items,
-                       size_t *n, struct ifl_err *e)
+int store_dead_letters(struct store *s, const char *ws, const struct store_dead_cursor *after,
+                       int limit, struct store_step **items, size_t *n, struct ifl_err *e)
 {
     ZERO_OUT(items, n);
-    return s->ops->dead_letters(s, ws, limit, items, n, e);
+    return s->ops->dead_letters(s, ws, after, limit, items, n, e);
 }
 
 int store_events_list(struct store *s, const char *ws, const char *after, int limit,

@@ -245,9 +245,18 @@ int store_expired(struct store *s, int64_t now, int limit, struct store_step **i
                   struct ifl_err *e);
 /* Earliest next_run_at among DISPATCHED steps, or INT64_MAX when none. */
 int store_next_due(struct store *s, int64_t *when, struct ifl_err *e);
-/* FAILED and REQUIRES_RECONCILIATION steps of a workspace, newest first. */
-int store_dead_letters(struct store *s, const char *ws, int limit, struct store_step **items,
-                       size_t *n, struct ifl_err *e);
+/* Where a page of dead letters ended: its last step's (updated_at,
+ * execution, vertex), the order they are listed in. */
+struct store_dead_cursor {
+    int64_t at;
+    char execution_id[65];
+    char vertex[129];
+};
+/* FAILED and REQUIRES_RECONCILIATION steps of a workspace, newest first
+ * (ties by execution id, then vertex, descending); after: NULL for the
+ * first page, else only those listed after it. */
+int store_dead_letters(struct store *s, const char *ws, const struct store_dead_cursor *after,
+                       int limit, struct store_step **items, size_t *n, struct ifl_err *e);
 /* The event feed of a workspace after the position `after` (an event's
  * `cursor`; NULL = from the start), in an order no later commit can insert
  * into: an event never appears before a cursor already handed out (SQLite:

@@ -47,8 +47,8 @@ struct store_ops {
     int (*expired)(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,
                    struct ifl_err *e);
     int (*next_due)(struct store *s, int64_t *when, struct ifl_err *e);
-    int (*dead_letters)(struct store *s, const char *ws, int limit, struct store_step **items,
-                        size_t *n, struct ifl_err *e);
+    int (*dead_letters)(struct store *s, const char *ws, const struct store_dead_cursor *after,
+                        int limit, struct store_step **items, size_t *n, struct ifl_err *e);
     int (*events_list)(struct store *s, const char *ws, const char *after, int limit,
                        struct store_event **items, size_t *n, struct ifl_err *e);
 

@@ -243,9 +243,11 @@ static const struct {
                        "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING' LIMIT $1"},
     [S_NEXT_DUE] = {"ifl_next_due",
                     "SELECT MIN(next_run_at) FROM steps WHERE state = 'DISPATCHED'"},
-    [S_DEAD] = {"ifl_dead", "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
-                            " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
-                            " ORDER BY updated_at DESC LIMIT $2"},
+    [S_DEAD] = {"ifl_dead",
+                "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
+                " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
+                " AND ($2::int = 0 OR (updated_at, execution_id, vertex) < ($3::bigint, $4, $5))"
+                " ORDER BY updated_at DESC, execution_id DESC, vertex DESC LIMIT $6"},
     /* (txid, seq) after the cursor, only transactions older than the oldest
      * one still running: every event not yet visible belongs to a
      * transaction at or past that horizon, so none can land behind a cursor
@@ -2022,11 +2024,16 @@ static int op_next_due(struct store *base, int64_t *when, struct ifl_err *e)
     return run((struct pg *)base, body_next_due, when, M_READ, e);
 }
 
-static int op_dead_letters(struct store *base, const char *ws, int limit, struct store_step **items,
-                           size_t *n, struct ifl_err *e)
+static int op_dead_letters(struct store *base, const char *ws,
+                           const struct store_dead_cursor *after, int limit,
+                           struct store_step **items, size_t *n, struct ifl_err *e)
 {
     struct steps_read a = {.id = S_DEAD, .items = items, .n = n};
     arg_s(&a.p, ws);
+    arg_i(&a.p, after != NULL);
+    arg_i(&a.p, after ? after->at : 0);
+    arg_s(&a.p, after ? after->execution_id : "");
+    arg_s(&a.p, after ? after->vertex : "");
     arg_i(&a.p, limit);
     return run((struct pg *)base, body_steps_read, &a, M_READ, e);
 }

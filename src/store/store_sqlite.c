@@ -1827,19 +1827,25 @@ static int op_next_due(struct store *base, int64_t *when, struct ifl_err *e)
     return rc;
 }
 
-static int op_dead_letters(struct store *base, const char *ws, int limit, struct store_step **items,
-                           size_t *n, struct ifl_err *e)
+static int op_dead_letters(struct store *base, const char *ws,
+                           const struct store_dead_cursor *after, int limit,
+                           struct store_step **items, size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
-    static const char sql[] =
-        "SELECT " STEP_COLS " FROM steps WHERE workspace = ?"
-        " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION') ORDER BY updated_at DESC LIMIT ?";
+    static const char sql[] = "SELECT " STEP_COLS " FROM steps WHERE workspace = ?1"
+                              " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
+                              " AND (?2 = 0 OR (updated_at, execution_id, vertex) < (?3, ?4, ?5))"
+                              " ORDER BY updated_at DESC, execution_id DESC, vertex DESC LIMIT ?6";
     struct conn *c;
     sqlite3_stmt *st = read_begin(s, sql, &c, e);
     if (!st)
         return IFL_ESTORE;
     bind_text(st, 1, ws);
-    sqlite3_bind_int(st, 2, limit);
+    sqlite3_bind_int(st, 2, after != NULL);
+    sqlite3_bind_int64(st, 3, after ? after->at : 0);
+    bind_text(st, 4, after ? after->execution_id : "");
+    bind_text(st, 5, after ? after->vertex : "");
+    sqlite3_bind_int(st, 6, limit);
     int rc = collect_steps(c, st, items, n, e); /* finishes st */
     reader_put(s, c);
     return rc;

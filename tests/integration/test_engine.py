@@ -287,6 +287,23 @@ def test_condition_error_fails_the_target_and_the_source_stands(server):
     assert st["b"]["error"]["code"] == "D3030"
     dl = server.get(f"{WS}/dead-letters").json["items"]
     assert any(d["executionId"] == xid and d["vertex"] == "b" for d in dl)
+    # more of them, read in pages of two: each one once, then no `next`
+    xids = {xid} | {finished(server, run(server, "bad_cond", {"x": f"nan-{i}"}))["id"]
+                    for i in range(4)}
+    seen, after, pages = [], None, 0
+    while True:
+        r = server.get(f"{WS}/dead-letters?limit=2" + (f"&after={after}" if after else ""))
+        assert r.status == 200, r
+        seen += [(d["executionId"], d["vertex"]) for d in r.json["items"]]
+        pages += 1
+        after = r.json["next"]
+        if not after:
+            break
+    assert sorted(seen) == sorted((x, "b") for x in xids) and pages == 3, (seen, pages)
+    for bad in ("garbage", "1~abc~b", "-1~" + xid + "~b", "5~" + xid + "~b%20x"):
+        r = server.get(f"{WS}/dead-letters?after={bad}")
+        assert r.status == 400 and r.json["pointer"] == "/after", (bad, r)
+    assert server.get(f"{WS}/dead-letters?limit=0").status == 400
 
 
 def secret_flow(server):

@@ -210,6 +210,15 @@ const struct store_migration store_migrations[] = {
     {3, "SELECT 1;",
      "ALTER TABLE events ADD COLUMN txid xid8 NOT NULL DEFAULT pg_current_xact_id();"
      "CREATE INDEX events_by_ws_tx ON events (workspace, txid, seq);"},
+    /* PostgreSQL: the transaction id of an execution's latest event, so that
+     * a transaction that got its id before another one wrote the same
+     * execution (it waited for that one's row lock) re-runs with a newer id
+     * instead of putting its event before that one's in the (txid, seq)
+     * feed (store_pg.c, tx_event_append).  No default for existing rows:
+     * adding the column rewrites nothing. */
+    {4, "SELECT 1;",
+     "ALTER TABLE executions ADD COLUMN last_txid xid8;"
+     "ALTER TABLE executions ALTER COLUMN last_txid SET DEFAULT pg_current_xact_id();"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

@@ -191,13 +191,20 @@ static const struct {
                           " CASE WHEN $6::text IS NULL THEN NULL ELSE $5::bigint END, $6::text,"
                           " seq FROM executions WHERE id = $1"},
     /* An execution's event: bumps its version (the row lock serializes
-     * appends per execution) and stamps it, in one round trip. */
+     * appends per execution) and stamps it, in one round trip.  `behind`:
+     * a transaction with a newer id already wrote an event of this
+     * execution (this one got its id before, then waited for that one's
+     * row lock), so this event would come before that one in the feed. */
     [S_EVENT_APPEND] = {"ifl_event_append",
                         "WITH v AS (UPDATE executions SET version = version + 1,"
-                        " updated_at = $6::bigint WHERE id = $3::text RETURNING version)"
+                        " updated_at = $6::bigint,"
+                        " last_txid = GREATEST(last_txid, pg_current_xact_id())"
+                        " WHERE id = $3::text"
+                        " RETURNING version, last_txid <> pg_current_xact_id() AS behind)"
                         " INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
                         " data, created_at) SELECT $1::text, $2::text, $3::text, v.version,"
-                        " $4::text, $5::json, $6::bigint FROM v RETURNING seq, aggregate_version"},
+                        " $4::text, $5::json, $6::bigint FROM v"
+                        " RETURNING seq, aggregate_version, (SELECT behind FROM v)"},
     [S_EVENT_INSERT] = {"ifl_event_insert",
                         "INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
                         " data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"},
@@ -1769,6 +1776,7 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         if (!(r = q(t, S_EVENT_APPEND, &p, e)))
             return t->fail_rc;
         int found = PQntuples(r) == 1;
+        int behind = found && strcmp(PQgetvalue(r, 0, 2), "t") == 0;
         if (found) {
             ev->seq = col_i64(r, 0, 0);
             ev->aggregate_version = col_i64(r, 0, 1);
@@ -1776,6 +1784,17 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         PQclear(r);
         if (!found)
             return err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
+        if (behind) { /* re-run with a newer transaction id: the feed stays in order */
+            int rc = err_set(e, IFL_ESTORE,
+                             "execution %s has an event of a newer transaction; re-running so "
+                             "that the feed keeps its versions in order",
+                             ev->execution_id);
+            if (t->fail == FAIL_NONE) {
+                t->fail = FAIL_RETRY;
+                t->fail_rc = rc;
+            }
+            return rc;
+        }
     } else {
         arg_s(&p, ev->execution_id[0] ? ev->execution_id : NULL);
         arg_i(&p, ev->aggregate_version);

@@ -969,6 +969,108 @@ static void test_feed_never_skips_a_late_commit(void **state)
     store_close(h2);
 }
 
+/* An event of execution `id` of type `type`. */
+static int append_to(struct store_tx *tx, const char *id, const char *type, struct ifl_err *e)
+{
+    struct store_event ev = {0};
+    ev.workspace = "ws";
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", id);
+    ev.type = (char *)type;
+    ev.data = "{}";
+    return store_tx_event_append(tx, &ev, e);
+}
+
+struct overtaken {
+    struct store *s;
+    const char *x1, *x2;
+    sem_t started, other_done;
+    int runs, rc;
+};
+
+/* Writes x1 (its transaction id is taken), waits until another transaction
+ * wrote x2 and committed, then writes x2: the first run is behind that one
+ * and is run again. */
+static int tx_overtaken(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct overtaken *o = arg;
+    int rc = append_to(tx, o->x1, "a.x1", e);
+    if (!rc && o->runs++ == 0) {
+        sem_post(&o->started);
+        while (sem_wait(&o->other_done) != 0)
+            ;
+    }
+    return rc ? rc : append_to(tx, o->x2, "a.x2", e);
+}
+
+static void *run_overtaken(void *arg)
+{
+    struct overtaken *o = arg;
+    o->rc = store_tx_run(o->s, tx_overtaken, o, NULL);
+    return NULL;
+}
+
+static int tx_b_x2(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    return append_to(tx, arg, "b.x2", e);
+}
+
+/* The feed is ordered by transaction id: a transaction that took its id,
+ * then wrote an execution after a newer transaction had (it waited for that
+ * one's row lock) would list its event first, versions out of order.  It is
+ * run again instead, with a newer id: every execution's events come in
+ * version order. */
+static void test_feed_keeps_each_execution_in_version_order(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    static const char X1[] = "2222222222222222222222222222222222222222222222222222222222222222";
+    static const char X2[] = "3333333333333333333333333333333333333333333333333333333333333333";
+    int made = 0;
+    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &made, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        struct store_execution x, existing;
+        fill(&x, i ? X2 : X1, "{}");
+        int created = 0;
+        assert_int_equal(store_execution_create(f->s, &x, &created, &existing, NULL), 0);
+        assert_true(created);
+    }
+    struct store *h2 = NULL;
+    assert_int_equal(store_open(f->url, &h2, NULL), 0);
+    struct overtaken o = {.s = h2, .x1 = X1, .x2 = X2};
+    sem_init(&o.started, 0, 0);
+    sem_init(&o.other_done, 0, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, run_overtaken, &o);
+    while (sem_wait(&o.started) != 0)
+        ;
+    assert_int_equal(store_tx_run(f->s, tx_b_x2, (void *)X2, NULL), 0);
+    sem_post(&o.other_done);
+    pthread_join(th, NULL);
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.runs, 2); /* the first run was behind "b.x2", and re-ran */
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(store_events_list(f->s, "ws", NULL, 100, &ev, &n, NULL), 0);
+    int64_t last = 0;
+    const char *order[3];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(ev[i].execution_id, X2) != 0)
+            continue;
+        assert_true(ev[i].aggregate_version > last);
+        last = ev[i].aggregate_version;
+        if (k < 3)
+            order[k++] = ev[i].type;
+    }
+    assert_int_equal(k, 2);
+    assert_string_equal(order[0], "b.x2");
+    assert_string_equal(order[1], "a.x2");
+    store_events_free(ev, n);
+    sem_destroy(&o.started);
+    sem_destroy(&o.other_done);
+    store_close(h2);
+}
+
 static int tx_event(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     (void)arg;
@@ -1226,6 +1328,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_aggregate_versions_are_gapless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_feed_never_skips_a_late_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_feed_keeps_each_execution_in_version_order, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_notify_wakes_another_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_survives_killed_connections, setup, teardown),
     };

@@ -124,8 +124,13 @@ static int compact_to_json(const char *text, size_t len, json_t **out, struct if
 {
     char *copy = xstrndup(text, len);
     json_t *arr = json_array();
-    char *faults[MAX_FAULTS + 1];
-    size_t nf = split(copy, ';', faults, MAX_FAULTS + 1);
+    /* Empty items (";;", a trailing ";") are skipped and do not count
+     * against MAX_FAULTS: split all, then keep the non-empty ones. */
+    size_t cap = 1;
+    for (const char *p = copy; *p; p++)
+        cap += *p == ';';
+    char **faults = xcalloc(cap, sizeof *faults);
+    size_t nf = split(copy, ';', faults, cap);
     int rc = 0;
     for (size_t i = 0; i < nf && rc == 0; i++) {
         char *f = trim(faults[i]);
@@ -168,6 +173,7 @@ static int compact_to_json(const char *text, size_t len, json_t **out, struct if
         }
     }
     free(copy);
+    free(faults);
     if (rc) {
         json_decref(arr);
         return rc;
@@ -392,6 +398,7 @@ void faults_eval(struct faults *f, enum fault_route route, const char *order, st
 {
     memset(hit, 0, sizeof *hit);
     hit->outcome = -1;
+    hit->outcome_fault = -1;
     hit->retry_after = -1;
     for (size_t i = 0; f && i < f->n; i++) {
         struct fault *x = &f->v[i];
@@ -430,9 +437,21 @@ void faults_eval(struct faults *f, enum fault_route route, const char *order, st
         case FAULT_DROP_AFTER_COMMIT:
         default:
             hit->outcome = (int)x->kind;
+            hit->outcome_fault = (int)i;
             break;
         }
     }
+}
+
+void faults_unfire_outcome(struct faults *f, struct fault_hit *hit)
+{
+    if (hit->outcome < 0)
+        return;
+    if (f && hit->outcome_fault >= 0 && (size_t)hit->outcome_fault < f->n)
+        f->v[hit->outcome_fault].fired--;
+    hit->kinds &= ~(1u << hit->outcome);
+    hit->outcome = -1;
+    hit->outcome_fault = -1;
 }
 
 json_t *faults_to_json(const struct faults *f)

@@ -42,6 +42,7 @@ struct fault_hit {
     int after_commit;       /* FAULT_STATUS: answer it after processing         */
     int64_t retry_after;    /* seconds, -1 when no Retry-After header           */
     int retry_after_date;   /* 1: send Retry-After as an HTTP-date              */
+    int outcome_fault;      /* the index of the outcome fault that fired, or -1 */
 };
 
 struct faults;
@@ -65,6 +66,13 @@ int faults_parse(const char *text, size_t len, uint64_t *seed, struct faults **o
  * Cannot fail. */
 void faults_eval(struct faults *f, enum fault_route route, const char *order,
                  struct fault_hit *hit);
+
+/* Takes back the outcome fault of *hit (drop, status): it did not apply —
+ * the request charged nothing to drop or to answer after — so it is not
+ * counted as fired and its `count` is not used up; *hit keeps its other
+ * kinds.  Its `seen` stays, and so do the PRNG draws: the same request
+ * sequence still gives the same faults.  Cannot fail. */
+void faults_unfire_outcome(struct faults *f, struct fault_hit *hit);
 
 /* {"seed": N, "faults": [{…spec…, "seen": n, "fired": n}, …]}; new reference. */
 json_t *faults_to_json(const struct faults *f);

@@ -10,12 +10,18 @@
 #include "base/log.h"
 #include "base/mem.h"
 
+#include "base/clock.h"
+
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#define DRAIN_MS 30000 /* how long listener_stop waits for requests in flight */
 
 struct listener {
     struct MHD_Daemon *d;
@@ -24,11 +30,16 @@ struct listener {
     void *ctx;
     size_t max_body;
     unsigned port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inflight; /* requests begun and not yet completed (answered or dropped) */
+    int stopping; /* under mu: requests that begin now are refused (503) */
 };
 
 struct reqctx {
     struct buf body;
     int too_big;
+    int late; /* begun after listener_stop started: refused, connection closed */
     struct MHD_Connection *conn;
 };
 
@@ -63,10 +74,11 @@ static enum MHD_Result send_res(struct MHD_Connection *conn, struct http_res *re
 static enum MHD_Result toobig(struct listener *l, struct MHD_Connection *conn)
 {
     struct http_res res = {0};
-    http_res_body(&res, 413, "application/problem+json",
-                  xasprintf("{\"type\":\"about:blank\",\"title\":\"Payload Too Large\","
-                            "\"status\":413,\"detail\":\"request body over %zu bytes\"}",
-                            l->max_body));
+    http_res_body(
+        &res, 413, "application/problem+json",
+        xasprintf("{\"type\":\"/problems/payload-too-large\",\"title\":\"Payload Too Large\","
+                  "\"status\":413,\"detail\":\"request body over %zu bytes\"}",
+                  l->max_body));
     http_res_header(&res, "Connection", "close");
     enum MHD_Result ret = send_res(conn, &res);
     http_res_clear(&res);
@@ -84,6 +96,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         buf_init(&c->body, l->max_body);
         c->conn = conn;
         *con_cls = c;
+        pthread_mutex_lock(&l->mu);
+        l->inflight++;
+        c->late = l->stopping;
+        pthread_mutex_unlock(&l->mu);
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -105,6 +121,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (c->too_big)
         return toobig(l, conn);
+    if (c->late) { /* a keep-alive connection's request after the stop began */
+        struct http_res res = {0};
+        http_res_body(&res, 503, "application/problem+json",
+                      xstrdup("{\"type\":\"/problems/shutting-down\",\"title\":\"Service "
+                              "Unavailable\",\"status\":503,\"detail\":\"the provider is "
+                              "stopping\"}"));
+        http_res_header(&res, "Connection", "close");
+        enum MHD_Result ret = send_res(conn, &res);
+        http_res_clear(&res);
+        return ret;
+    }
     struct http_req req = {
         .method = method,
         .path = url,
@@ -125,12 +152,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    struct listener *l = cls;
     struct reqctx *c = *con_cls;
     if (!c)
         return;
     buf_free(&c->body);
     free(c);
     *con_cls = NULL;
+    pthread_mutex_lock(&l->mu);
+    if (--l->inflight == 0)
+        pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
 }
 
 static void __attribute__((format(printf, 2, 0))) mhd_log(void *cls, const char *fmt, va_list ap)
@@ -183,6 +215,8 @@ int listener_start(const char *listen, size_t max_body, listener_fn fn, listener
         return err_set(e, IFL_EINVAL, "--listen host must be an IP address, got '%s'", host);
     }
     struct listener *l = xcalloc(1, sizeof *l);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
     l->fn = fn;
     l->on_conn = on_conn;
     l->ctx = ctx;
@@ -193,6 +227,8 @@ int listener_start(const char *listen, size_t max_body, listener_fn fn, listener
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, l, MHD_OPTION_CONNECTION_LIMIT, 1024u,
         MHD_OPTION_CONNECTION_TIMEOUT, 60u, MHD_OPTION_END);
     if (!l->d) {
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
         free(l);
         return err_set(e, IFL_EIO, "cannot listen on %s (in use or not permitted)", listen);
     }
@@ -211,6 +247,22 @@ void listener_stop(struct listener *l)
 {
     if (!l)
         return;
+    /* Stop accepting; let every request already begun be answered (or
+     * dropped, as its faults say) before the connections are closed —
+     * for at most DRAIN_MS. */
+    MHD_socket fd = MHD_quiesce_daemon(l->d);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+    struct timespec ts;
+    clock_abstime(clock_now_ms() + DRAIN_MS, &ts);
+    pthread_mutex_lock(&l->mu);
+    l->stopping = 1;
+    while (l->inflight > 0)
+        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) != 0)
+            break;
+    pthread_mutex_unlock(&l->mu);
     MHD_stop_daemon(l->d);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
     free(l);
 }

@@ -38,8 +38,8 @@ int listener_start(const char *listen, size_t max_body, listener_fn fn, listener
                    void *ctx, struct listener **out, struct ifl_err *e);
 /* The bound port. */
 unsigned listener_port(const struct listener *l);
-/* Stops accepting, closes connections, waits for handler threads, frees.
- * NULL ok. */
+/* Stops accepting, lets the requests already begun finish (30 s at most),
+ * closes connections, waits for handler threads, frees.  NULL ok. */
 void listener_stop(struct listener *l);
 
 #endif

@@ -418,7 +418,20 @@ static enum listener_action charge_post(struct mockpay *m, const struct http_req
                                         struct http_res *res, struct reqlog *lg)
 {
     struct charge_req cr = {0};
+    /* A header value has no surrounding whitespace (RFC 9110 §5.5);
+     * libmicrohttpd strips the leading one only: "K" and "K " are one key. */
     const char *key = req->header(req, "Idempotency-Key");
+    char keybuf[MAX_KEY_LEN + 1];
+    if (key) {
+        size_t n = strlen(key);
+        while (n && (key[n - 1] == ' ' || key[n - 1] == '\t'))
+            n--;
+        if (n <= MAX_KEY_LEN) {
+            memcpy(keybuf, key, n);
+            keybuf[n] = '\0';
+            key = keybuf;
+        }
+    }
     if (check_key(key, res) || parse_charge(req, &cr, res)) {
         json_decref(cr.doc);
         return LISTENER_RESPOND;
@@ -432,11 +445,11 @@ static enum listener_action charge_post(struct mockpay *m, const struct http_req
     uint64_t epoch;
     lock(m);
     faults_eval(m->faults, FAULT_ON_CHARGE, cr.order, &hit);
-    count_faults(m, &hit, lg);
     if (hit.ignore_keys)
         key = NULL;
     if (hit.outcome == FAULT_STATUS && !hit.after_commit) {
         /* Refused in front of the charge logic: nothing stored, key free. */
+        count_faults(m, &hit, lg);
         unlock(m);
         nap(m, hit.delay_ms + hit.delay_after_ms);
         fault_response(&hit, res);
@@ -463,6 +476,9 @@ static enum listener_action charge_post(struct mockpay *m, const struct http_req
         } else if (table_count(m->keys) >= m->max_charges + 1024) {
             problem(res, 507, "storage-full", "too many idempotency keys");
             decided = 1;
+        } else if (m->ncharges >= m->max_charges) {
+            problem(res, 507, "storage-full", "the charge cap is reached (see --max-charges)");
+            decided = 1;
         } else {
             rec = xcalloc(1, sizeof *rec);
             rec->state = KEY_IN_FLIGHT;
@@ -471,6 +487,12 @@ static enum listener_action charge_post(struct mockpay *m, const struct http_req
             claimed = 1;
         }
     }
+    /* A drop or an after-commit status stands in for the answer to a
+     * charge (made now, or replayed); a request answered 409, 422 or 507
+     * charged nothing: such a fault is taken back, not applied. */
+    if (decided && !lg->replayed)
+        faults_unfire_outcome(m->faults, &hit);
+    count_faults(m, &hit, lg);
     epoch = m->epoch;
     unlock(m);
 
@@ -484,6 +506,8 @@ static enum listener_action charge_post(struct mockpay *m, const struct http_req
             problem(res, 507, "storage-full", "the charge cap is reached (see --max-charges)");
             if (mine)
                 keyrec_free(table_del(m->keys, key));
+            hit.outcome = -1; /* nothing charged: nothing to drop (a rare race: the
+                                 cap is checked before the decision too) */
         } else {
             struct charge *c = commit_charge(m, cr.order, cr.order_num, cr.amount, cr.currency);
             reply_json(res, 201, charge_json(c));

@@ -542,3 +542,63 @@ def test_sigterm_is_graceful_during_latency(make_mock):
     assert time.monotonic() - t0 < 5
     t.join(10)
     assert "mockpay.stop" in m.logs()
+    # the request in flight was answered, not cut off with its connection
+    assert "exc" not in out and out["res"].status == 201, out
+
+
+def test_sigterm_answers_a_request_held_after_commit(make_mock):
+    """SIGTERM while an answer is held back after its charge committed: the
+    answer still goes out (a lost one would be a drop nobody injected)."""
+    m = make_mock("--faults", "latency=20000:after_commit")
+    out = {}
+
+    def slow():
+        try:
+            out["res"] = m.charge("o-2", key="k-held", timeout=30)
+        except Exception as exc:  # noqa: BLE001
+            out["exc"] = exc
+
+    t = threading.Thread(target=slow)
+    t.start()
+    wait_for(lambda: m.stats()["charges"] == 1, timeout=5)  # committed, answer held
+    assert m.stop() == 0
+    t.join(10)
+    assert "exc" not in out and out["res"].status == 201, out
+    assert out["res"].json["order"] == "o-2"
+
+
+def test_outcome_faults_apply_only_to_charges(mock):
+    """A drop or an after-commit status stands in for the answer to a charge
+    (made, or replayed); a 422 charged nothing, so it is answered as such and
+    the fault stays for the next charge."""
+    assert mock.charge("o-3", key="k-3").status == 201
+    mock.set_faults("drop_after_commit:count=1")
+    r = mock.charge("o-3", amount=999, key="k-3")  # same key, other body
+    assert r.status == 422, r
+    f = mock.request("GET", "/faults").json["faults"][0]
+    assert f["fired"] == 0 and f["seen"] == 1, f
+    assert mock.stats()["faults_injected"]["drop_after_commit"] == 0
+    try:
+        mock.charge("o-4", key="k-4")
+        raise AssertionError("the drop should have fired on this charge")
+    except Dropped:
+        pass
+    assert mock.stats()["charges_per_order"] == {"o-3": 1, "o-4": 1}
+
+
+def test_compact_faults_skip_empty_items(mock):
+    spec = ";;".join(["latency=1"] * 40) + ";;"
+    assert len(mock.set_faults(spec)["faults"]) == 40
+    assert len(mock.set_faults(";".join(["latency=1"] * 64) + ";;;")["faults"]) == 64
+    r = mock.request("POST", "/faults", raw=";".join(["latency=1"] * 65).encode(),
+                     headers={"Content-Type": "text/plain"})
+    assert r.status == 400, r
+
+
+def test_key_with_trailing_whitespace_is_the_same_key(mock):
+    a = mock.charge("o-5", key="k-5")
+    b = mock.request("POST", "/v1/charges", {"order": "o-5", "amount": 100},
+                     headers={"Idempotency-Key": "k-5  "})
+    assert a.status == 201 and b.status == 201, (a, b)
+    assert b.headers.get("idempotent-replayed") == "true" and b.json["id"] == a.json["id"]
+    assert mock.stats()["charges_per_order"] == {"o-5": 1}

@@ -210,7 +210,10 @@ int store_steps_get(struct store *s, const char *execution_id, struct store_step
  * on success the caller clears *x and frees *items. */
 int store_execution_load(struct store *s, const char *ws, const char *id, struct store_execution *x,
                          struct store_step **items, size_t *n, struct ifl_err *e);
-/* Attempt history of one execution, oldest first. */
+/* Attempt history of one execution: by vertex, then epoch — each step's
+ * attempts in the order they were made (an operator retry's row, written
+ * with the retry's own clock reading, sorts before the claim that follows
+ * it even when the claimant read the clock earlier). */
 int store_attempts_get(struct store *s, const char *execution_id, struct store_attempt **items,
                        size_t *n, struct ifl_err *e);
 

@@ -219,7 +219,7 @@ static const struct {
                        "SELECT execution_id, vertex, epoch, worker, started_at, finished_at,"
                        " outcome, error FROM step_attempts"
                        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
-                       " ORDER BY started_at, vertex, epoch"},
+                       " ORDER BY vertex, epoch"},
     /* The claim in one statement: pick due rows, skipping any another
      * claimant holds, flip them, and record the attempts. */
     [S_CLAIM] = {"ifl_claim",

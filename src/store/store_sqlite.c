@@ -1640,7 +1640,7 @@ static int op_attempts_get(struct store *base, const char *execution_id,
     static const char sql[] =
         "SELECT execution_id, vertex, epoch, worker, started_at, finished_at, outcome, error"
         " FROM step_attempts WHERE execution_seq = (SELECT seq FROM executions WHERE id = ?)"
-        " ORDER BY started_at, vertex, epoch";
+        " ORDER BY vertex, epoch";
     struct conn *c;
     sqlite3_stmt *st = read_begin(s, sql, &c, e);
     if (!st)

@@ -7,10 +7,9 @@
  * its request was sent — the "sent, outcome unknown" case.
  */
 #include "listener.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
-
-#include "base/clock.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -71,18 +70,25 @@ static enum MHD_Result send_res(struct MHD_Connection *conn, struct http_res *re
     return ret;
 }
 
-static enum MHD_Result toobig(struct listener *l, struct MHD_Connection *conn)
+/* Answers `status` with the problem document `body` (taken) and closes
+ * the connection. */
+static enum MHD_Result refuse(struct MHD_Connection *conn, int status, char *body)
 {
     struct http_res res = {0};
-    http_res_body(
-        &res, 413, "application/problem+json",
-        xasprintf("{\"type\":\"/problems/payload-too-large\",\"title\":\"Payload Too Large\","
-                  "\"status\":413,\"detail\":\"request body over %zu bytes\"}",
-                  l->max_body));
+    http_res_body(&res, status, "application/problem+json", body);
     http_res_header(&res, "Connection", "close");
     enum MHD_Result ret = send_res(conn, &res);
     http_res_clear(&res);
     return ret;
+}
+
+static enum MHD_Result toobig(struct listener *l, struct MHD_Connection *conn)
+{
+    return refuse(conn, 413,
+                  xasprintf("{\"type\":\"/problems/payload-too-large\",\"title\":\"Payload "
+                            "Too Large\",\"status\":413,\"detail\":\"request body over %zu "
+                            "bytes\"}",
+                            l->max_body));
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -121,17 +127,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (c->too_big)
         return toobig(l, conn);
-    if (c->late) { /* a keep-alive connection's request after the stop began */
-        struct http_res res = {0};
-        http_res_body(&res, 503, "application/problem+json",
+    if (c->late) /* a keep-alive connection's request after the stop began */
+        return refuse(conn, 503,
                       xstrdup("{\"type\":\"/problems/shutting-down\",\"title\":\"Service "
                               "Unavailable\",\"status\":503,\"detail\":\"the provider is "
                               "stopping\"}"));
-        http_res_header(&res, "Connection", "close");
-        enum MHD_Result ret = send_res(conn, &res);
-        http_res_clear(&res);
-        return ret;
-    }
     struct http_req req = {
         .method = method,
         .path = url,

@@ -88,6 +88,17 @@ static void vptr(char *out, size_t cap, const char *id, const char *rest)
     buf_free(&b);
 }
 
+/* The expression text of a "= expr" member: after the `=` (optional here)
+ * and the spaces that follow it. */
+static const char *expr_text(const char *s)
+{
+    if (*s == '=')
+        s++;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return s;
+}
+
 static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
@@ -188,11 +199,7 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         json_decref(vreq);
         if (rc)
             return rc;
-        const char *src = json_string_value(json_object_get(verify, "doneWhen"));
-        if (*src == '=')
-            src++;
-        while (*src == ' ' || *src == '\t')
-            src++;
+        const char *src = expr_text(json_string_value(json_object_get(verify, "doneWhen")));
         struct expr_error xe;
         if (expr_compile(src, strlen(src), &v->done_when, &xe)) {
             vptr(p, sizeof p, v->id, "/config/verify/doneWhen");
@@ -209,9 +216,7 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         const char *src = json_string_value(hv);
         if (strcasecmp(hk, "Idempotency-Key") != 0 || !src || *src != '=')
             continue;
-        src++;
-        while (*src == ' ' || *src == '\t')
-            src++;
+        src = expr_text(src);
         struct expr *kx = NULL;
         struct expr_error xe;
         if (expr_compile(src, strlen(src), &kx, &xe) != 0)
@@ -365,10 +370,7 @@ static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
             if (!src)
                 return err_setp(e, IFL_EVALIDATION, p,
                                 "a condition must be an expression string (\"= …\")");
-            if (*src == '=')
-                src++;
-            while (*src == ' ' || *src == '\t')
-                src++;
+            src = expr_text(src);
             struct expr_error xe;
             if (expr_compile(src, strlen(src), &edge->cond, &xe))
                 return err_setp(e, IFL_EVALIDATION, p, "%s: %s (at position %d)", xe.code, xe.msg,

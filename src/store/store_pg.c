@@ -549,6 +549,17 @@ struct pgtx {
     } pipe[MAX_PIPE];
 };
 
+/* Records the transaction's first failure (its kind decides whether the
+ * operation is run again); returns rc. */
+static int note_fail(struct pgtx *t, enum fail kind, int rc)
+{
+    if (t->fail == FAIL_NONE) {
+        t->fail = kind;
+        t->fail_rc = rc;
+    }
+    return rc;
+}
+
 static int fail(struct pgtx *t, const PGresult *r, const char *what, struct ifl_err *e)
 {
     const char *code = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
@@ -578,11 +589,7 @@ static int fail(struct pgtx *t, const PGresult *r, const char *what, struct ifl_
     }
     if (kind == FAIL_CONN)
         t->c->broken = 1;
-    if (t->fail == FAIL_NONE) {
-        t->fail = kind;
-        t->fail_rc = rc;
-    }
-    return rc;
+    return note_fail(t, kind, rc);
 }
 
 static const char *piped_name(const struct piped *p)
@@ -746,11 +753,9 @@ static PGresult *q(struct pgtx *t, enum stmt id, const struct args *a, struct if
 {
     struct conn *c = t->c;
     if (t->fail == FAIL_CONN || !c->pg) {
-        int rc = err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed", stmts[id].name);
-        if (t->fail == FAIL_NONE) {
-            t->fail = FAIL_CONN;
-            t->fail_rc = rc;
-        }
+        note_fail(
+            t, FAIL_CONN,
+            err_set(e, IFL_ESTORE, "%s: the connection to PostgreSQL failed", stmts[id].name));
         return NULL;
     }
     PGresult *r;
@@ -1784,17 +1789,12 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         PQclear(r);
         if (!found)
             return err_set(e, IFL_ENOTFOUND, "event for unknown execution %s", ev->execution_id);
-        if (behind) { /* re-run with a newer transaction id: the feed stays in order */
-            int rc = err_set(e, IFL_ESTORE,
-                             "execution %s has an event of a newer transaction; re-running so "
-                             "that the feed keeps its versions in order",
-                             ev->execution_id);
-            if (t->fail == FAIL_NONE) {
-                t->fail = FAIL_RETRY;
-                t->fail_rc = rc;
-            }
-            return rc;
-        }
+        if (behind) /* re-run with a newer transaction id: the feed stays in order */
+            return note_fail(t, FAIL_RETRY,
+                             err_set(e, IFL_ESTORE,
+                                     "execution %s has an event of a newer transaction; re-running "
+                                     "so that the feed keeps its versions in order",
+                                     ev->execution_id));
     } else {
         arg_s(&p, ev->execution_id[0] ? ev->execution_id : NULL);
         arg_i(&p, ev->aggregate_version);

@@ -788,3 +788,29 @@ int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, co
         memset(existing, 0, sizeof *existing);
     return tx->s->ops->tx_idem_put(tx, ws, scope, key, r, created, existing, e);
 }
+
+int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                      const struct store_idem *r, struct ifl_err *e)
+{
+    return tx->s->ops->tx_idem_set(tx, ws, scope, key, r, e);
+}
+
+struct idem_expire {
+    int64_t before;
+    int limit, n;
+};
+
+static int tx_idem_expire(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct idem_expire *a = arg;
+    a->n = 0;
+    return tx->s->ops->tx_idem_expire(tx, a->before, a->limit, &a->n, e);
+}
+
+int store_idem_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e)
+{
+    struct idem_expire a = {before, limit, 0};
+    int rc = store_tx_run(s, tx_idem_expire, &a, e);
+    *n = rc ? 0 : a.n;
+    return rc;
+}

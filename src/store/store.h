@@ -366,13 +366,24 @@ int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct if
 struct store_idem {
     char *fingerprint;
     int status;
-    char *response; /* JSON text */
+    char *response;     /* JSON text */
+    int64_t created_at; /* ms; read back from the store, and written by store_tx_idem_set */
 };
 void store_idem_clear(struct store_idem *r);
-/* Inserts the record unless (ws, scope, key) exists; *created tells which,
- * and when it existed *existing holds the stored one. */
+/* Inserts the record (created_at = now; r->created_at is not used) unless
+ * (ws, scope, key) exists; *created tells which, and when it existed
+ * *existing holds the stored one.  On PostgreSQL a concurrent transaction
+ * inserting the same key makes this wait for it to end. */
 int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                       const struct store_idem *r, int *created, struct store_idem *existing,
                       struct ifl_err *e);
+/* Overwrites the existing record (ws, scope, key) with all of *r, created_at
+ * included: the answer of the operation that claimed the key, or a new
+ * claim on a key past its retention.  IFL_ESTORE when there is none. */
+int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                      const struct store_idem *r, struct ifl_err *e);
+/* Deletes at most `limit` records created before `before` (ms), in one
+ * transaction of its own; *n = how many. */
+int store_idem_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
 
 #endif

@@ -100,6 +100,8 @@ enum stmt {
     S_EVENT_MARK,
     S_IDEM_PUT,
     S_IDEM_GET,
+    S_IDEM_SET,
+    S_IDEM_EXPIRE,
     S_ATTEMPTS_OF,
     S_CLAIM,
     S_CLAIM_MARK,
@@ -213,8 +215,15 @@ static const struct {
                     "INSERT INTO idempotency_keys (workspace, scope, key, fingerprint, status,"
                     " response, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
                     " ON CONFLICT (workspace, scope, key) DO NOTHING RETURNING 1"},
-    [S_IDEM_GET] = {"ifl_idem_get", "SELECT fingerprint, status, response FROM idempotency_keys"
-                                    " WHERE workspace = $1 AND scope = $2 AND key = $3"},
+    [S_IDEM_GET] = {"ifl_idem_get",
+                    "SELECT fingerprint, status, response, created_at FROM idempotency_keys"
+                    " WHERE workspace = $1 AND scope = $2 AND key = $3"},
+    [S_IDEM_SET] = {"ifl_idem_set",
+                    "UPDATE idempotency_keys SET fingerprint = $4, status = $5, response = $6,"
+                    " created_at = $7 WHERE workspace = $1 AND scope = $2 AND key = $3"},
+    [S_IDEM_EXPIRE] = {"ifl_idem_expire",
+                       "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM"
+                       " idempotency_keys WHERE created_at < $1 LIMIT $2)"},
     [S_ATTEMPTS_OF] = {"ifl_attempts_of",
                        "SELECT execution_id, vertex, epoch, worker, started_at, finished_at,"
                        " outcome, error FROM step_attempts"
@@ -1817,19 +1826,28 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
     return 0;
 }
 
+/* $1 … $7 of S_IDEM_PUT and S_IDEM_SET into *p (its integers point into
+ * it, so it is filled in place). */
+static void idem_args(struct args *p, const char *ws, const char *scope, const char *key,
+                      const struct store_idem *rec, int64_t created_at)
+{
+    *p = (struct args){0};
+    arg_s(p, ws);
+    arg_s(p, scope);
+    arg_s(p, key);
+    arg_s(p, rec->fingerprint);
+    arg_i(p, rec->status);
+    arg_s(p, rec->response);
+    arg_i(p, created_at);
+}
+
 static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *rec, int *created, struct store_idem *existing,
                        struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
-    struct args p = {0};
-    arg_s(&p, ws);
-    arg_s(&p, scope);
-    arg_s(&p, key);
-    arg_s(&p, rec->fingerprint);
-    arg_i(&p, rec->status);
-    arg_s(&p, rec->response);
-    arg_i(&p, clock_now_ms());
+    struct args p;
+    idem_args(&p, ws, scope, key, rec, clock_now_ms());
     PGresult *r = q(t, S_IDEM_PUT, &p, e);
     if (!r)
         return t->fail_rc;
@@ -1845,11 +1863,42 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
         existing->fingerprint = col_str(r, 0, 0);
         existing->status = (int)col_i64(r, 0, 1);
         existing->response = col_str(r, 0, 2);
+        existing->created_at = col_i64(r, 0, 3);
     } else {
         rc = err_set(e, IFL_ESTORE, "idempotency record vanished");
     }
     PQclear(r);
     return rc;
+}
+
+static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                       const struct store_idem *rec, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p;
+    idem_args(&p, ws, scope, key, rec, rec->created_at);
+    PGresult *r = q(t, S_IDEM_SET, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int rc = strcmp(PQcmdTuples(r), "1") == 0
+                 ? 0
+                 : err_set(e, IFL_ESTORE, "idempotency record vanished");
+    PQclear(r);
+    return rc;
+}
+
+static int tx_idem_expire(struct store_tx *tx, int64_t before, int limit, int *n, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_i(&p, before);
+    arg_i(&p, limit);
+    PGresult *r = q(t, S_IDEM_EXPIRE, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *n = atoi(PQcmdTuples(r));
+    PQclear(r);
+    return 0;
 }
 
 /* ---- step reads, claims, leases ------------------------------------------------------------- */
@@ -2277,6 +2326,8 @@ static const struct store_ops pg_ops = {
     .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
+    .tx_idem_set = tx_idem_set,
+    .tx_idem_expire = tx_idem_expire,
     .wait_work = op_wait_work,
 };
 

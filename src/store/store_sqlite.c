@@ -1579,8 +1579,8 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
     *created = sqlite3_changes(c->db) == 1;
     if (*created || !existing)
         return 0;
-    static const char sel[] = "SELECT fingerprint, status, response FROM idempotency_keys"
-                              " WHERE workspace = ? AND scope = ? AND key = ?";
+    static const char sel[] = "SELECT fingerprint, status, response, created_at FROM"
+                              " idempotency_keys WHERE workspace = ? AND scope = ? AND key = ?";
     if (!(st = stmt(c, sel, e)))
         return IFL_ESTORE;
     bind_text(st, 1, ws);
@@ -1590,10 +1590,52 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
         existing->fingerprint = col_str(st, 0);
         existing->status = sqlite3_column_int(st, 1);
         existing->response = col_str(st, 2);
+        existing->created_at = sqlite3_column_int64(st, 3);
     } else {
         rc = db_err(c, e, "idem_get");
     }
     done_stmt(st);
+    return rc;
+}
+
+static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                       const struct store_idem *r, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char upd[] = "UPDATE idempotency_keys SET fingerprint = ?, status = ?,"
+                              " response = ?, created_at = ?"
+                              " WHERE workspace = ? AND scope = ? AND key = ?";
+    sqlite3_stmt *st = stmt(c, upd, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, r->fingerprint);
+    sqlite3_bind_int(st, 2, r->status);
+    bind_text(st, 3, r->response);
+    sqlite3_bind_int64(st, 4, r->created_at);
+    bind_text(st, 5, ws);
+    bind_text(st, 6, scope);
+    bind_text(st, 7, key);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "idem_set");
+    done_stmt(st);
+    if (!rc && sqlite3_changes(c->db) != 1)
+        rc = err_set(e, IFL_ESTORE, "idempotency record vanished");
+    return rc;
+}
+
+static int tx_idem_expire(struct store_tx *tx, int64_t before, int limit, int *n, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char del[] = "DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM"
+                              " idempotency_keys WHERE created_at < ? LIMIT ?)";
+    sqlite3_stmt *st = stmt(c, del, e);
+    if (!st)
+        return IFL_ESTORE;
+    sqlite3_bind_int64(st, 1, before);
+    sqlite3_bind_int(st, 2, limit);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "idem_expire");
+    done_stmt(st);
+    if (!rc)
+        *n = sqlite3_changes(c->db);
     return rc;
 }
 
@@ -1963,6 +2005,8 @@ static const struct store_ops sqlite_ops = {
     .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
+    .tx_idem_set = tx_idem_set,
+    .tx_idem_expire = tx_idem_expire,
     .execution_get = op_execution_get,
     .execution_list = op_execution_list,
 };

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "store/store.h"
+#include "store_idem_check.h"
 
 static char dir[64];
 static char url[128];
@@ -668,6 +669,11 @@ static void test_reopen_finds_every_execution(void **state)
     }
 }
 
+static void test_idempotency_records(void **state)
+{
+    check_idem_records(*state);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +693,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_the_wal_stays_bounded_under_sustained_writes, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),
     };

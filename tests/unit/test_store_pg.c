@@ -28,6 +28,7 @@
 #include "base/clock.h"
 #include "base/mem.h"
 #include "store/store.h"
+#include "store_idem_check.h"
 
 static const char XID[] = "1111111111111111111111111111111111111111111111111111111111111111";
 
@@ -1301,6 +1302,12 @@ static void test_survives_killed_connections(void **state)
     assert_int_equal(store_ping(f->s, NULL), 0);
 }
 
+static void test_idempotency_records(void **state)
+{
+    NEED_PG(state);
+    check_idem_records(S(state));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1318,6 +1325,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_existing_row_returned_and_unknown_workspace, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_migrations, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_two_workers_race_for_1000_steps, setup, teardown),

@@ -38,14 +38,14 @@ static void usage(FILE *f)
     fputs("usage:\n"
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
-          "                 [--http-threads N] [--test-clock]\n"
+          "                 [--http-threads N] [--key-retention-hours H] [--test-clock]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
           "http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is sent as a bearer token):\n"
           "  idemflow get WS EXECUTION\n"
-          "  idemflow retry WS EXECUTION\n"
-          "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed)\n"
+          "  idemflow retry WS EXECUTION [--key IDEMPOTENCY_KEY]\n"
+          "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed) [--key KEY]\n"
           "  idemflow start-over WS EXECUTION --key IDEMPOTENCY_KEY\n"
           "  idemflow dead-letters WS\n"
           "  idemflow version\n",
@@ -393,6 +393,14 @@ static int cmd_serve(int argc, char **argv)
                 return 2;
             }
             o.http_threads = (int)n;
+            i++;
+        } else if (strcmp(a, "--key-retention-hours") == 0 && v) {
+            long long n = flag_int(v, 1, 8784);
+            if (n < 0) {
+                fputs("idemflow serve: --key-retention-hours must be 1..8784\n", stderr);
+                return 2;
+            }
+            o.run.key_retention_ms = n * 3600 * 1000;
             i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);

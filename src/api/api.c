@@ -757,23 +757,74 @@ static int idempotency_key(const struct http_req *r, char *out, size_t cap)
     return http_sf_string(h, out, cap) ? -1 : 0;
 }
 
+/* The 400 for a malformed Idempotency-Key (k < 0) or a missing one where
+ * the action requires it (k > 0). */
+static void key_problem(struct call *c, int k, const char *required_why)
+{
+    if (k > 0)
+        api_problem(c->res, 400, "idempotency-key-required", required_why, NULL);
+    else
+        api_problem(c->res, 400, "invalid-idempotency-key",
+                    "Idempotency-Key must be an RFC 8941 string or token of printable ASCII, at "
+                    "most 255 characters",
+                    NULL);
+}
+
+/* The optional Idempotency-Key of an operator action (spec §7) into k,
+ * with the request's fingerprint: SHA-256 over the method, the path and
+ * the body (its JCS form when it is JSON, else its bytes).  key and fp
+ * back k's strings.  0, or -1 after a 400. */
+static int op_key(struct call *c, const json_t *body, char key[256], char fp[65],
+                  struct engine_op_key *k)
+{
+    *k = (struct engine_op_key){0};
+    int rc = idempotency_key(c->req, key, 256);
+    if (rc > 0)
+        return 0;
+    if (rc < 0) {
+        key_problem(c, rc, NULL);
+        return -1;
+    }
+    struct buf b, j;
+    buf_init(&b, 0); /* uncapped: the request's own bytes, already bounded */
+    buf_init(&j, 0);
+    buf_printf(&b, "%s\n%s\n", c->req->method, c->req->path);
+    if (body && json_jcs(body, &j) == 0)
+        buf_append(&b, j.p, j.len);
+    else
+        buf_append(&b, c->req->body, c->req->body_len);
+    crypto_sha256_hex(b.p, b.len, fp);
+    buf_free(&j);
+    buf_free(&b);
+    k->key = key;
+    k->fingerprint = fp;
+    return 0;
+}
+
+/* An operator action's answer: 200, or the first answer replayed. */
+static void reply_action(struct call *c, const struct engine_op_key *k, json_t *answer)
+{
+    if (k->replayed)
+        http_res_header(c->res, "Idempotent-Replayed", "true");
+    reply_json(c->res, k->replayed ? k->status : 200, answer);
+}
+
 static void h_retry(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4];
     if (workspace_exists(c, ws))
         return;
-    int retried = 0;
-    char status[32];
+    char key[256], fp[65];
+    struct engine_op_key k;
+    if (op_key(c, NULL, key, fp, &k))
+        return;
+    json_t *answer = NULL;
     struct ifl_err e = {0};
-    if (engine_retry(c->a->g, ws, id, &retried, status, &e)) {
+    if (engine_retry(c->a->g, ws, id, &k, &answer, &e)) {
         api_problem_err(c->res, &e);
         return;
     }
-    json_t *o = json_object();
-    json_object_set_new(o, "executionId", json_string(id));
-    json_object_set_new(o, "retriedSteps", json_integer(retried));
-    json_object_set_new(o, "status", json_string(status));
-    reply_json(c->res, 200, o);
+    reply_action(c, &k, answer);
 }
 
 static void h_resolve(struct call *c)
@@ -794,20 +845,22 @@ static void h_resolve(struct call *c)
                     "/outcome");
         return;
     }
-    char status[32] = "";
+    char key[256], fp[65];
+    struct engine_op_key k;
+    if (op_key(c, body, key, fp, &k)) {
+        json_decref(body);
+        return;
+    }
+    json_t *answer = NULL;
     struct ifl_err e = {0};
-    int rc =
-        engine_resolve(c->a->g, ws, id, vx, completed, json_object_get(body, "output"), status, &e);
+    int rc = engine_resolve(c->a->g, ws, id, vx, completed, json_object_get(body, "output"), &k,
+                            &answer, &e);
     json_decref(body);
     if (rc) {
         api_problem_err(c->res, &e);
         return;
     }
-    json_t *o = json_object();
-    json_object_set_new(o, "executionId", json_string(id));
-    json_object_set_new(o, "vertex", json_string(vx));
-    json_object_set_new(o, "status", json_string(status));
-    reply_json(c->res, 200, o);
+    reply_action(c, &k, answer);
 }
 
 static void h_start_over(struct call *c)
@@ -818,12 +871,9 @@ static void h_start_over(struct call *c)
     char key[256];
     int k = idempotency_key(c->req, key, sizeof key);
     if (k != 0) {
-        api_problem(c->res, 400, k > 0 ? "idempotency-key-required" : "invalid-idempotency-key",
-                    k > 0 ? "start-over requires an Idempotency-Key header, since a retried "
-                            "start-over would otherwise start twice"
-                          : "Idempotency-Key must be an RFC 8941 string or token of printable "
-                            "ASCII, at most 255 characters",
-                    NULL);
+        key_problem(c, k,
+                    "start-over requires an Idempotency-Key header, since a retried start-over "
+                    "would otherwise start twice");
         return;
     }
     char new_id[65];

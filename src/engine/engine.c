@@ -869,27 +869,191 @@ static int execution_and_workflow(struct engine *g, const char *ws, const char *
     return rc;
 }
 
-int engine_retry(struct engine *g, const char *ws, const char *id, int *retried, char status[32],
-                 struct ifl_err *e)
+/* ---- the API's Idempotency-Key on operator actions (spec §7) ------------------ */
+
+#define KEY_RETENTION_DEFAULT_MS (24LL * 3600 * 1000)
+
+int64_t engine_key_retention(const struct engine *g)
 {
+    return g->run.key_retention_ms > 0 ? g->run.key_retention_ms : KEY_RETENTION_DEFAULT_MS;
+}
+
+/* Claims k's key for an action of `scope`, first in its transaction: the
+ * record it inserts is overwritten with the answer by op_key_answer before
+ * the commit, so nobody ever reads the claim itself (PostgreSQL makes a
+ * concurrent claim of the key wait for this transaction, then read the
+ * answer).  A record past its retention is claimed anew.  On a repeat
+ * with the same fingerprint, k->replayed = 1 and *replay (owned) = the
+ * stored answer: the caller changes nothing. */
+static int op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, const char *scope,
+                        struct engine_op_key *k, char **replay, struct ifl_err *e)
+{
+    k->replayed = 0;
+    k->status = 0;
+    free(*replay);
+    *replay = NULL;
+    if (!k->key)
+        return 0;
+    struct store_idem rec = {.fingerprint = (char *)k->fingerprint, .response = "null"};
+    struct store_idem old = {0};
+    int created = 0;
+    int rc = store_tx_idem_put(tx, ws, scope, k->key, &rec, &created, &old, e);
+    if (rc || created)
+        goto out;
+    int64_t now = clock_now_ms();
+    if (old.created_at <= now - engine_key_retention(g)) {
+        rec.created_at = now;
+        rc = store_tx_idem_set(tx, ws, scope, k->key, &rec, e);
+    } else if (strcmp(old.fingerprint, k->fingerprint) != 0) {
+        rc = err_set(e, IFL_EKEYREUSED,
+                     "this Idempotency-Key was already used for another %s request", scope);
+        err_slug(e, "idempotency-key-reused");
+    } else {
+        k->replayed = 1;
+        k->status = old.status;
+        *replay = old.response;
+        old.response = NULL;
+    }
+out:
+    store_idem_clear(&old);
+    return rc;
+}
+
+/* Stores the answer of the action that claimed k's key (nothing without
+ * a key). */
+static int op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
+                         const struct engine_op_key *k, int status, const char *answer,
+                         struct ifl_err *e)
+{
+    if (!k->key)
+        return 0;
+    struct store_idem rec = {.fingerprint = (char *)k->fingerprint,
+                             .status = status,
+                             .response = (char *)answer,
+                             .created_at = clock_now_ms()};
+    return store_tx_idem_set(tx, ws, scope, k->key, &rec, e);
+}
+
+/* The replayed answer as JSON (a stored answer always parses; a damaged
+ * one is a store error rather than a crash). */
+static int replay_answer(const char *text, json_t **answer, struct ifl_err *e)
+{
+    if (json_parse(text, strlen(text), &json_stored_limits, answer, e) == 0)
+        return 0;
+    return err_set(e, IFL_ESTORE, "the stored answer of this Idempotency-Key is damaged");
+}
+
+struct retry_args {
+    struct engine *g;
+    struct steps_retry r;
+    struct engine_op_key *k;
+    char *replay; /* the stored answer, when k->replayed */
+};
+
+static json_t *retry_answer(const struct steps_retry *r)
+{
+    return json_pack("{s:s, s:i, s:s}", "executionId", r->execution_id, "retriedSteps", r->retried,
+                     "status", r->status);
+}
+
+static int tx_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct retry_args *a = arg;
+    int rc = op_key_claim(a->g, tx, a->r.workspace, "retry", a->k, &a->replay, e);
+    if (rc || a->k->replayed)
+        return rc;
+    if ((rc = steps_retry(tx, &a->r, e)) || !a->k->key)
+        return rc;
+    json_t *o = retry_answer(&a->r);
+    char *text = json_to_string(o);
+    json_decref(o);
+    rc = op_key_answer(tx, a->r.workspace, "retry", a->k, 200, text, e);
+    free(text);
+    return rc;
+}
+
+int engine_retry(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
+                 json_t **answer, struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_op_key none = {0};
+    if (!k)
+        k = &none;
     struct store_execution x;
     const struct wf *w = NULL;
     int rc = execution_and_workflow(g, ws, id, &x, &w, e);
     store_execution_clear(&x);
     if (rc)
         return rc;
-    struct steps_retry a = {.w = w, .workspace = ws, .execution_id = id, .now = clock_now_ms()};
-    rc = store_tx_run(g->store, steps_retry, &a, e);
-    *retried = a.retried;
-    snprintf(status, 32, "%s", a.status);
-    if (!rc && a.retried)
+    struct retry_args a = {
+        .g = g,
+        .r = {.w = w, .workspace = ws, .execution_id = id, .now = clock_now_ms()},
+        .k = k,
+    };
+    rc = store_tx_run(g->store, tx_retry, &a, e);
+    if (!rc && k->replayed)
+        rc = replay_answer(a.replay, answer, e);
+    else if (!rc)
+        *answer = retry_answer(&a.r);
+    if (!rc && !k->replayed && a.r.retried)
         engine_wake(g);
+    free(a.replay);
+    return rc;
+}
+
+struct resolve_args {
+    struct engine *g;
+    struct step_outcome *o;
+    struct engine_op_key *k;
+    char *replay;
+    /* Set when the step cannot be resolved (read before the transaction):
+     * a repeat of an earlier resolve still replays; otherwise this error,
+     * and the key is rolled back. */
+    const struct ifl_err *refuse;
+};
+
+static json_t *resolve_answer(const struct step_outcome *o)
+{
+    return json_pack("{s:s, s:s, s:s}", "executionId", o->execution_id, "vertex", o->vertex,
+                     "status", o->status);
+}
+
+static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct resolve_args *a = arg;
+    int rc = op_key_claim(a->g, tx, a->o->workspace, "resolve", a->k, &a->replay, e);
+    if (rc || a->k->replayed)
+        return rc;
+    if (a->refuse) {
+        if (e)
+            *e = *a->refuse;
+        return a->refuse->code;
+    }
+    if ((rc = steps_apply(tx, a->o, e)))
+        return rc;
+    if (a->o->fenced) { /* changed since it was read: nothing to keep */
+        rc =
+            err_set(e, IFL_ECONFLICT, "step '%s' changed while resolving; try again", a->o->vertex);
+        return rc;
+    }
+    if (!a->k->key)
+        return 0;
+    json_t *o = resolve_answer(a->o);
+    char *text = json_to_string(o);
+    json_decref(o);
+    rc = op_key_answer(tx, a->o->workspace, "resolve", a->k, 200, text, e);
+    free(text);
     return rc;
 }
 
 int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
-                   int completed, json_t *output, char status[32], struct ifl_err *e)
+                   int completed, json_t *output, struct engine_op_key *k, json_t **answer,
+                   struct ifl_err *e)
 {
+    *answer = NULL;
+    struct engine_op_key none = {0};
+    if (!k)
+        k = &none;
     struct store_execution x;
     const struct wf *w = NULL;
     struct store_step *rows = NULL;
@@ -897,6 +1061,8 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
     struct decision *d = NULL;
     json_t *ctx = NULL;
     char *out_text = NULL, *err_text = NULL;
+    struct ifl_err refuse = {0};
+    struct resolve_args a = {.g = g, .k = k};
     int rc = execution_and_workflow(g, ws, id, &x, &w, e);
     if (rc)
         goto out;
@@ -912,14 +1078,19 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
         if (strcmp(rows[i].vertex, vertex) == 0)
             from = rows[i].state;
     if (from != STEP_FAILED && from != STEP_REQUIRES_RECONCILIATION) {
-        rc = err_set(e, IFL_ECONFLICT,
-                     "step '%s' is %s; only FAILED or REQUIRES_RECONCILIATION steps can be "
-                     "resolved",
-                     vertex, store_step_state_name(from));
-        err_slug(e, "step-not-resolvable");
-        goto out;
-    }
-    if (completed) {
+        err_set(&refuse, IFL_ECONFLICT,
+                "step '%s' is %s; only FAILED or REQUIRES_RECONCILIATION steps can be "
+                "resolved",
+                vertex, store_step_state_name(from));
+        err_slug(&refuse, "step-not-resolvable");
+        if (!k->key) { /* nothing to replay: no transaction */
+            rc = refuse.code;
+            if (e)
+                *e = refuse;
+            goto out;
+        }
+        a.refuse = &refuse;
+    } else if (completed) {
         out_text = json_to_string(output ? output : json_null());
         ctx = engine_context(&x, rows, n);
         d = engine_decide_edges(w, vi, ctx, output);
@@ -941,13 +1112,16 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
         .bump_epoch = 1,
         .now = clock_now_ms(),
     };
-    rc = store_tx_run(g->store, steps_apply, &o, e);
-    if (!rc && o.fenced)
-        rc = err_set(e, IFL_ECONFLICT, "step '%s' changed while resolving; try again", vertex);
-    snprintf(status, 32, "%s", o.status);
-    if (!rc && o.dispatched)
+    a.o = &o;
+    rc = store_tx_run(g->store, tx_resolve, &a, e);
+    if (!rc && k->replayed)
+        rc = replay_answer(a.replay, answer, e);
+    else if (!rc)
+        *answer = resolve_answer(&o);
+    if (!rc && !k->replayed && o.dispatched)
         engine_wake(g);
 out:
+    free(a.replay);
     engine_decisions_free(d, d ? w->v[wf_vertex_index(w, vertex)].n_out : 0);
     json_decref(ctx);
     free(out_text);
@@ -958,11 +1132,11 @@ out:
 }
 
 struct start_over_args {
+    struct engine *g;
     struct create_args ca;
-    const char *ws, *key, *fingerprint;
-    char *response;
-    int replayed;
-    char replay_id[65];
+    const char *ws;
+    struct engine_op_key k;
+    char *response, *replay;
     /* Set when no new execution can be made (the latest version lost the
      * entry point): a repeat of an earlier start-over still replays; a new
      * key gets this error and nothing is written. */
@@ -972,35 +1146,14 @@ struct start_over_args {
 static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct start_over_args *a = arg;
-    a->replayed = 0;
-    struct store_idem rec = {
-        .fingerprint = (char *)a->fingerprint, .status = 201, .response = a->response};
-    struct store_idem old = {0};
-    int created = 0;
-    int rc = store_tx_idem_put(tx, a->ws, "start-over", a->key, &rec, &created, &old, e);
-    if (rc)
+    int rc = op_key_claim(a->g, tx, a->ws, "start-over", &a->k, &a->replay, e);
+    if (rc || a->k.replayed)
         return rc;
-    if (!created) {
-        a->replayed = 1;
-        if (strcmp(old.fingerprint, a->fingerprint) != 0) {
-            rc = err_set(e, IFL_EKEYREUSED,
-                         "this Idempotency-Key was already used for another start-over");
-            err_slug(e, "idempotency-key-reused");
-        } else {
-            json_t *r = NULL;
-            if (json_parse(old.response, strlen(old.response), NULL, &r, NULL) == 0)
-                snprintf(a->replay_id, sizeof a->replay_id, "%s",
-                         json_string_value(json_object_get(r, "executionId"))
-                             ? json_string_value(json_object_get(r, "executionId"))
-                             : "");
-            json_decref(r);
-        }
-        store_idem_clear(&old);
-        return rc;
-    }
     if (a->refuse) /* rolls the key back */
         return err_set(e, IFL_ECONFLICT, "%s", a->refuse);
-    return tx_create_execution(tx, &a->ca, e);
+    if ((rc = tx_create_execution(tx, &a->ca, e)))
+        return rc;
+    return op_key_answer(tx, a->ws, "start-over", &a->k, 201, a->response, e);
 }
 
 int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
@@ -1041,31 +1194,41 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     memcpy(nx.payload_hash, old.payload_hash, sizeof nx.payload_hash);
     nx.test = old.test;
     nx.started_over_from = old.id;
+    a.g = g;
     a.ca.x = &nx;
     a.ca.existing = &existing;
     a.ws = ws;
-    a.key = key;
+    /* Start-over takes no body: its fingerprint is where it points (kept
+     * as it was before the other actions took keys, so that records
+     * written by earlier versions still replay). */
     char fp[65];
     char *fps = xasprintf("start-over\n%s\n%s", ws, id);
     crypto_sha256_hex(fps, strlen(fps), fp);
     free(fps);
-    a.fingerprint = fp;
+    a.k = (struct engine_op_key){.key = key, .fingerprint = fp};
     a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
     if (!a.refuse) {
         prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
         trace_inlined(g, &a.ca, "inline");
     }
     rc = store_tx_run(g->store, tx_start_over, &a, e);
-    early_finish(g, &a.ca, !rc && !a.replayed && a.ca.created);
-    if (!rc) {
-        *replayed = a.replayed;
-        snprintf(new_id, 65, "%s", a.replayed ? a.replay_id : nx.id);
-        if (!a.replayed)
-            created(g, &a.ca);
+    early_finish(g, &a.ca, !rc && !a.k.replayed && a.ca.created);
+    if (!rc && a.k.replayed) {
+        json_t *r = NULL;
+        if (!(rc = replay_answer(a.replay, &r, e))) {
+            const char *rid = json_string_value(json_object_get(r, "executionId"));
+            snprintf(new_id, 65, "%s", rid ? rid : "");
+            *replayed = 1;
+        }
+        json_decref(r);
+    } else if (!rc) {
+        snprintf(new_id, 65, "%s", nx.id);
+        created(g, &a.ca);
     }
 out:
     store_steps_free(a.ca.rows, a.ca.nrows);
     free(a.response);
+    free(a.replay);
     free(nx.identity);
     store_execution_clear(&existing);
     json_decref(identity);

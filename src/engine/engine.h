@@ -135,8 +135,11 @@ void engine_waiters_close(struct engine *g);
 struct engine_run_opts {
     int workers;      /* worker threads; default 4 (more batches in each group commit) */
     int64_t lease_ms; /* step lease; default 15000 */
-    int batch;        /* steps claimed per round trip; default 16 */
-    int no_inline;    /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
+    /* How long the API's Idempotency-Key records are kept (spec §7);
+     * default 24 h.  Read by the operator actions even before engine_start. */
+    int64_t key_retention_ms;
+    int batch;     /* steps claimed per round trip; default 16 */
+    int no_inline; /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
     /* Where crashed processes left their crash markers (base/crashmark.h;
      * the caller ran crashmark_init on it), or NULL: without it no crash is
      * told from a kill, so no step is ever failed for crashing. */
@@ -155,14 +158,32 @@ const struct engine_metrics *engine_metrics(const struct engine *g);
 
 /* ---- operator actions ------------------------------------------------------ */
 
+/* An operator action's Idempotency-Key (spec §7).  The key record is
+ * written in the action's own transaction: a repeat with the same
+ * fingerprint replays the first answer, and changes nothing; another
+ * fingerprint under the key is IFL_EKEYREUSED.  Only an answer that
+ * changed something is kept: an action refused with an error leaves no
+ * record, so the key may be sent again.  Records live for
+ * engine_run_opts.key_retention_ms. */
+struct engine_op_key {
+    const char *key;         /* NULL: none given (the action runs unkeyed) */
+    const char *fingerprint; /* hex SHA-256 of the request (method, path, body) */
+    int replayed;            /* out: the answer is the first one's */
+    int status;              /* out: its HTTP status, when replayed */
+};
+
 /* FAILED and REQUIRES_RECONCILIATION steps back to DISPATCHED with a new
- * epoch.  *retried = number of steps. */
-int engine_retry(struct engine *g, const char *ws, const char *id, int *retried, char status[32],
-                 struct ifl_err *e);
+ * epoch.  *answer (new reference) = {"executionId", "retriedSteps",
+ * "status"}, or the replayed one.  k may be NULL. */
+int engine_retry(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
+                 json_t **answer, struct ifl_err *e);
 /* Resolves one FAILED / REQUIRES_RECONCILIATION step: outcome "completed"
- * (with output, borrowed, may be NULL = null) or "failed". */
+ * (with output, borrowed, may be NULL = null) or "failed".  *answer (new
+ * reference) = {"executionId", "vertex", "status"}, or the replayed one.
+ * k may be NULL. */
 int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
-                   int completed, json_t *output, char status[32], struct ifl_err *e);
+                   int completed, json_t *output, struct engine_op_key *k, json_t **answer,
+                   struct ifl_err *e);
 /* A new execution with a random id and startedOverFrom = id, made once per
  * Idempotency-Key: a repeat returns the same new id (*replayed = 1). */
 int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,

@@ -74,6 +74,8 @@ struct gw_job;
  * claimable, so a worker that found nothing to claim does not ask again
  * (engine_wake is the one for dispatched work). */
 void engine_wake_drain(struct engine *g);
+/* How long Idempotency-Key records of operator actions live (engine.c). */
+int64_t engine_key_retention(const struct engine *g);
 
 /* Starts a claimed GATEWAY step's call in two halves: prepare renders the
  * request (NULL with *err_text, heap JSON, when it cannot be), launch sends

@@ -648,6 +648,22 @@ static int recover(struct engine *g, int64_t now)
     return recovered;
 }
 
+/* Deletes the Idempotency-Key records past their retention, a bounded
+ * number per round (an expired record is claimed anew when its key comes
+ * back, so this only reclaims space). */
+static void expire_keys(struct engine *g, int64_t now)
+{
+    enum { BATCH = 1000, ROUNDS = 10 };
+    int n = BATCH;
+    for (int i = 0; i < ROUNDS && n == BATCH; i++) {
+        struct ifl_err e = {0};
+        if (store_idem_expire(g->store, now - engine_key_retention(g), BATCH, &n, &e)) {
+            log_warn("keys.expire_failed", "expiring Idempotency-Key records: %s", e.msg);
+            return;
+        }
+    }
+}
+
 static void *sweeper_main(void *arg)
 {
     struct engine *g = arg;
@@ -658,6 +674,7 @@ static void *sweeper_main(void *arg)
     if (period > 2000)
         period = 2000;
     int stop = 0;
+    int64_t keys_due = 0; /* expire keys at start, then once a minute */
     for (;;) {
         /* Sleep a full period on a condition variable of its own: work
          * wake-ups (one per commit or finished call) are for the workers. */
@@ -676,8 +693,14 @@ static void *sweeper_main(void *arg)
          * (engine_stop waits for them): another process must not take one
          * over while its request may still reach the provider. */
         engine_gw_renew_leases(g);
-        if (!stop)
-            recover(g, clock_now_ms());
+        if (stop)
+            continue;
+        int64_t now = clock_now_ms();
+        recover(g, now);
+        if (now >= keys_due) {
+            expire_keys(g, now);
+            keys_due = now + 60000;
+        }
     }
     return NULL;
 }

@@ -399,6 +399,106 @@ def test_start_over_needs_a_key_and_is_idempotent(server):
     assert f.status == 201 and f.headers.get("idempotent-replayed") is None, f
 
 
+def failed_again(s, xid, vertex, epoch):
+    """Waits until the step fails at an epoch past `epoch`; returns it."""
+    def check():
+        st = steps_of(s.get(f"{WS}/executions/{xid}").json)[vertex]
+        return st if st["state"] == "FAILED" and st["epoch"] > epoch else None
+    return wait_for(check)
+
+
+def failed_secretive(s, n):
+    """An execution of secret_flow failed for want of its secret: (id, the
+    failed step's epoch)."""
+    put_workflow(s, "secretive", secret_flow(s))
+    xid = run(s, "secretive", {"n": n})
+    return xid, steps_of(finished(s, xid))["needs_secret"]["epoch"]
+
+
+def test_retry_with_a_key_replays_and_never_retries_twice(server):
+    """Spec §7: a repeated retry (a lost answer, a double click) replays the
+    first answer and does not re-dispatch a step that failed again since."""
+    xid, e0 = failed_secretive(server, 4)
+    a = server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": '"retry-1"'})
+    assert a.status == 200 and a.json["retriedSteps"] == 1, a
+    assert a.headers.get("idempotent-replayed") is None
+    st = failed_again(server, xid, "needs_secret", e0)  # the secret is still missing
+    b = server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "retry-1"})
+    assert b.status == 200 and b.json == a.json and b.headers.get("idempotent-replayed") == "true", b
+    after = steps_of(server.get(f"{WS}/executions/{xid}").json)["needs_secret"]
+    assert after["state"] == "FAILED" and after["epoch"] == st["epoch"], after
+    assert [h["outcome"] for h in after["history"]].count("operator_retry") == 1
+    # the key belongs to that request: on another execution it is 422
+    other = run(server, "secretive", {"n": 5})
+    finished(server, other)
+    c = server.post(f"{WS}/executions/{other}/retry", headers={"Idempotency-Key": "retry-1"})
+    assert c.status == 422 and c.json["type"] == "/problems/idempotency-key-reused", c
+    assert steps_of(server.get(f"{WS}/executions/{other}").json)["needs_secret"]["state"] == "FAILED"
+    bad = server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": '"open'})
+    assert bad.status == 400 and bad.json["type"] == "/problems/invalid-idempotency-key", bad
+    # without a key every retry is a new one
+    d = server.post(f"{WS}/executions/{xid}/retry")
+    assert d.status == 200 and d.json["retriedSteps"] == 1 and d.headers.get("idempotent-replayed") is None
+
+
+def test_concurrent_retries_with_one_key_retry_once(server):
+    """Repeats sent at once wait for the first and replay its answer."""
+    from concurrent.futures import ThreadPoolExecutor
+    xid, e0 = failed_secretive(server, 8)
+
+    def one(_):
+        return server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "burst"})
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(8)))
+    assert all(a.status == 200 and a.json["retriedSteps"] == 1 for a in answers), answers
+    assert [a.headers.get("idempotent-replayed") for a in answers].count(None) == 1, answers
+    st = failed_again(server, xid, "needs_secret", e0)
+    assert [h["outcome"] for h in st["history"]].count("operator_retry") == 1, st["history"]
+
+
+def test_resolve_with_a_key_replays_and_refusals_keep_no_key(server):
+    put_workflow(server, "secretive", secret_flow(server))
+    xid = run(server, "secretive", {"n": 6})
+    finished(server, xid)
+    path = f"{WS}/executions/{xid}/steps/needs_secret/resolve"
+    body = {"outcome": "completed", "output": {"auth": "manual", "n": 1}}
+    a = server.post(path, body, headers={"Idempotency-Key": "res-1"})
+    assert a.status == 200 and a.json["vertex"] == "needs_secret", a
+    finished(server, xid)
+    # the same body in another member order is the same request (JCS)
+    same = {"output": {"n": 1, "auth": "manual"}, "outcome": "completed"}
+    b = server.post(path, same, headers={"Idempotency-Key": "res-1"})
+    assert b.status == 200 and b.json == a.json and b.headers.get("idempotent-replayed") == "true", b
+    c = server.post(path, {"outcome": "failed"}, headers={"Idempotency-Key": "res-1"})
+    assert c.status == 422 and c.json["type"] == "/problems/idempotency-key-reused", c
+    # a refused resolve keeps no key: the step is not resolvable now
+    d = server.post(path, {"outcome": "failed"}, headers={"Idempotency-Key": "res-2"})
+    assert d.status == 409 and d.json["type"] == "/problems/step-not-resolvable", d
+    e = server.post(path, {"outcome": "failed"}, headers={"Idempotency-Key": "res-2"})
+    assert e.status == 409 and e.headers.get("idempotent-replayed") is None, e
+    x = server.get(f"{WS}/executions/{xid}").json
+    assert x["status"] == "completed" and steps_of(x)["needs_secret"]["output"] == {"auth": "manual", "n": 1}
+
+
+def test_action_keys_expire_after_their_retention(make_server):
+    """Keys live 24 h by default (engine time: --test-clock); then the same
+    key is a new request."""
+    s = make_server(extra=["--test-clock"])
+    s.start()
+    xid, e0 = failed_secretive(s, 7)
+    a = s.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "daily"})
+    assert a.status == 200 and a.json["retriedSteps"] == 1, a
+    e1 = failed_again(s, xid, "needs_secret", e0)["epoch"]
+    assert s.post("/v1/test/clock", {"advanceMs": 23 * 3600 * 1000}).status == 200
+    b = s.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "daily"})
+    assert b.status == 200 and b.headers.get("idempotent-replayed") == "true", b
+    assert s.post("/v1/test/clock", {"advanceMs": 3600 * 1000 + 1000}).status == 200
+    c = s.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "daily"})
+    assert c.status == 200 and c.headers.get("idempotent-replayed") is None, c
+    assert c.json["retriedSteps"] == 1
+    failed_again(s, xid, "needs_secret", e1)
+
+
 def test_gateway_not_sent_is_retried_until_attempts_run_out(server):
     put_workflow(server, "gw", {
         "vertices": {"start": {"type": "ENTRY_POINT"},
@@ -436,6 +536,8 @@ def test_operator_cli(server):
     assert steps_of(x)["needs_secret"]["output"] == {"auth": "by-cli"}
     again = cli("retry", "eng", xid)
     assert again.returncode == 0 and json.loads(again.stdout)["retriedSteps"] == 0
+    k1, k2 = cli("retry", "eng", xid, "--key", "cli-r"), cli("retry", "eng", xid, "--key", "cli-r")
+    assert k1.returncode == 0 and json.loads(k1.stdout) == json.loads(k2.stdout), (k1, k2)
     s1 = cli("start-over", "eng", xid, "--key", "cli-1")
     s2 = cli("start-over", "eng", xid, "--key", "cli-1")
     assert s1.returncode == 0 and json.loads(s1.stdout) == json.loads(s2.stdout)

@@ -42,6 +42,30 @@ void crypto_hex(const uint8_t *in, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+int crypto_unhex(const char *s, size_t len, uint8_t *out, size_t n)
+{
+    if (len != 2 * n)
+        return IFL_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return IFL_EINVAL;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
 void crypto_sha256_hex(const void *data, size_t len, char out[65])
 {
     uint8_t d[CRYPTO_SHA256_LEN];

@@ -22,6 +22,9 @@ void crypto_hmac_sha256(const void *key, size_t klen, const void *data, size_t l
 int crypto_random(void *buf, size_t n);
 /* Lowercase hex of n bytes into out (2n+1 bytes). Cannot fail. */
 void crypto_hex(const uint8_t *in, size_t n, char *out);
+/* Exactly 2 * n hex digits (either case) of s[0..len) into n bytes of out.
+ * 0, or IFL_EINVAL (another length, a non-hex character). */
+int crypto_unhex(const char *s, size_t len, uint8_t *out, size_t n);
 /* 32 random bytes as 64 hex chars + NUL. Returns 0 or IFL_EIO. */
 int crypto_random_hex32(char out[65]);
 /* Constant-time equality of two equal-length buffers (0 when lengths

@@ -29,6 +29,14 @@ static void test_hmac_rfc4231_case2(void **state)
     crypto_hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, mac);
     crypto_hex(mac, 32, hex);
     assert_string_equal(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    /* and back, in either case */
+    uint8_t back[32];
+    assert_int_equal(crypto_unhex(hex, 64, back, 32), 0);
+    assert_memory_equal(back, mac, 32);
+    assert_int_equal(crypto_unhex("5BDCC146", 8, back, 4), 0);
+    assert_memory_equal(back, mac, 4);
+    assert_int_equal(crypto_unhex("5bdcc14", 7, back, 4), IFL_EINVAL);
+    assert_int_equal(crypto_unhex("5bdcc1g6", 8, back, 4), IFL_EINVAL);
 }
 
 static void test_base64_round_trip(void **state)

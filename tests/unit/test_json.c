@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "crypto/crypto.h"
 #include "json/json.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -164,17 +165,6 @@ static void test_number_edges(void **state)
     assert_int_equal(json_format_number(-INFINITY, out), IFL_EINVAL);
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static void test_numbers_csv(void **state)
 {
     (void)state;
@@ -194,13 +184,11 @@ static void test_numbers_csv(void **state)
         *end = '\0';
         if (*line) {
             lines++;
+            uint8_t be[8];
+            assert_int_equal(crypto_unhex(line, 16, be, sizeof be), 0);
             uint64_t u = 0;
-            int i = 0;
-            for (; i < 16; i++) {
-                int h = hexval(line[i]);
-                assert_true(h >= 0);
-                u = (u << 4) | (uint64_t)h;
-            }
+            for (int i = 0; i < 8; i++)
+                u = (u << 8) | be[i];
             assert_int_equal(line[16], ',');
             char out[32];
             json_format_number(from_bits(u), out);

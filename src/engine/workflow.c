@@ -99,6 +99,104 @@ static const char *expr_text(const char *s)
     return s;
 }
 
+/* An HTTP header name (an RFC 9110 token), 1–64 characters. */
+static int header_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 64)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || strchr("!#$%&'*+-.^_`|~", s[i])))
+            return 0;
+    return 1;
+}
+
+/* Refuses member `m` of the entry point's signature with `why`. */
+static int sig_refuse(struct wf_vertex *v, const char *m, const char *why, struct ifl_err *e)
+{
+    char p[IFL_ERR_PTR_MAX], rest[96];
+    snprintf(rest, sizeof rest, "/config/signature%s%s", m ? "/" : "", m ? m : "");
+    vptr(p, sizeof p, v->id, rest);
+    return err_setp(e, IFL_EVALIDATION, p, "%s", why);
+}
+
+/* "signature" of spec §8 into v->sig. */
+static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e)
+{
+    struct wf_signature *g = &v->sig;
+    if (!json_is_object(sig))
+        return sig_refuse(v, NULL, "signature must be an object", e);
+    const char *scheme = json_string_value(json_object_get(sig, "scheme"));
+    if (scheme && strcmp(scheme, "standard-webhooks") == 0)
+        g->scheme = WF_SIG_STANDARD;
+    else if (scheme && strcmp(scheme, "hmac-sha256") == 0)
+        g->scheme = WF_SIG_HMAC;
+    else
+        return sig_refuse(v, "scheme", "scheme must be \"standard-webhooks\" or \"hmac-sha256\"",
+                          e);
+    int std = g->scheme == WF_SIG_STANDARD;
+    const char *k;
+    json_t *m;
+    json_object_foreach(sig, k, m)
+    {
+        static const char *const common[] = {"scheme", "secret", NULL};
+        static const char *const standard[] = {"toleranceSeconds", NULL};
+        static const char *const hmac[] = {"header", "prefix", "encoding", NULL};
+        int known = 0;
+        for (int i = 0; common[i]; i++)
+            known |= strcmp(k, common[i]) == 0;
+        for (int i = 0; std ? standard[i] != NULL : hmac[i] != NULL; i++)
+            known |= strcmp(k, std ? standard[i] : hmac[i]) == 0;
+        if (!known) {
+            char why[200];
+            snprintf(why, sizeof why, "%s is not a member of a %s signature (%s)", k, scheme,
+                     std ? "scheme, secret, toleranceSeconds"
+                         : "scheme, secret, header, prefix, encoding");
+            return sig_refuse(v, k, why, e);
+        }
+    }
+    const char *secret = json_string_value(json_object_get(sig, "secret"));
+    if (!secret || !tmpl_secret_ref(secret, g->secret, sizeof g->secret))
+        return sig_refuse(v, "secret",
+                          "secret must be a reference to a workspace secret, "
+                          "\"{{ secrets.NAME }}\" (never the value itself)",
+                          e);
+    g->tolerance_s = 300;
+    json_t *tol = json_object_get(sig, "toleranceSeconds");
+    if (tol) {
+        /* numbers may arrive as reals (the JSON reader keeps big ones exact) */
+        double d = json_is_number(tol) ? json_num(tol) : 0;
+        if (!(d >= 1 && d <= 86400) || d != (double)(int64_t)d)
+            return sig_refuse(v, "toleranceSeconds",
+                              "toleranceSeconds must be an integer from 1 to 86400", e);
+        g->tolerance_s = (int64_t)d;
+    }
+    if (std)
+        return 0;
+    g->header = json_string_value(json_object_get(sig, "header"));
+    if (!g->header || !header_name_ok(g->header))
+        return sig_refuse(v, "header",
+                          "an hmac-sha256 signature needs header: the name of the header that "
+                          "carries it",
+                          e);
+    json_t *prefix = json_object_get(sig, "prefix");
+    if (prefix) {
+        g->prefix = json_string_value(prefix);
+        int ok = g->prefix && strlen(g->prefix) <= 64;
+        for (const char *c = g->prefix; ok && *c; c++)
+            ok = *c >= 0x21 && *c <= 0x7e;
+        if (!ok)
+            return sig_refuse(v, "prefix", "prefix must be at most 64 printable characters", e);
+    }
+    const char *enc = json_string_value(json_object_get(sig, "encoding"));
+    if (json_object_get(sig, "encoding") &&
+        (!enc || (strcmp(enc, "hex") != 0 && strcmp(enc, "base64") != 0)))
+        return sig_refuse(v, "encoding", "encoding must be \"hex\" or \"base64\"", e);
+    g->base64 = enc && strcmp(enc, "base64") == 0;
+    return 0;
+}
+
 static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
@@ -110,13 +208,15 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     json_t *m;
     json_object_foreach(cfg, k, m)
     {
-        static const char *const later[] = {"signature", "schedule", "ordering", NULL};
+        static const char *const later[] = {"schedule", "ordering", NULL};
         const char *why = NULL;
         for (int i = 0; later[i] && !why; i++)
             if (strcmp(k, later[i]) == 0)
                 why = "is in the spec but not supported by this engine yet (README, \"Not yet\")";
-        if (!why && strcmp(k, "idempotencyFields") != 0 && strcmp(k, "dedupWindow") != 0)
-            why = "is not a member of an ENTRY_POINT's config (idempotencyFields, dedupWindow)";
+        if (!why && strcmp(k, "idempotencyFields") != 0 && strcmp(k, "dedupWindow") != 0 &&
+            strcmp(k, "signature") != 0)
+            why = "is not a member of an ENTRY_POINT's config (idempotencyFields, dedupWindow, "
+                  "signature)";
         if (why) {
             struct buf rest;
             buf_init(&rest, 0);
@@ -126,6 +226,12 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
             buf_free(&rest);
             return err_setp(e, IFL_EVALIDATION, p, "%s %s", k, why);
         }
+    }
+    json_t *sig = json_object_get(cfg, "signature");
+    if (sig) {
+        int rc = compile_signature(v, sig, e);
+        if (rc)
+            return rc;
     }
     json_t *f = json_object_get(cfg, "idempotencyFields");
     if (f) {

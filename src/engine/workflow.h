@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/err.h"
 #include "engine/identity.h"
@@ -23,12 +24,25 @@ struct tmpl;
 
 enum wf_vertex_type { WF_ENTRY_POINT, WF_GATEWAY, WF_TRANSFORM };
 
+/* An ENTRY_POINT's "signature" (spec §8): how its trigger authenticates
+ * inbound webhooks.  Strings are borrowed from the definition. */
+enum wf_sig_scheme { WF_SIG_NONE, WF_SIG_STANDARD, WF_SIG_HMAC };
+struct wf_signature {
+    enum wf_sig_scheme scheme;
+    char secret[129];    /* the workspace secret's name */
+    int64_t tolerance_s; /* standard-webhooks: webhook-timestamp within ± this of now */
+    const char *header;  /* hmac-sha256: the signature header */
+    const char *prefix;  /* hmac-sha256: before the MAC ("sha256="), or NULL */
+    int base64;          /* hmac-sha256: the MAC in base64 (else hex) */
+};
+
 struct wf_vertex {
     char *id;
     enum wf_vertex_type type;
     json_t *config;          /* borrowed from the definition */
     int has_fields;          /* ENTRY_POINT: idempotencyFields present */
     struct id_fields fields; /* ENTRY_POINT */
+    struct wf_signature sig; /* ENTRY_POINT: scheme WF_SIG_NONE when unsigned */
     struct tmpl *output;     /* TRANSFORM: compiled "output" template */
     struct tmpl *request;    /* GATEWAY: compiled {url, headers, query, body} */
     const char *method;      /* GATEWAY: borrowed from config, or NULL */

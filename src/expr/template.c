@@ -68,6 +68,16 @@ static int next_secret(const char *s, size_t n, size_t from, size_t *b, size_t *
     return 0;
 }
 
+int tmpl_secret_ref(const char *s, char *name, size_t cap)
+{
+    size_t n = strlen(s), b, e, nb, ne;
+    if (!next_secret(s, n, 0, &b, &e, &nb, &ne) || b != 0 || e != n || ne - nb >= cap)
+        return 0;
+    memcpy(name, s + nb, ne - nb);
+    name[ne - nb] = '\0';
+    return 1;
+}
+
 static void node_free(struct tnode *t)
 {
     expr_free(t->x);

@@ -50,6 +50,11 @@ int tmpl_eval(const struct tmpl *t, json_t *context, tmpl_secret_fn secrets, voi
  * value is the definition itself). */
 int tmpl_is_constant(const struct tmpl *t);
 
+/* 1 when s is exactly one `{{ secrets.NAME }}` reference (nothing around
+ * it), with NAME copied into name (cap bytes, NUL-terminated; 0 when it
+ * does not fit). */
+int tmpl_secret_ref(const char *s, char *name, size_t cap);
+
 /* The JSON Pointer (base_pointer included) of the first string with a
  * `{{ secrets.NAME }}` reference, or NULL when there is none.  Borrowed
  * from t. */

@@ -98,10 +98,22 @@ static void test_rejections(void **state)
         expect_bad(def, "/vertices/g/config/headers/idempotency-key");
         free(def);
     }
-    /* ENTRY_POINT members this engine does not honour are refused */
+    /* a signature names a secret; it never holds one */
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"signature\":"
-               "{\"scheme\":\"standard-webhooks\",\"secret\":\"{{ secrets.S }}\"}}}}}",
-               "/vertices/a/config/signature");
+               "{\"scheme\":\"standard-webhooks\",\"secret\":\"whsec_AAAA\"}}}}}",
+               "/vertices/a/config/signature/secret");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"signature\":"
+               "{\"scheme\":\"hmac-sha256\",\"secret\":\"{{ secrets.S }}\","
+               "\"header\":\"X-Sig\",\"toleranceSeconds\":5}}}}}",
+               "/vertices/a/config/signature/toleranceSeconds");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"signature\":"
+               "{\"scheme\":\"standard-webhooks\",\"secret\":\"{{ secrets.S }}\","
+               "\"toleranceSeconds\":1.5}}}}}",
+               "/vertices/a/config/signature/toleranceSeconds");
+    /* ENTRY_POINT members this engine does not honour are refused */
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"ordering\":"
+               "{\"key\":\"id\",\"version\":\"v\"}}}}}",
+               "/vertices/a/config/ordering");
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"schedule\":"
                "\"* * * * *\"}}}}",
                "/vertices/a/config/schedule");
@@ -156,6 +168,34 @@ static void test_good_graph(void **state)
     wf_free(w);
 }
 
+static void test_signatures(void **state)
+{
+    (void)state;
+    struct wf *w = NULL;
+    assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{"
+                             "\"signature\":{\"scheme\":\"standard-webhooks\","
+                             "\"secret\":\"{{secrets.WH_1}}\",\"toleranceSeconds\":600}}},"
+                             "\"b\":{\"type\":\"ENTRY_POINT\",\"config\":{\"signature\":{"
+                             "\"scheme\":\"hmac-sha256\",\"secret\":\"{{ secrets.GH }}\","
+                             "\"header\":\"X-Hub-Signature-256\",\"prefix\":\"sha256=\","
+                             "\"encoding\":\"base64\"}}},"
+                             "\"c\":{\"type\":\"ENTRY_POINT\"}}}",
+                             &w, NULL),
+                     0);
+    const struct wf_signature *a = &w->v[wf_vertex_index(w, "a")].sig;
+    assert_int_equal(a->scheme, WF_SIG_STANDARD);
+    assert_string_equal(a->secret, "WH_1");
+    assert_int_equal(a->tolerance_s, 600);
+    const struct wf_signature *b = &w->v[wf_vertex_index(w, "b")].sig;
+    assert_int_equal(b->scheme, WF_SIG_HMAC);
+    assert_string_equal(b->secret, "GH");
+    assert_string_equal(b->header, "X-Hub-Signature-256");
+    assert_string_equal(b->prefix, "sha256=");
+    assert_true(b->base64);
+    assert_int_equal(w->v[wf_vertex_index(w, "c")].sig.scheme, WF_SIG_NONE);
+    wf_free(w);
+}
+
 static void test_names(void **state)
 {
     assert_true(wf_name_valid("order_received-1.v2"));
@@ -174,6 +214,7 @@ int main(void)
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_good_graph),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_signatures),
     };
     return cmocka_run_group_tests_name("workflow", tests, NULL, NULL);
 }

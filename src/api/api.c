@@ -37,6 +37,9 @@ struct call {
     char *seg[MAX_SEGS];
     int nseg;
     int deferred; /* the answer comes later (http_defer); counted then */
+    /* No valid bearer token, on a route a signed webhook may take (the
+     * trigger): the engine lets only a signed entry point answer. */
+    int unauthenticated;
 };
 
 /* ---- responses ---------------------------------------------------------------- */
@@ -366,6 +369,8 @@ static void trigger_answer(struct api *a, struct http_res *res, const char *ws, 
     if (rc) {
         if (e->code == IFL_ENOTFOUND && !e->slug[0])
             err_slug(e, "not-found");
+        if (e->code == IFL_EUNAUTH && strcmp(e->slug, "unauthorized") == 0)
+            http_res_header(res, "WWW-Authenticate", "Bearer");
         api_problem_err(res, e);
         atomic_fetch_add(&a->triggers_rejected, 1);
         return;
@@ -528,6 +533,12 @@ static void trigger_finish(void *arg, const struct http_req *req, struct http_re
     dt_free(dt);
 }
 
+static const char *req_header(const void *req, const char *name)
+{
+    const struct http_req *r = req;
+    return r->header(r, name);
+}
+
 static void trigger(struct call *c, int test)
 {
     struct api *a = c->a;
@@ -581,6 +592,11 @@ static void trigger(struct call *c, int test)
         .client_key = qk ? qk : hk,
         .test = test,
         .force_new = force == 1,
+        .body = c->req->body,
+        .body_len = c->req->body_len,
+        .header = req_header,
+        .header_ctx = c->req,
+        .unauthenticated = c->unauthenticated,
     };
     struct deferred_trigger *dt = xcalloc(1, sizeof *dt);
     dt->a = a;
@@ -1218,7 +1234,14 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
         api_problem(res, 404, "not-found", "no such resource", NULL);
         goto done;
     }
-    if (!auth_ok(&c)) {
+    /* A trigger without the token may still be a signed webhook: the
+     * engine answers it only for an entry point that verifies signatures
+     * (engine_trigger_begin), 401 otherwise. */
+    c.unauthenticated = !auth_ok(&c);
+    int webhook_route = c.nseg == 8 && strcmp(req->method, "POST") == 0 &&
+                        strcmp(c.seg[1], "workspaces") == 0 && strcmp(c.seg[3], "workflows") == 0 &&
+                        strcmp(c.seg[5], "entry-points") == 0 && strcmp(c.seg[7], "trigger") == 0;
+    if (c.unauthenticated && !webhook_route) {
         http_res_header(res, "WWW-Authenticate", "Bearer");
         api_problem(res, 401, "unauthorized", "a valid bearer token is required", NULL);
         goto done;

@@ -14,6 +14,7 @@
 #include "engine/identity.h"
 #include "engine/steps.h"
 #include "engine/workflow.h"
+#include "crypto/whsig.h"
 #include "expr/expr.h"
 #include "json/json.h"
 
@@ -695,6 +696,62 @@ static void op_free(struct engine_trigger_op *op)
     free(op);
 }
 
+static const char *req_header(const struct trigger_req *r, const char *name)
+{
+    return r->header ? r->header(r->header_ctx, name) : NULL;
+}
+
+/* Verifies the signature the entry point asks for (spec §8) over the raw
+ * body.  For Standard Webhooks, webhook_id (256 bytes) receives the
+ * delivery's id, the identity of its execution; empty otherwise (the
+ * hmac-sha256 senders' delivery ids are not signed, so the payload or
+ * idempotencyFields identify those executions: a replayed body cannot make
+ * a second one by changing an unsigned header). */
+static int verify_signature(struct engine *g, const struct trigger_req *r,
+                            const struct wf_signature *s, char *webhook_id, struct ifl_err *e)
+{
+    webhook_id[0] = '\0';
+    char *secret = NULL;
+    int rc = engine_secret_get(g, r->ws, s->secret, &secret, NULL);
+    if (rc) {
+        log_error("trigger.signature_secret",
+                  "%s/%s/%s: the signing secret '%s' cannot be read; deliveries are refused "
+                  "with 503 until it exists",
+                  r->ws, r->wf, r->vertex, s->secret);
+        return err_set(e, IFL_EBUSY, "this entry point cannot verify signatures right now");
+    }
+    if (s->scheme == WF_SIG_HMAC) {
+        rc = whsig_hmac_verify(secret, strlen(secret), req_header(r, s->header), s->prefix,
+                               s->base64 ? WHSIG_BASE64 : WHSIG_HEX, r->body, r->body_len, e);
+        engine_secret_release(secret);
+        return rc;
+    }
+    uint8_t *key = NULL;
+    size_t klen = 0;
+    rc = whsig_secret_decode(secret, &key, &klen);
+    engine_secret_release(secret);
+    if (rc) {
+        log_error("trigger.signature_secret",
+                  "%s/%s/%s: the signing secret '%s' is not a Standard Webhooks secret "
+                  "(whsec_ and base64); deliveries are refused with 503",
+                  r->ws, r->wf, r->vertex, s->secret);
+        return err_set(e, IFL_EBUSY, "this entry point cannot verify signatures right now");
+    }
+    const char *id = req_header(r, "webhook-id");
+    rc = whsig_standard_verify(key, klen, id, req_header(r, "webhook-timestamp"),
+                               req_header(r, "webhook-signature"), r->body, r->body_len,
+                               clock_now_ms() / 1000, s->tolerance_s, e);
+    crypto_wipe(key, klen);
+    free(key);
+    if (rc)
+        return rc;
+    if (!identity_client_key_valid(id))
+        return err_setp(e, IFL_EINVAL, "/webhook-id",
+                        "webhook-id must be 1-255 printable ASCII characters");
+    snprintf(webhook_id, 256, "%s", id);
+    return 0;
+}
+
 int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct trigger_res *out,
                          struct engine_trigger_op **opp, struct ifl_err *e)
 {
@@ -703,22 +760,40 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     const struct wf *w = NULL;
     int version = 0;
     int rc = engine_workflow_get(g, r->ws, r->wf, 0, &w, &version, e);
+    long vi = rc ? -1 : wf_vertex_index(w, r->vertex);
+    const struct wf_vertex *v = vi >= 0 && w->v[vi].type == WF_ENTRY_POINT ? &w->v[vi] : NULL;
+    /* Without a bearer token only a signed entry point answers: what
+     * exists is not told to an unauthenticated caller. */
+    if (r->unauthenticated && (!v || v->sig.scheme == WF_SIG_NONE)) {
+        err_set(e, IFL_EUNAUTH, "a valid bearer token is required");
+        return err_slug(e, "unauthorized");
+    }
     if (rc == IFL_ENOTFOUND && store_workspace_exists(g->store, r->ws, e) == IFL_ENOTFOUND)
         return err_slug(e, "workspace-not-found");
     if (rc)
         return rc;
-    long vi = wf_vertex_index(w, r->vertex);
-    if (vi < 0 || w->v[vi].type != WF_ENTRY_POINT)
+    if (!v)
         return err_set(e, IFL_ENOTFOUND, "workflow '%s' has no entry point '%s'", r->wf, r->vertex);
-    const struct wf_vertex *v = &w->v[vi];
+    char webhook_id[256] = "";
+    if (v->sig.scheme != WF_SIG_NONE && (rc = verify_signature(g, r, &v->sig, webhook_id, e))) {
+        if (rc == IFL_EUNAUTH)
+            err_slug(e, "invalid-signature");
+        return rc;
+    }
 
-    /* Identity: client key > idempotencyFields > payload; random when forced. */
+    /* Identity: random when forced (test runs); else webhook id > client
+     * key > idempotencyFields > payload. */
     const char *mode;
     json_t *material = NULL, *identity = json_object();
     char id[65];
     if (r->force_new) {
         mode = "random";
         rc = identity_random(id, e);
+    } else if (webhook_id[0]) {
+        mode = "webhook";
+        material = json_string(webhook_id);
+        json_object_set(identity, "webhookId", material);
+        rc = identity_compute(r->ws, r->wf, r->vertex, mode, material, id, e);
     } else {
         if (r->client_key) {
             if (!identity_client_key_valid(r->client_key)) {

@@ -61,6 +61,16 @@ struct trigger_req {
     const char *client_key; /* ?clientIdempotencyId or Idempotency-Key; NULL if none */
     int test;               /* a test run */
     int force_new;          /* random identity (test runs only) */
+    /* For an entry point that verifies signed webhooks (spec §8): the raw
+     * body and the request's headers (header(header_ctx, name), case-
+     * insensitive, NULL when absent; borrowed for the call). */
+    const char *body;
+    size_t body_len;
+    const char *(*header)(const void *header_ctx, const char *name);
+    const void *header_ctx;
+    /* The caller showed no valid bearer token: only an entry point with a
+     * signature may take the request, and every other answer is 401. */
+    int unauthenticated;
 };
 
 struct trigger_res {
@@ -73,7 +83,11 @@ struct trigger_res {
 /* A trigger resolves the identity and creates the execution with one atomic
  * insert.  Errors: IFL_ENOTFOUND (workspace/workflow/entry point),
  * IFL_EVALIDATION (missing idempotency field), IFL_EKEYREUSED (client key,
- * other payload), IFL_EINVAL (bad client key).
+ * other payload), IFL_EINVAL (bad client key), IFL_EUNAUTH (a signature
+ * that does not verify, or an unauthenticated caller), IFL_EBUSY (the
+ * entry point's signing secret is missing or unusable).  An entry point
+ * with a signature verifies it before anything else and, for Standard
+ * Webhooks, takes the webhook-id as the identity (mode "webhook").
  *
  * It runs in parts, so that the caller can drop its own reference to the
  * request's JSON (trigger_req.payload) before the commit: the GATEWAY calls

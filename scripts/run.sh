@@ -13,7 +13,8 @@ MOCK_PID=$!
 trap 'kill $MOCK_PID 2>/dev/null || true' EXIT INT TERM
 cat <<MSG
 idemflow: engine on http://$LISTEN ($DB), mock payment provider on http://127.0.0.1:9090.
-Workflows loaded from examples/demo: orders, charge, charge_verified, refund_lookup.
+Workflows loaded from examples/demo: orders, charge, charge_verified, refund_lookup,
+invoice_webhook (signed webhooks; README shows how to sign a delivery).
 From another terminal:
 
   # a charge; send it twice: one execution, one charge (the key is 'charge-' & order.id)

@@ -8,11 +8,13 @@
  *   idemflow version
  */
 #include "api/api.h"
+#include "base/clock.h"
 #include "base/crashmark.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
+#include "crypto/whsig.h"
 #include "engine/engine.h"
 #include "engine/identity.h"
 #include "expr/expr.h"
@@ -39,7 +41,9 @@ static void usage(FILE *f)
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
           "                 [--http-threads N] [--key-retention-hours H] [--test-clock]\n"
-          "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json\n"
+          "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
+          "              < payload.json\n"
+          "  IDEMFLOW_WEBHOOK_SECRET=whsec_... idemflow sign-webhook ID [--timestamp T] < body\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
           "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
           "http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is sent as a bearer token):\n"
@@ -78,32 +82,36 @@ static int cmd_id(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    const char *ws = argv[1], *wf = argv[2], *vx = argv[3], *fields = NULL, *client = NULL;
+    const char *ws = argv[1], *wf = argv[2], *vx = argv[3], *fields = NULL, *client = NULL,
+               *webhook = NULL;
     for (int i = 4; i < argc; i++) {
         if (strcmp(argv[i], "--fields") == 0 && i + 1 < argc)
             fields = argv[++i];
         else if (strcmp(argv[i], "--client-id") == 0 && i + 1 < argc)
             client = argv[++i];
+        else if (strcmp(argv[i], "--webhook-id") == 0 && i + 1 < argc)
+            webhook = argv[++i];
         else {
             usage(stderr);
             return 2;
         }
     }
-    if (fields && client) {
-        fputs("idemflow id: --fields and --client-id are exclusive\n", stderr);
+    if (!!fields + !!client + !!webhook > 1) {
+        fputs("idemflow id: --fields, --client-id and --webhook-id are exclusive\n", stderr);
         return 2;
     }
     struct ifl_err e = {0};
     json_t *material = NULL, *payload = NULL;
     const char *mode;
     int rc = 0;
-    if (client) {
-        if (!identity_client_key_valid(client)) {
-            fputs("idemflow id: the client id must be 1-255 printable ASCII characters\n", stderr);
+    if (client || webhook) {
+        if (!identity_client_key_valid(client ? client : webhook)) {
+            fprintf(stderr, "idemflow id: the %s must be 1-255 printable ASCII characters\n",
+                    client ? "client id" : "webhook id");
             return 1;
         }
-        mode = "client";
-        material = json_string(client);
+        mode = client ? "client" : "webhook";
+        material = json_string(client ? client : webhook);
     } else {
         struct buf in;
         if (read_all(STDIN_FILENO, 64u << 20, &in)) {
@@ -154,6 +162,58 @@ static int cmd_id(int argc, char **argv)
     }
     printf("%s\n", id);
     return 0;
+}
+
+/* ---- idemflow sign-webhook ------------------------------------------------------ */
+
+/* Prints the Standard Webhooks headers of a delivery of stdin, signed with
+ * $IDEMFLOW_WEBHOOK_SECRET (never an argument: those show in `ps`), one
+ * "name: value" per line, as `curl -H @file` reads them.  For testing a
+ * signed entry point. */
+static int cmd_sign_webhook(int argc, char **argv)
+{
+    const char *id = NULL, *ts = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--timestamp") == 0 && i + 1 < argc)
+            ts = argv[++i];
+        else if (argv[i][0] != '-' && !id)
+            id = argv[i];
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    const char *secret = getenv("IDEMFLOW_WEBHOOK_SECRET");
+    if (!id || !identity_client_key_valid(id) ||
+        (ts && (!*ts || strlen(ts) > 12 || strspn(ts, "0123456789") != strlen(ts)))) {
+        usage(stderr);
+        return 2;
+    }
+    uint8_t *key = NULL;
+    size_t klen = 0;
+    if (!secret || whsig_secret_decode(secret, &key, &klen)) {
+        fputs("idemflow sign-webhook: set IDEMFLOW_WEBHOOK_SECRET to a whsec_ (base64) secret\n",
+              stderr);
+        return 2;
+    }
+    char now[32];
+    if (!ts) {
+        snprintf(now, sizeof now, "%lld", (long long)(clock_now_ms() / 1000));
+        ts = now;
+    }
+    struct buf in;
+    int rc = read_all(STDIN_FILENO, 64u << 20, &in);
+    if (!rc) {
+        char *sig = whsig_standard_sign(key, klen, id, ts, in.p ? in.p : "", in.len);
+        printf("webhook-id: %s\nwebhook-timestamp: %s\nwebhook-signature: %s\n", id, ts, sig);
+        free(sig);
+    } else {
+        fputs("idemflow sign-webhook: cannot read the body from stdin\n", stderr);
+    }
+    buf_free(&in);
+    crypto_wipe(key, klen);
+    free(key);
+    return rc ? 1 : 0;
 }
 
 /* ---- idemflow serve ------------------------------------------------------------ */
@@ -619,6 +679,8 @@ int main(int argc, char **argv)
         return cmd_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "id") == 0)
         return cmd_id(argc - 1, argv + 1);
+    if (strcmp(cmd, "sign-webhook") == 0)
+        return cmd_sign_webhook(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0)
         return expr_cli_main(argc - 1, argv + 1);
     if (strcmp(cmd, "get") == 0 || strcmp(cmd, "retry") == 0 || strcmp(cmd, "resolve") == 0 ||

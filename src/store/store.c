@@ -219,6 +219,26 @@ const struct store_migration store_migrations[] = {
     {4, "SELECT 1;",
      "ALTER TABLE executions ADD COLUMN last_txid xid8;"
      "ALTER TABLE executions ALTER COLUMN last_txid SET DEFAULT pg_current_xact_id();"},
+    /* The last version applied per ordering key of an entry point (spec §8,
+     * "ordering"): advanced in the creating transaction of the execution it
+     * admits. */
+    {5,
+     "CREATE TABLE ordering_keys ("
+     " workspace TEXT NOT NULL,"
+     " workflow TEXT NOT NULL,"
+     " entry_point TEXT NOT NULL,"
+     " key TEXT NOT NULL,"
+     " version BIGINT NOT NULL,"
+     " updated_at BIGINT NOT NULL,"
+     " PRIMARY KEY (workspace, workflow, entry_point, key));",
+     "CREATE TABLE ordering_keys ("
+     " workspace TEXT COLLATE \"C\" NOT NULL,"
+     " workflow TEXT COLLATE \"C\" NOT NULL,"
+     " entry_point TEXT COLLATE \"C\" NOT NULL,"
+     " key TEXT COLLATE \"C\" NOT NULL,"
+     " version BIGINT NOT NULL,"
+     " updated_at BIGINT NOT NULL,"
+     " PRIMARY KEY (workspace, workflow, entry_point, key));"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
@@ -787,6 +807,15 @@ int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, co
     if (existing)
         memset(existing, 0, sizeof *existing);
     return tx->s->ops->tx_idem_put(tx, ws, scope, key, r, created, existing, e);
+}
+
+int store_tx_ordering_advance(struct store_tx *tx, const struct store_ordering *o, int *advanced,
+                              int *had_last, int64_t *last, struct ifl_err *e)
+{
+    *advanced = 0;
+    *had_last = 0;
+    *last = 0;
+    return tx->s->ops->tx_ordering_advance(tx, o, advanced, had_last, last, e);
 }
 
 int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,

@@ -362,6 +362,22 @@ int store_tx_attempt_record(struct store_tx *tx, const char *execution_id, const
  * empty. */
 int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct ifl_err *e);
 
+/* Ordering of an entry point's events (spec §8): the last version applied
+ * per key. */
+struct store_ordering {
+    const char *ws, *wf, *entry_point;
+    const char *key; /* the key's value, as JCS text */
+    int64_t version;
+};
+/* Advances the key's version to o->version when it is newer than the last
+ * one applied (or the key is new): *advanced = 1.  Otherwise *advanced = 0
+ * and nothing changes.  *had_last and *last tell the version applied
+ * before.  Inside the caller's transaction; on PostgreSQL the key's row
+ * stays locked until it ends, so concurrent events of one key are decided
+ * one after the other. */
+int store_tx_ordering_advance(struct store_tx *tx, const struct store_ordering *o, int *advanced,
+                              int *had_last, int64_t *last, struct ifl_err *e);
+
 /* Idempotency records of the engine's own API (spec §7). */
 struct store_idem {
     char *fingerprint;

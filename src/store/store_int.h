@@ -91,6 +91,8 @@ struct store_ops {
     int (*tx_idem_put)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, int *created, struct store_idem *existing,
                        struct ifl_err *e);
+    int (*tx_ordering_advance)(struct store_tx *tx, const struct store_ordering *o, int *advanced,
+                               int *had_last, int64_t *last, struct ifl_err *e);
     int (*tx_idem_set)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, struct ifl_err *e);
     int (*tx_idem_expire)(struct store_tx *tx, int64_t before, int limit, int *n,

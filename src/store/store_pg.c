@@ -101,6 +101,9 @@ enum stmt {
     S_IDEM_PUT,
     S_IDEM_GET,
     S_IDEM_SET,
+    S_ORDERING_LOCK,
+    S_ORDERING_INSERT,
+    S_ORDERING_UPDATE,
     S_IDEM_EXPIRE,
     S_ATTEMPTS_OF,
     S_CLAIM,
@@ -221,6 +224,18 @@ static const struct {
     [S_IDEM_SET] = {"ifl_idem_set",
                     "UPDATE idempotency_keys SET fingerprint = $4, status = $5, response = $6,"
                     " created_at = $7 WHERE workspace = $1 AND scope = $2 AND key = $3"},
+    [S_ORDERING_LOCK] = {"ifl_ordering_lock",
+                         "SELECT version FROM ordering_keys WHERE workspace = $1 AND workflow = $2"
+                         " AND entry_point = $3 AND key = $4 FOR UPDATE"},
+    [S_ORDERING_INSERT] = {"ifl_ordering_insert",
+                           "INSERT INTO ordering_keys (workspace, workflow, entry_point, key,"
+                           " version, updated_at) VALUES ($1, $2, $3, $4, $5, $6)"
+                           " ON CONFLICT (workspace, workflow, entry_point, key) DO NOTHING"
+                           " RETURNING 1"},
+    [S_ORDERING_UPDATE] = {"ifl_ordering_update",
+                           "UPDATE ordering_keys SET version = $5, updated_at = $6"
+                           " WHERE workspace = $1 AND workflow = $2 AND entry_point = $3"
+                           " AND key = $4"},
     [S_IDEM_EXPIRE] = {"ifl_idem_expire",
                        "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM"
                        " idempotency_keys WHERE created_at < $1 LIMIT $2)"},
@@ -1871,6 +1886,66 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
     return rc;
 }
 
+/* Reads and locks the key's row: 1 with *v when there is one, 0 when not,
+ * or a failure code. */
+static int ordering_lock(struct pgtx *t, struct args *p, int64_t *v, struct ifl_err *e)
+{
+    p->n = 4;
+    PGresult *r = q(t, S_ORDERING_LOCK, p, e);
+    if (!r)
+        return t->fail_rc;
+    int found = PQntuples(r) == 1;
+    if (found)
+        *v = col_i64(r, 0, 0);
+    PQclear(r);
+    return found;
+}
+
+static int tx_ordering_advance(struct store_tx *tx, const struct store_ordering *o, int *advanced,
+                               int *had_last, int64_t *last, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, o->ws);
+    arg_s(&p, o->wf);
+    arg_s(&p, o->entry_point);
+    arg_s(&p, o->key);
+    int found = ordering_lock(t, &p, last, e);
+    if (found < 0)
+        return found;
+    if (!found) {
+        /* A new key: insert it; when a concurrent transaction inserted it
+         * first, this waited for it, and the row is now there to lock. */
+        arg_i(&p, o->version);
+        arg_i(&p, clock_now_ms());
+        PGresult *r = q(t, S_ORDERING_INSERT, &p, e);
+        if (!r)
+            return t->fail_rc;
+        int inserted = PQntuples(r) == 1;
+        PQclear(r);
+        if (inserted) {
+            *advanced = 1;
+            return 0;
+        }
+        if ((found = ordering_lock(t, &p, last, e)) < 0)
+            return found;
+        if (!found)
+            return err_set(e, IFL_ESTORE, "ordering key vanished");
+    }
+    *had_last = 1;
+    if (*last >= o->version)
+        return 0;
+    p.n = 4;
+    arg_i(&p, o->version);
+    arg_i(&p, clock_now_ms());
+    PGresult *r = q(t, S_ORDERING_UPDATE, &p, e);
+    if (!r)
+        return t->fail_rc;
+    PQclear(r);
+    *advanced = 1;
+    return 0;
+}
+
 static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *rec, struct ifl_err *e)
 {
@@ -2326,6 +2401,7 @@ static const struct store_ops pg_ops = {
     .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
+    .tx_ordering_advance = tx_ordering_advance,
     .tx_idem_set = tx_idem_set,
     .tx_idem_expire = tx_idem_expire,
     .wait_work = op_wait_work,

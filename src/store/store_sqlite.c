@@ -1598,6 +1598,47 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
     return rc;
 }
 
+static int tx_ordering_advance(struct store_tx *tx, const struct store_ordering *o, int *advanced,
+                               int *had_last, int64_t *last, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char sel[] = "SELECT version FROM ordering_keys WHERE workspace = ? AND"
+                              " workflow = ? AND entry_point = ? AND key = ?";
+    sqlite3_stmt *st = stmt(c, sel, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, o->ws);
+    bind_text(st, 2, o->wf);
+    bind_text(st, 3, o->entry_point);
+    bind_text(st, 4, o->key);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_ROW) {
+        *had_last = 1;
+        *last = sqlite3_column_int64(st, 0);
+    }
+    int rc = r == SQLITE_ROW || r == SQLITE_DONE ? 0 : db_err(c, e, "ordering_get");
+    done_stmt(st);
+    if (rc || (*had_last && *last >= o->version))
+        return rc;
+    /* one writer: nobody can come between the read and this write */
+    static const char up[] =
+        "INSERT INTO ordering_keys (workspace, workflow, entry_point, key, version, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, workflow, entry_point, key)"
+        " DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at";
+    if (!(st = stmt(c, up, e)))
+        return IFL_ESTORE;
+    bind_text(st, 1, o->ws);
+    bind_text(st, 2, o->wf);
+    bind_text(st, 3, o->entry_point);
+    bind_text(st, 4, o->key);
+    sqlite3_bind_int64(st, 5, o->version);
+    sqlite3_bind_int64(st, 6, clock_now_ms());
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "ordering_put");
+    done_stmt(st);
+    *advanced = rc == 0;
+    return rc;
+}
+
 static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, struct ifl_err *e)
 {
@@ -2005,6 +2046,7 @@ static const struct store_ops sqlite_ops = {
     .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
+    .tx_ordering_advance = tx_ordering_advance,
     .tx_idem_set = tx_idem_set,
     .tx_idem_expire = tx_idem_expire,
     .execution_get = op_execution_get,

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "store/store.h"
-#include "store_idem_check.h"
+#include "store_checks.h"
 
 static char dir[64];
 static char url[128];
@@ -669,6 +669,11 @@ static void test_reopen_finds_every_execution(void **state)
     }
 }
 
+static void test_ordering_keys(void **state)
+{
+    check_ordering_keys(*state);
+}
+
 static void test_idempotency_records(void **state)
 {
     check_idem_records(*state);
@@ -694,6 +699,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),
     };

@@ -28,7 +28,7 @@
 #include "base/clock.h"
 #include "base/mem.h"
 #include "store/store.h"
-#include "store_idem_check.h"
+#include "store_checks.h"
 
 static const char XID[] = "1111111111111111111111111111111111111111111111111111111111111111";
 
@@ -343,6 +343,55 @@ static void test_create_over_two_handles_has_one_winner(void **state)
     int created;
     store_workspace_put(f->s, "ws", "{}", &created, NULL);
     create_race(h, 2, 16);
+    store_close(h[1]);
+}
+
+struct ordering_racer {
+    struct store *s;
+    int64_t version;
+    struct ordering_op op;
+    int rc;
+};
+
+static void *race_ordering(void *arg)
+{
+    struct ordering_racer *r = arg;
+    r->op = (struct ordering_op){.o = {"ws", "wf", "ep", "\"race\"", r->version}};
+    r->rc = store_tx_run(r->s, ordering_tx, &r->op, NULL);
+    return NULL;
+}
+
+/* Concurrent events of one new key over two handles: the insert race
+ * waits for the winner and then reads its row; versions are decided one
+ * after the other, so the newest always wins and equal versions once. */
+static void test_concurrent_ordering_of_one_key(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h[2] = {f->s, NULL};
+    assert_int_equal(store_open(f->url, &h[1], NULL), 0);
+    enum { N = 24 };
+    pthread_t t[N];
+    struct ordering_racer r[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (struct ordering_racer){.s = h[i % 2], .version = 1 + i / 2};
+        pthread_create(&t[i], NULL, race_ordering, &r[i]);
+    }
+    int advanced_at[N / 2 + 1] = {0};
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(r[i].rc, 0);
+        advanced_at[r[i].version] += r[i].op.advanced;
+        /* an event that advanced found only older versions before it */
+        if (r[i].op.advanced && r[i].op.had_last)
+            assert_true(r[i].op.last < r[i].version);
+        if (!r[i].op.advanced)
+            assert_true(r[i].op.had_last && r[i].op.last >= r[i].version);
+    }
+    for (int v = 1; v <= N / 2; v++)
+        assert_true(advanced_at[v] <= 1);
+    assert_int_equal(advanced_at[N / 2], 1);
+    assert_int_equal(advance(f->s, "\"race\"", N / 2, 1, N / 2), 0);
     store_close(h[1]);
 }
 
@@ -1302,6 +1351,12 @@ static void test_survives_killed_connections(void **state)
     assert_int_equal(store_ping(f->s, NULL), 0);
 }
 
+static void test_ordering_keys(void **state)
+{
+    NEED_PG(state);
+    check_ordering_keys(S(state));
+}
+
 static void test_idempotency_records(void **state)
 {
     NEED_PG(state);
@@ -1326,6 +1381,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_ordering_of_one_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_migrations, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_two_workers_race_for_1000_steps, setup, teardown),

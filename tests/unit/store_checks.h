@@ -1,10 +1,11 @@
 /*
- * store_idem_check.h — the Idempotency-Key records of spec §7 through the
- * public store interface.  Included by test_store.c (SQLite) and
- * test_store_pg.c (PostgreSQL), so that both backends run the same checks.
+ * store_checks.h — checks of the store through its public interface that
+ * both backends must pass: the Idempotency-Key records of spec §7 and the
+ * ordering keys of spec §8.  Included by test_store.c (SQLite) and
+ * test_store_pg.c (PostgreSQL).
  */
-#ifndef IFL_TESTS_STORE_IDEM_CHECK_H
-#define IFL_TESTS_STORE_IDEM_CHECK_H
+#ifndef IFL_TESTS_STORE_CHECKS_H
+#define IFL_TESTS_STORE_CHECKS_H
 
 #include "store/store.h"
 
@@ -71,6 +72,44 @@ static void check_idem_records(struct store *s)
     assert_int_equal(put.created, 1);
     store_idem_clear(&put.old);
     store_idem_clear(&other.old);
+}
+
+struct ordering_op {
+    struct store_ordering o;
+    int advanced, had_last;
+    int64_t last;
+};
+
+static int ordering_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct ordering_op *a = arg;
+    return store_tx_ordering_advance(tx, &a->o, &a->advanced, &a->had_last, &a->last, e);
+}
+
+/* Advances (ws, wf, ep, key) to version; returns `advanced`, checks what
+ * was there before. */
+static int advance(struct store *s, const char *key, int64_t version, int want_had,
+                   int64_t want_last)
+{
+    struct ordering_op a = {.o = {"ws", "wf", "ep", key, version}};
+    struct ifl_err e = {0};
+    assert_int_equal(store_tx_run(s, ordering_tx, &a, &e), 0);
+    assert_int_equal(a.had_last, want_had);
+    if (want_had)
+        assert_int_equal(a.last, want_last);
+    return a.advanced;
+}
+
+static void check_ordering_keys(struct store *s)
+{
+    assert_int_equal(advance(s, "\"k\"", 5, 0, 0), 1);   /* a new key takes any version */
+    assert_int_equal(advance(s, "\"k\"", 5, 1, 5), 0);   /* the same: not newer */
+    assert_int_equal(advance(s, "\"k\"", 3, 1, 5), 0);   /* older */
+    assert_int_equal(advance(s, "\"k\"", 9, 1, 5), 1);   /* newer, past a gap */
+    assert_int_equal(advance(s, "\"k\"", 8, 1, 9), 0);   /* the gap stays behind */
+    assert_int_equal(advance(s, "\"k2\"", -4, 0, 0), 1); /* keys are independent */
+    assert_int_equal(advance(s, "\"k2\"", -3, 1, -4), 1);
+    assert_int_equal(advance(s, "\"k\"", 10, 1, 9), 1);
 }
 
 #endif

@@ -51,6 +51,8 @@ void wf_free(struct wf *w)
         struct wf_vertex *v = &w->v[i];
         free(v->id);
         identity_fields_clear(&v->fields);
+        identity_fields_clear(&v->ord_key);
+        identity_fields_clear(&v->ord_version);
         tmpl_free(v->output);
         tmpl_free(v->request);
         tmpl_free(v->verify);
@@ -112,12 +114,24 @@ static int header_name_ok(const char *s)
     return 1;
 }
 
+/* "/vertices/<id><base>/<member>" with id and member escaped (member
+ * NULL: the base alone). */
+static void member_ptr(char *out, size_t cap, const char *id, const char *base, const char *member)
+{
+    struct buf rest;
+    buf_init(&rest, 0);
+    buf_puts(&rest, base);
+    if (member)
+        json_pointer_push(&rest, member);
+    vptr(out, cap, id, rest.p);
+    buf_free(&rest);
+}
+
 /* Refuses member `m` of the entry point's signature with `why`. */
 static int sig_refuse(struct wf_vertex *v, const char *m, const char *why, struct ifl_err *e)
 {
-    char p[IFL_ERR_PTR_MAX], rest[96];
-    snprintf(rest, sizeof rest, "/config/signature%s%s", m ? "/" : "", m ? m : "");
-    vptr(p, sizeof p, v->id, rest);
+    char p[IFL_ERR_PTR_MAX];
+    member_ptr(p, sizeof p, v->id, "/config/signature", m);
     return err_setp(e, IFL_EVALIDATION, p, "%s", why);
 }
 
@@ -197,6 +211,45 @@ static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e
     return 0;
 }
 
+/* "ordering" of spec §8: {"key": PATH, "version": PATH}, one payload path
+ * each. */
+static int compile_ordering(struct wf_vertex *v, json_t *ord, struct ifl_err *e)
+{
+    char p[IFL_ERR_PTR_MAX];
+    const char *k;
+    json_t *m;
+    if (!json_is_object(ord)) {
+        vptr(p, sizeof p, v->id, "/config/ordering");
+        return err_setp(e, IFL_EVALIDATION, p,
+                        "ordering must be an object: {\"key\": PATH, \"version\": PATH}");
+    }
+    json_object_foreach(ord, k, m)
+    {
+        if (strcmp(k, "key") != 0 && strcmp(k, "version") != 0) {
+            member_ptr(p, sizeof p, v->id, "/config/ordering", k);
+            return err_setp(e, IFL_EVALIDATION, p, "%s is not a member of ordering (key, version)",
+                            k);
+        }
+    }
+    static const char *const members[] = {"key", "version"};
+    struct id_fields *out[] = {&v->ord_key, &v->ord_version};
+    for (int i = 0; i < 2; i++) {
+        member_ptr(p, sizeof p, v->id, "/config/ordering", members[i]);
+        json_t *path = json_object_get(ord, members[i]);
+        if (!json_is_string(path))
+            return err_setp(e, IFL_EVALIDATION, p, "ordering needs %s: a payload path (string)",
+                            members[i]);
+        struct ifl_err pe = {0};
+        if (identity_fields_parse(path, out[i], &pe) || out[i]->n != 1) {
+            identity_fields_clear(out[i]);
+            return err_setp(e, IFL_EVALIDATION, p, "ordering %s must be one payload path%s%s",
+                            members[i], pe.msg[0] ? ": " : "", pe.msg);
+        }
+    }
+    v->has_ordering = 1;
+    return 0;
+}
+
 static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
@@ -208,28 +261,29 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     json_t *m;
     json_object_foreach(cfg, k, m)
     {
-        static const char *const later[] = {"schedule", "ordering", NULL};
+        static const char *const later[] = {"schedule", NULL};
         const char *why = NULL;
         for (int i = 0; later[i] && !why; i++)
             if (strcmp(k, later[i]) == 0)
                 why = "is in the spec but not supported by this engine yet (README, \"Not yet\")";
         if (!why && strcmp(k, "idempotencyFields") != 0 && strcmp(k, "dedupWindow") != 0 &&
-            strcmp(k, "signature") != 0)
+            strcmp(k, "signature") != 0 && strcmp(k, "ordering") != 0)
             why = "is not a member of an ENTRY_POINT's config (idempotencyFields, dedupWindow, "
-                  "signature)";
+                  "signature, ordering)";
         if (why) {
-            struct buf rest;
-            buf_init(&rest, 0);
-            buf_puts(&rest, "/config");
-            json_pointer_push(&rest, k);
-            vptr(p, sizeof p, v->id, rest.p);
-            buf_free(&rest);
+            member_ptr(p, sizeof p, v->id, "/config", k);
             return err_setp(e, IFL_EVALIDATION, p, "%s %s", k, why);
         }
     }
     json_t *sig = json_object_get(cfg, "signature");
     if (sig) {
         int rc = compile_signature(v, sig, e);
+        if (rc)
+            return rc;
+    }
+    json_t *ord = json_object_get(cfg, "ordering");
+    if (ord) {
+        int rc = compile_ordering(v, ord, e);
         if (rc)
             return rc;
     }

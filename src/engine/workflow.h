@@ -39,15 +39,17 @@ struct wf_signature {
 struct wf_vertex {
     char *id;
     enum wf_vertex_type type;
-    json_t *config;          /* borrowed from the definition */
-    int has_fields;          /* ENTRY_POINT: idempotencyFields present */
-    struct id_fields fields; /* ENTRY_POINT */
-    struct wf_signature sig; /* ENTRY_POINT: scheme WF_SIG_NONE when unsigned */
-    struct tmpl *output;     /* TRANSFORM: compiled "output" template */
-    struct tmpl *request;    /* GATEWAY: compiled {url, headers, query, body} */
-    const char *method;      /* GATEWAY: borrowed from config, or NULL */
-    struct gw_policy policy; /* GATEWAY: timeouts, retries, outcome policies */
-    struct tmpl *verify;     /* GATEWAY: compiled verify {url, headers, query}, or NULL */
+    json_t *config;                        /* borrowed from the definition */
+    int has_fields;                        /* ENTRY_POINT: idempotencyFields present */
+    struct id_fields fields;               /* ENTRY_POINT */
+    struct wf_signature sig;               /* ENTRY_POINT: scheme WF_SIG_NONE when unsigned */
+    int has_ordering;                      /* ENTRY_POINT: "ordering" present (spec §8) */
+    struct id_fields ord_key, ord_version; /* … its key and version paths (one each) */
+    struct tmpl *output;                   /* TRANSFORM: compiled "output" template */
+    struct tmpl *request;                  /* GATEWAY: compiled {url, headers, query, body} */
+    const char *method;                    /* GATEWAY: borrowed from config, or NULL */
+    struct gw_policy policy;               /* GATEWAY: timeouts, retries, outcome policies */
+    struct tmpl *verify; /* GATEWAY: compiled verify {url, headers, query}, or NULL */
     const char *verify_method;
     struct expr *done_when; /* GATEWAY: verify's doneWhen */
     size_t *in, n_in;       /* indexes of incoming edges */

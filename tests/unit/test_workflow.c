@@ -110,10 +110,24 @@ static void test_rejections(void **state)
                "{\"scheme\":\"standard-webhooks\",\"secret\":\"{{ secrets.S }}\","
                "\"toleranceSeconds\":1.5}}}}}",
                "/vertices/a/config/signature/toleranceSeconds");
-    /* ENTRY_POINT members this engine does not honour are refused */
+    /* member names in pointers are escaped */
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"signature\":"
+               "{\"scheme\":\"standard-webhooks\",\"secret\":\"{{ secrets.S }}\",\"a/b~\":1}}}}}",
+               "/vertices/a/config/signature/a~1b~0");
+    /* ordering: one path each for key and version */
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"ordering\":"
-               "{\"key\":\"id\",\"version\":\"v\"}}}}}",
+               "{\"key\":\"id, region\",\"version\":\"v\"}}}}}",
+               "/vertices/a/config/ordering/key");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"ordering\":"
+               "{\"key\":\"id\"}}}}}",
+               "/vertices/a/config/ordering/version");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"ordering\":"
+               "{\"key\":\"id\",\"version\":\"v\",\"gaps\":true}}}}}",
+               "/vertices/a/config/ordering/gaps");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"ordering\":"
+               "\"id\"}}}}",
                "/vertices/a/config/ordering");
+    /* ENTRY_POINT members this engine does not honour are refused */
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"schedule\":"
                "\"* * * * *\"}}}}",
                "/vertices/a/config/schedule");
@@ -193,6 +207,16 @@ static void test_signatures(void **state)
     assert_string_equal(b->prefix, "sha256=");
     assert_true(b->base64);
     assert_int_equal(w->v[wf_vertex_index(w, "c")].sig.scheme, WF_SIG_NONE);
+    assert_false(w->v[wf_vertex_index(w, "c")].has_ordering);
+    wf_free(w);
+    assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{"
+                             "\"ordering\":{\"key\":\" account.id \",\"version\":\"seq\"}}}}}",
+                             &w, NULL),
+                     0);
+    const struct wf_vertex *o = &w->v[0];
+    assert_true(o->has_ordering);
+    assert_string_equal(o->ord_key.paths[0], "account.id");
+    assert_string_equal(o->ord_version.paths[0], "seq");
     wf_free(w);
 }
 

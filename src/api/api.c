@@ -385,11 +385,14 @@ static void trigger_answer(struct api *a, struct http_res *res, const char *ws, 
     }
     json_t *body = json_object();
     json_object_set_new(body, "executionId", json_string(out->id));
-    json_object_set_new(body, "deduplicated", json_boolean(!out->created));
-    if (!out->created)
+    json_object_set_new(body, "deduplicated", json_boolean(!out->created && !out->stale));
+    if (out->stale)
+        json_object_set_new(body, "stale", json_true());
+    else if (!out->created)
         json_object_set_new(body, "samePayload", json_boolean(out->same_payload));
     json_object_set_new(body, "status", json_string(out->status));
-    atomic_fetch_add(out->created ? &a->triggers_created : &a->triggers_deduplicated, 1);
+    if (!out->stale)
+        atomic_fetch_add(out->created ? &a->triggers_created : &a->triggers_deduplicated, 1);
     reply_json(res, out->created ? 201 : 200, body);
 }
 
@@ -1089,6 +1092,11 @@ static void h_metrics(struct call *c)
         "idemflow_triggers_total{outcome=\"created\"} %llu\n"
         "idemflow_triggers_total{outcome=\"deduplicated\"} %llu\n"
         "idemflow_triggers_total{outcome=\"rejected\"} %llu\n"
+        "idemflow_triggers_total{outcome=\"stale\"} %llu\n"
+        "# HELP idemflow_ordering_gaps_total Events admitted past missing versions of their "
+        "ordering key.\n"
+        "# TYPE idemflow_ordering_gaps_total counter\n"
+        "idemflow_ordering_gaps_total %llu\n"
         "# HELP idemflow_steps_total Step outcomes.\n"
         "# TYPE idemflow_steps_total counter\n"
         "idemflow_steps_total{event=\"claimed\"} %llu\n"
@@ -1114,6 +1122,8 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&a->triggers_created),
         (unsigned long long)atomic_load(&a->triggers_deduplicated),
         (unsigned long long)atomic_load(&a->triggers_rejected),
+        (unsigned long long)atomic_load(&m->ordering_stale),
+        (unsigned long long)atomic_load(&m->ordering_gaps),
         (unsigned long long)atomic_load(&m->steps_claimed),
         (unsigned long long)atomic_load(&m->steps_claimed_early),
         (unsigned long long)atomic_load(&m->steps_completed),

@@ -21,6 +21,7 @@
 #include "base/clock.h"
 #include "base/fault.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -384,6 +385,12 @@ struct create_args {
     char claimant[112]; /* … recorded as their attempt's worker and lease owner */
     int created;
     struct store_execution *existing;
+    /* The entry point's ordering (spec §8), or NULL: an event whose version
+     * is not newer than the key's last makes a "stale" execution (no steps);
+     * one that skips versions is marked as a gap. */
+    const struct store_ordering *ord;
+    int stale, gap, had_last;
+    int64_t last;
 };
 
 /* 1 for a row completed at trigger time (not the entry: it has no attempt). */
@@ -561,13 +568,65 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
 
 /* One transaction: the execution row (the atomic dedup insert), its steps,
  * and its events. */
+/* The ordering facts of an execution's first event. */
+static json_t *ordering_json(const struct create_args *a)
+{
+    json_t *key = NULL;
+    json_parse(a->ord->key, strlen(a->ord->key), &json_stored_limits, &key, NULL);
+    return json_pack("{s:o, s:I, s:o, s:b}", "key", key ? key : json_null(), "version",
+                     (json_int_t)a->ord->version, "previousVersion",
+                     a->had_last ? json_integer(a->last) : json_null(), "gap", a->gap);
+}
+
+static json_t *created_data(const struct create_args *a)
+{
+    const struct store_execution *x = a->x;
+    json_t *d = json_object();
+    json_object_set_new(d, "workflow", json_string(x->workflow));
+    json_object_set_new(d, "workflowVersion", json_integer(x->workflow_version));
+    json_object_set_new(d, "entryPoint", json_string(x->entry_point));
+    if (x->started_over_from)
+        json_object_set_new(d, "startedOverFrom", json_string(x->started_over_from));
+    if (a->ord)
+        json_object_set_new(d, "ordering", ordering_json(a));
+    return d;
+}
+
+/* An event older than its key's last: recorded as an execution in status
+ * "stale", with no steps and one event, so that its redeliveries dedupe
+ * and an operator can see what was dropped. */
+static int tx_insert_stale(struct store_tx *tx, struct create_args *a, struct ifl_err *e)
+{
+    struct store_execution sx = *a->x;
+    sx.status = "stale";
+    sx.version = 1;
+    int rc = store_tx_execution_insert(tx, &sx, &a->created, e);
+    if (rc)
+        return rc;
+    if (!a->created)
+        return store_tx_execution_get(tx, sx.workspace, sx.id, a->existing, e);
+    a->stale = 1;
+    return steps_event(tx, sx.workspace, sx.id, "execution.stale", created_data(a), 1, e);
+}
+
 static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct create_args *a = arg;
     const struct store_execution *x = a->x;
     a->created = 0;
+    a->stale = a->gap = a->had_last = 0;
+    a->last = 0;
     store_execution_clear(a->existing);
-    int rc = store_tx_execution_insert(tx, x, &a->created, e);
+    int rc;
+    if (a->ord) {
+        int advanced = 0;
+        if ((rc = store_tx_ordering_advance(tx, a->ord, &advanced, &a->had_last, &a->last, e)))
+            return rc;
+        if (!advanced)
+            return tx_insert_stale(tx, a, e);
+        a->gap = a->had_last && a->ord->version > a->last + 1;
+    }
+    rc = store_tx_execution_insert(tx, x, &a->created, e);
     if (rc)
         return rc;
     if (!a->created)
@@ -579,16 +638,10 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     }
     if (rc)
         return rc;
-    json_t *d = json_object();
-    json_object_set_new(d, "workflow", json_string(x->workflow));
-    json_object_set_new(d, "workflowVersion", json_integer(x->workflow_version));
-    json_object_set_new(d, "entryPoint", json_string(x->entry_point));
-    if (x->started_over_from)
-        json_object_set_new(d, "startedOverFrom", json_string(x->started_over_from));
     /* The row was inserted with the version its last event takes
      * (prepare_steps counted them); the events are stamped 1, 2, … */
     int64_t v = 1;
-    if ((rc = steps_event(tx, x->workspace, x->id, "execution.created", d, v, e)))
+    if ((rc = steps_event(tx, x->workspace, x->id, "execution.created", created_data(a), v, e)))
         return rc;
     for (size_t i = 0; !rc && i < a->nrows; i++) {
         const struct store_step *r = &a->rows[i];
@@ -640,6 +693,13 @@ static void trace_inlined(struct engine *g, const struct create_args *ca, const 
 /* After a creating transaction committed: metrics and traces. */
 static void created(struct engine *g, const struct create_args *ca)
 {
+    if (ca->stale) {
+        atomic_fetch_add(&g->m.ordering_stale, 1);
+        engine_execution_moved(g, ca->x->id, "stale");
+        return;
+    }
+    if (ca->gap)
+        atomic_fetch_add(&g->m.ordering_gaps, 1);
     if (ca->inlined) {
         atomic_fetch_add(&g->m.steps_inlined, (unsigned long)ca->inlined);
         atomic_fetch_add(&g->m.steps_completed, (unsigned long)ca->inlined);
@@ -678,6 +738,8 @@ struct engine_trigger_op {
     struct create_args ca;
     char hash[65];
     int client_mode;
+    struct store_ordering ord; /* ca.ord points here when the entry point orders */
+    char *ord_key;
     int rc; /* of the transaction */
     struct ifl_err err;
     engine_trigger_cb cb;
@@ -690,10 +752,70 @@ static void op_free(struct engine_trigger_op *op)
     free(op->nx.payload);
     store_steps_free(op->ca.rows, op->ca.nrows);
     store_execution_clear(&op->x);
+    free(op->ord_key);
     free(op->ws);
     free(op->wf);
     free(op->vertex);
     free(op);
+}
+
+/* The JSON Pointer of a dot path in the payload. */
+static void path_pointer(const char *path, char *out, size_t cap)
+{
+    struct buf b;
+    buf_init(&b, 0);
+    for (const char *p = path; *p;) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        char *seg = xasprintf("%.*s", (int)n, p);
+        json_pointer_push(&b, seg);
+        free(seg);
+        p += n + (dot != NULL);
+    }
+    snprintf(out, cap, "%s", b.p ? b.p : "");
+    buf_free(&b);
+}
+
+/* The event's ordering key (JCS text, *key owned) and version, from the
+ * paths of the entry point's "ordering".  IFL_EVALIDATION with a pointer
+ * into the payload when one is missing or the version is not an integer. */
+static int ordering_of(const struct wf_vertex *v, json_t *payload, char **key, int64_t *version,
+                       struct ifl_err *e)
+{
+    *key = NULL;
+    json_t *km = NULL, *vm = NULL;
+    int rc = identity_fields_material(&v->ord_key, payload, &km, e);
+    if (!rc)
+        rc = identity_fields_material(&v->ord_version, payload, &vm, e);
+    if (rc) {
+        err_slug(e, "missing-ordering-field");
+        goto out;
+    }
+    json_t *kv = json_object_get(km, v->ord_key.paths[0]);
+    json_t *vv = json_object_get(vm, v->ord_version.paths[0]);
+    double d = json_is_number(vv) ? json_num(vv) : NAN;
+    if (!(d >= -9007199254740992.0 && d <= 9007199254740992.0) || d != (double)(int64_t)d) {
+        char ptr[IFL_ERR_PTR_MAX];
+        path_pointer(v->ord_version.paths[0], ptr, sizeof ptr);
+        rc = err_setp(e, IFL_EVALIDATION, ptr,
+                      "the ordering version (%s) must be an integer of at most 2^53",
+                      v->ord_version.paths[0]);
+        err_slug(e, "invalid-ordering-version");
+        goto out;
+    }
+    *version = (int64_t)d;
+    struct buf b;
+    buf_init(&b, 0);
+    if (json_jcs(kv, &b)) {
+        buf_free(&b);
+        rc = err_set(e, IFL_EINVAL, "the ordering key holds a non-finite number");
+        goto out;
+    }
+    *key = buf_steal(&b);
+out:
+    json_decref(km);
+    json_decref(vm);
+    return rc;
 }
 
 static const char *req_header(const struct trigger_req *r, const char *name)
@@ -843,6 +965,11 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
         }
         rc = 0;
     }
+    /* Test runs leave the production ordering alone. */
+    char *ord_key = NULL;
+    int64_t ord_version = 0;
+    if (v->has_ordering && !r->test && (rc = ordering_of(v, r->payload, &ord_key, &ord_version, e)))
+        goto done;
 
     struct engine_trigger_op *op = xcalloc(1, sizeof *op);
     op->g = g;
@@ -864,6 +991,11 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     nx->test = r->test;
     op->ca.x = nx;
     op->ca.existing = &op->x;
+    if (ord_key) {
+        op->ord_key = ord_key;
+        op->ord = (struct store_ordering){op->ws, op->wf, op->vertex, ord_key, ord_version};
+        op->ca.ord = &op->ord;
+    }
     prepare_steps(g, w, (size_t)vi, nx, r->payload, &op->ca);
     trace_inlined(g, &op->ca, "inline");
     *opp = op;
@@ -899,15 +1031,16 @@ int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, st
 {
     struct engine *g = op->g;
     int rc = op->rc;
-    early_finish(g, &op->ca, !rc && op->ca.created);
+    early_finish(g, &op->ca, !rc && op->ca.created && !op->ca.stale);
     if (rc) {
         if (e)
             *e = op->err;
     } else if (op->ca.created) {
-        out->created = 1;
+        out->created = !op->ca.stale;
+        out->stale = op->ca.stale;
         out->same_payload = 1;
         snprintf(out->id, sizeof out->id, "%s", op->nx.id);
-        snprintf(out->status, sizeof out->status, "%s", op->ca.status);
+        snprintf(out->status, sizeof out->status, "%s", op->ca.stale ? "stale" : op->ca.status);
         created(g, &op->ca);
     } else {
         rc = answer_existing(&op->x, op->hash, op->client_mode, out, e);

@@ -30,6 +30,7 @@ struct engine_metrics {
     atomic_ullong steps_claimed_early; /* … of the claimed: GATEWAYs claimed at trigger time */
     atomic_ullong fenced_writes, executions_completed, executions_failed;
     atomic_ullong steps_inlined; /* TRANSFORMs completed with their predecessor (also completed) */
+    atomic_ullong ordering_stale, ordering_gaps; /* events dropped / admitted past a gap (§8) */
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -75,7 +76,8 @@ struct trigger_req {
 
 struct trigger_res {
     char id[65];
-    int created;      /* 1 → 201, 0 → 200 deduplicated */
+    int created;      /* 1 → 201, 0 → 200 deduplicated (or stale) */
+    int stale;        /* recorded as stale: older than its ordering key's last (200) */
     int same_payload; /* meaningful when !created */
     char status[32];
 };

@@ -203,3 +203,120 @@ def test_the_cli_signs_deliveries_and_computes_their_ids(server):
                           (env, ["msg", "--timestamp", "12\nx"]), (env, [])):
         q = subprocess.run([BIN, "sign-webhook", *args], input=body, env=bad_env, capture_output=True)
         assert q.returncode == 2, (args, q)
+
+
+ACCOUNTS = {"vertices": {
+    "change": {"type": "ENTRY_POINT",
+               "config": {"ordering": {"key": "account.id", "version": "seq"}}},
+    "applied": {"type": "TRANSFORM", "config": {"output": "= payload.seq"}}},
+    "edges": [{"from": "change", "to": "applied"}]}
+
+
+def change(s, account, seq, path="trigger", **extra):
+    body = dict({"account": {"id": account}, "seq": seq}, **extra)
+    return s.post(f"{WS}/workflows/accounts/entry-points/change/{path}", body)
+
+
+def first_event(s, xid):
+    def find():
+        for ev in s.get(f"{WS}/events?limit=1000").json["items"]:
+            if ev["executionId"] == xid:
+                return ev
+        return None
+    deadline = time.monotonic() + 20
+    while not (ev := find()):
+        assert time.monotonic() < deadline, "no event for " + xid
+        time.sleep(0.02)
+    return ev
+
+
+def test_ordering_drops_stale_events_and_records_gaps(server):
+    server.put(WS, {})
+    assert server.put(f"{WS}/workflows/accounts", ACCOUNTS).status == 201
+    a1 = change(server, "A", 1)
+    assert a1.status == 201, a1
+    a3 = change(server, "A", 3)
+    assert a3.status == 201, a3
+    ev = first_event(server, a3.json["executionId"])
+    assert ev["type"] == "execution.created"
+    assert ev["data"]["ordering"] == {"key": "A", "version": 3, "previousVersion": 1, "gap": True}
+    assert first_event(server, a1.json["executionId"])["data"]["ordering"]["previousVersion"] is None
+    # an older event: 200, recorded as stale, nothing runs
+    a2 = change(server, "A", 2)
+    assert a2.status == 200 and a2.json["stale"] and a2.json["status"] == "stale", a2
+    assert not a2.json["deduplicated"]
+    x = server.get(f"{WS}/executions/{a2.json['executionId']}").json
+    assert x["status"] == "stale" and x["steps"] == [], x
+    ev = first_event(server, a2.json["executionId"])
+    assert ev["type"] == "execution.stale" and ev["data"]["ordering"]["previousVersion"] == 3
+    # its redelivery dedupes; so does the latest's; an equal version with
+    # another payload is stale too
+    again = change(server, "A", 2)
+    assert again.status == 200 and again.json["deduplicated"] and again.json["status"] == "stale"
+    assert change(server, "A", 3).json["deduplicated"]
+    assert change(server, "A", 3, note="other").json["stale"]
+    # keys are independent; the key may be any JSON value
+    assert change(server, "B", 1).status == 201
+    assert change(server, {"region": "eu", "n": 7}, 1).status == 201
+    # bad events are refused, and change nothing
+    r = server.post(f"{WS}/workflows/accounts/entry-points/change/trigger", {"account": {"id": "A"}})
+    assert r.status == 422 and r.json["pointer"] == "/seq", r
+    assert r.json["type"] == "/problems/missing-ordering-field"
+    for bad in ("4", 4.5, None, 2 ** 60):
+        r = change(server, "A", bad)
+        assert r.status == 422 and r.json["pointer"] == "/seq", (bad, r)
+        assert r.json["type"] == "/problems/invalid-ordering-version"
+    a4 = change(server, "A", 4)
+    assert a4.status == 201, a4
+    assert first_event(server, a4.json["executionId"])["data"]["ordering"]["gap"] is False
+    metrics = server.get("/metrics").raw.decode()
+    assert 'idemflow_triggers_total{outcome="stale"} 2' in metrics, metrics
+    assert "idemflow_ordering_gaps_total 1" in metrics
+
+
+def test_test_runs_leave_the_ordering_alone(server):
+    server.put(WS, {})
+    assert server.put(f"{WS}/workflows/accounts", ACCOUNTS).status == 201
+    assert change(server, "A", 5).status == 201
+    old = change(server, "A", 1, path="test-runs")
+    assert old.status == 201, old
+    assert change(server, "A", 100, path="test-runs").status == 201
+    assert change(server, "A", 6).status == 201
+
+
+def test_signed_and_ordered(server):
+    prepare(server)
+    d = standard()
+    d["vertices"]["start"]["config"]["ordering"] = {"key": "customer", "version": "v"}
+    assert server.put(f"{WS}/workflows/ordered", d).status == 201
+    b2 = b'{"type": "t", "customer": "c1", "v": 2}'
+    b1 = b'{"type": "t", "customer": "c1", "v": 1}'
+    assert deliver(server, b2, signed(b2, "evt_2"), wf="ordered").status == 201
+    r = deliver(server, b1, signed(b1, "evt_1"), wf="ordered")
+    assert r.status == 200 and r.json["stale"], r
+    # a forged older event is refused before ordering looks at it
+    r = deliver(server, b1, signed(b1, "evt_1x", key=os.urandom(24)), wf="ordered")
+    assert r.status == 401
+
+
+def test_concurrent_events_of_one_key_form_one_chain(server):
+    """Events of one key sent at once are decided one after the other: the
+    admitted ones chain (each one's previousVersion is the admitted one
+    before it), the newest is always admitted, the rest are stale."""
+    from concurrent.futures import ThreadPoolExecutor
+    import random
+    server.put(WS, {})
+    assert server.put(f"{WS}/workflows/accounts", ACCOUNTS).status == 201
+    versions = list(range(1, 17))
+    random.Random(7).shuffle(versions)
+    with ThreadPoolExecutor(8) as pool:
+        answers = dict(zip(versions, pool.map(lambda v: change(server, "C", v), versions)))
+    assert all(a.status in (200, 201) for a in answers.values()), answers
+    admitted = sorted(v for v, a in answers.items() if a.status == 201)
+    stale = sorted(v for v, a in answers.items() if a.status == 200 and a.json["stale"])
+    assert sorted(admitted + stale) == list(range(1, 17)) and 16 in admitted
+    prev = None
+    for v in admitted:
+        ev = first_event(server, answers[v].json["executionId"])["data"]["ordering"]
+        assert ev["previousVersion"] == prev, (v, ev, admitted)
+        prev = v

@@ -1093,6 +1093,12 @@ static void h_metrics(struct call *c)
         "idemflow_triggers_total{outcome=\"deduplicated\"} %llu\n"
         "idemflow_triggers_total{outcome=\"rejected\"} %llu\n"
         "idemflow_triggers_total{outcome=\"stale\"} %llu\n"
+        "# HELP idemflow_schedule_ticks_total Schedule ticks: fired by this process, found "
+        "fired already (another process, or before a restart), skipped as missed.\n"
+        "# TYPE idemflow_schedule_ticks_total counter\n"
+        "idemflow_schedule_ticks_total{outcome=\"fired\"} %llu\n"
+        "idemflow_schedule_ticks_total{outcome=\"taken\"} %llu\n"
+        "idemflow_schedule_ticks_total{outcome=\"missed\"} %llu\n"
         "# HELP idemflow_ordering_gaps_total Events admitted past missing versions of their "
         "ordering key.\n"
         "# TYPE idemflow_ordering_gaps_total counter\n"
@@ -1123,6 +1129,9 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&a->triggers_deduplicated),
         (unsigned long long)atomic_load(&a->triggers_rejected),
         (unsigned long long)atomic_load(&m->ordering_stale),
+        (unsigned long long)atomic_load(&m->schedule_fired),
+        (unsigned long long)atomic_load(&m->schedule_taken),
+        (unsigned long long)atomic_load(&m->schedule_missed),
         (unsigned long long)atomic_load(&m->ordering_gaps),
         (unsigned long long)atomic_load(&m->steps_claimed),
         (unsigned long long)atomic_load(&m->steps_claimed_early),

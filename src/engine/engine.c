@@ -192,6 +192,7 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
     }
     cache_add(g, ws, wf, *version, w);
     latest_set(g, ws, wf, *version);
+    atomic_store(&g->sched_dirty, 1);
     log_info("workflow.put", "workspace %s workflow %s version %d", ws, wf, *version);
     return 0;
 }
@@ -389,8 +390,13 @@ struct create_args {
      * is not newer than the key's last makes a "stale" execution (no steps);
      * one that skips versions is marked as a gap. */
     const struct store_ordering *ord;
+    const char *ord_key_json; /* the key's value (JCS text), for the events */
     int stale, gap, had_last;
     int64_t last;
+    /* A schedule's fire, or NULL: claimed first; when another fire took
+     * the tick already, nothing is written (tick_taken). */
+    const struct store_tick *tick;
+    int tick_taken;
 };
 
 /* 1 for a row completed at trigger time (not the entry: it has no attempt). */
@@ -572,7 +578,7 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
 static json_t *ordering_json(const struct create_args *a)
 {
     json_t *key = NULL;
-    json_parse(a->ord->key, strlen(a->ord->key), &json_stored_limits, &key, NULL);
+    json_parse(a->ord_key_json, strlen(a->ord_key_json), &json_stored_limits, &key, NULL);
     return json_pack("{s:o, s:I, s:o, s:b}", "key", key ? key : json_null(), "version",
                      (json_int_t)a->ord->version, "previousVersion",
                      a->had_last ? json_integer(a->last) : json_null(), "gap", a->gap);
@@ -614,10 +620,19 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     struct create_args *a = arg;
     const struct store_execution *x = a->x;
     a->created = 0;
-    a->stale = a->gap = a->had_last = 0;
+    a->stale = a->gap = a->had_last = a->tick_taken = 0;
     a->last = 0;
     store_execution_clear(a->existing);
     int rc;
+    if (a->tick) {
+        int claimed = 0;
+        if ((rc = store_tx_tick_claim(tx, a->tick, &claimed, e)))
+            return rc;
+        if (!claimed) {
+            a->tick_taken = 1;
+            return 0;
+        }
+    }
     if (a->ord) {
         int advanced = 0;
         if ((rc = store_tx_ordering_advance(tx, a->ord, &advanced, &a->had_last, &a->last, e)))
@@ -629,8 +644,14 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     rc = store_tx_execution_insert(tx, x, &a->created, e);
     if (rc)
         return rc;
-    if (!a->created)
+    if (!a->created) {
+        /* a duplicate (or a reused key's 422): it admitted nothing, so
+         * the key's version goes back */
+        if (a->ord && (rc = store_tx_ordering_reset(tx, a->ord, a->had_last, a->last, e)))
+            return rc;
+        a->gap = 0;
         return store_tx_execution_get(tx, x->workspace, x->id, a->existing, e);
+    }
     rc = store_tx_steps_insert(tx, a->rows, a->nrows, e);
     for (size_t k = 0; !rc && k < a->nearly; k++) {
         const struct store_step *r = &a->rows[a->early[k].row];
@@ -739,8 +760,10 @@ struct engine_trigger_op {
     char hash[65];
     int client_mode;
     struct store_ordering ord; /* ca.ord points here when the entry point orders */
-    char *ord_key;
-    int rc; /* of the transaction */
+    char *ord_key;             /* the key's JCS text */
+    char ord_key_hash[65];
+    struct store_tick tick; /* ca.tick points here for a schedule's fire */
+    int rc;                 /* of the transaction */
     struct ifl_err err;
     engine_trigger_cb cb;
     void *cb_arg;
@@ -886,7 +909,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     const struct wf_vertex *v = vi >= 0 && w->v[vi].type == WF_ENTRY_POINT ? &w->v[vi] : NULL;
     /* Without a bearer token only a signed entry point answers: what
      * exists is not told to an unauthenticated caller. */
-    if (r->unauthenticated && (!v || v->sig.scheme == WF_SIG_NONE)) {
+    if (r->unauthenticated && !r->tick_at && (!v || v->sig.scheme == WF_SIG_NONE)) {
         err_set(e, IFL_EUNAUTH, "a valid bearer token is required");
         return err_slug(e, "unauthorized");
     }
@@ -897,7 +920,8 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     if (!v)
         return err_set(e, IFL_ENOTFOUND, "workflow '%s' has no entry point '%s'", r->wf, r->vertex);
     char webhook_id[256] = "";
-    if (v->sig.scheme != WF_SIG_NONE && (rc = verify_signature(g, r, &v->sig, webhook_id, e))) {
+    if (v->sig.scheme != WF_SIG_NONE && !r->tick_at &&
+        (rc = verify_signature(g, r, &v->sig, webhook_id, e))) {
         if (rc == IFL_EUNAUTH)
             err_slug(e, "invalid-signature");
         return rc;
@@ -908,16 +932,25 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     const char *mode;
     json_t *material = NULL, *identity = json_object();
     char id[65];
-    if (r->force_new) {
+    if (r->force_new || r->tick_at) {
         mode = "random";
         rc = identity_random(id, e);
+        if (r->tick_at) {
+            char at[32];
+            clock_rfc3339(r->tick_at, at);
+            json_object_set_new(identity, "scheduledAt", json_string(at));
+        }
     } else if (webhook_id[0]) {
         mode = "webhook";
         material = json_string(webhook_id);
         json_object_set(identity, "webhookId", material);
         rc = identity_compute(r->ws, r->wf, r->vertex, mode, material, id, e);
     } else {
-        if (r->client_key) {
+        /* A signed entry point takes its identity from what is signed: a
+         * client key (query or header) is not, so it is ignored there —
+         * else a captured delivery replayed under new keys would start new
+         * executions. */
+        if (r->client_key && v->sig.scheme == WF_SIG_NONE) {
             if (!identity_client_key_valid(r->client_key)) {
                 rc = err_setp(e, IFL_EINVAL, "/clientIdempotencyId",
                               "clientIdempotencyId must be 1-255 printable ASCII characters");
@@ -955,7 +988,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
 
     /* Fast path for repeats: a read, no write (store_execution_probe: none
      * at all for an id the store knows to be new, or takes for new). */
-    if (!r->force_new) {
+    if (!r->force_new && !r->tick_at) {
         struct store_execution x = {0};
         rc = store_execution_probe(g->store, r->ws, id, &x, NULL);
         if (rc == 0) {
@@ -968,7 +1001,8 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     /* Test runs leave the production ordering alone. */
     char *ord_key = NULL;
     int64_t ord_version = 0;
-    if (v->has_ordering && !r->test && (rc = ordering_of(v, r->payload, &ord_key, &ord_version, e)))
+    if (v->has_ordering && !r->test && !r->tick_at &&
+        (rc = ordering_of(v, r->payload, &ord_key, &ord_version, e)))
         goto done;
 
     struct engine_trigger_op *op = xcalloc(1, sizeof *op);
@@ -993,8 +1027,15 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     op->ca.existing = &op->x;
     if (ord_key) {
         op->ord_key = ord_key;
-        op->ord = (struct store_ordering){op->ws, op->wf, op->vertex, ord_key, ord_version};
+        crypto_sha256_hex(ord_key, strlen(ord_key), op->ord_key_hash);
+        op->ord =
+            (struct store_ordering){op->ws, op->wf, op->vertex, op->ord_key_hash, ord_version};
         op->ca.ord = &op->ord;
+        op->ca.ord_key_json = ord_key;
+    }
+    if (r->tick_at) {
+        op->tick = (struct store_tick){op->ws, op->wf, op->vertex, r->tick_at, nx->id};
+        op->ca.tick = &op->tick;
     }
     prepare_steps(g, w, (size_t)vi, nx, r->payload, &op->ca);
     trace_inlined(g, &op->ca, "inline");
@@ -1035,6 +1076,9 @@ int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, st
     if (rc) {
         if (e)
             *e = op->err;
+    } else if (op->ca.tick_taken) {
+        rc = err_set(e, IFL_ECONFLICT, "this tick was fired already");
+        err_slug(e, "tick-fired");
     } else if (op->ca.created) {
         out->created = !op->ca.stale;
         out->stale = op->ca.stale;
@@ -1103,28 +1147,41 @@ static int op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, c
     if (!k->key)
         return 0;
     struct store_idem rec = {.fingerprint = (char *)k->fingerprint, .response = "null"};
-    struct store_idem old = {0};
-    int created = 0;
-    int rc = store_tx_idem_put(tx, ws, scope, k->key, &rec, &created, &old, e);
-    if (rc || created)
-        goto out;
-    int64_t now = clock_now_ms();
-    if (old.created_at <= now - engine_key_retention(g)) {
-        rec.created_at = now;
-        rc = store_tx_idem_set(tx, ws, scope, k->key, &rec, e);
-    } else if (strcmp(old.fingerprint, k->fingerprint) != 0) {
-        rc = err_set(e, IFL_EKEYREUSED,
-                     "this Idempotency-Key was already used for another %s request", scope);
-        err_slug(e, "idempotency-key-reused");
-    } else {
-        k->replayed = 1;
-        k->status = old.status;
-        *replay = old.response;
-        old.response = NULL;
+    int rc = 0;
+    /* At most a few rounds: a record past its retention is re-claimed by a
+     * compare-and-set on its time; when that finds it changed (another
+     * request re-claimed it, or the sweeper deleted it), look again. */
+    for (int round = 0; round < 4; round++) {
+        struct store_idem old = {0};
+        int created = 0, changed = 0;
+        rc = store_tx_idem_put(tx, ws, scope, k->key, &rec, &created, &old, e);
+        if (rc || created) {
+            store_idem_clear(&old);
+            return rc;
+        }
+        int64_t now = clock_now_ms();
+        if (old.created_at <= now - engine_key_retention(g)) {
+            rec.created_at = now;
+            rc = store_tx_idem_set(tx, ws, scope, k->key, &rec, old.created_at, &changed, e);
+            store_idem_clear(&old);
+            if (rc || changed)
+                return rc;
+            continue;
+        }
+        if (strcmp(old.fingerprint, k->fingerprint) != 0) {
+            rc = err_set(e, IFL_EKEYREUSED,
+                         "this Idempotency-Key was already used for another %s request", scope);
+            err_slug(e, "idempotency-key-reused");
+        } else {
+            k->replayed = 1;
+            k->status = old.status;
+            *replay = old.response;
+            old.response = NULL;
+        }
+        store_idem_clear(&old);
+        return rc;
     }
-out:
-    store_idem_clear(&old);
-    return rc;
+    return err_set(e, IFL_EBUSY, "this Idempotency-Key is contended; send it again");
 }
 
 /* Stores the answer of the action that claimed k's key (nothing without
@@ -1139,7 +1196,11 @@ static int op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
                              .status = status,
                              .response = (char *)answer,
                              .created_at = clock_now_ms()};
-    return store_tx_idem_set(tx, ws, scope, k->key, &rec, e);
+    int changed = 0;
+    int rc = store_tx_idem_set(tx, ws, scope, k->key, &rec, -1, &changed, e);
+    if (!rc && !changed)
+        rc = err_set(e, IFL_ESTORE, "idempotency record vanished");
+    return rc;
 }
 
 /* The replayed answer as JSON (a stored answer always parses; a damaged

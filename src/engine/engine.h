@@ -31,6 +31,9 @@ struct engine_metrics {
     atomic_ullong fenced_writes, executions_completed, executions_failed;
     atomic_ullong steps_inlined; /* TRANSFORMs completed with their predecessor (also completed) */
     atomic_ullong ordering_stale, ordering_gaps; /* events dropped / admitted past a gap (§8) */
+    /* schedule ticks: fired here, found fired by another process (or before
+     * a restart), skipped as missed */
+    atomic_ullong schedule_fired, schedule_taken, schedule_missed;
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -72,6 +75,10 @@ struct trigger_req {
     /* The caller showed no valid bearer token: only an entry point with a
      * signature may take the request, and every other answer is 401. */
     int unauthenticated;
+    /* > 0: a fire of the entry point's schedule for this instant (Unix ms;
+     * the engine's scheduler): a random id, no signature or ordering, and
+     * IFL_ECONFLICT (slug "tick-fired") when the tick was fired already. */
+    int64_t tick_at;
 };
 
 struct trigger_res {

@@ -51,7 +51,10 @@ struct engine {
     int started;
     pthread_t *workers;
     pthread_t sweeper;
-    pthread_t listener; /* turns store_wait_work wake-ups into engine_wake */
+    pthread_t scheduler; /* fires schedules (scheduler.c); waits on scv */
+    int has_scheduler;
+    atomic_int sched_dirty; /* a workflow was put here: rescan the schedules now */
+    pthread_t listener;     /* turns store_wait_work wake-ups into engine_wake */
     int has_listener;
     int trace_fd; /* IDEMFLOW_TRACE_FILE side channel, or -1 */
     char worker_prefix[96];
@@ -74,6 +77,10 @@ struct gw_job;
  * claimable, so a worker that found nothing to claim does not ask again
  * (engine_wake is the one for dispatched work). */
 void engine_wake_drain(struct engine *g);
+/* The scheduler thread (scheduler.c): fires the schedules of the latest
+ * workflow versions, each tick once across processes (spec §9).  Exits
+ * once g->stopping is set (under wmu; engine_stop signals scv). */
+void *engine_scheduler_main(void *arg);
 /* How long Idempotency-Key records of operator actions live (engine.c). */
 int64_t engine_key_retention(const struct engine *g);
 

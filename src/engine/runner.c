@@ -648,20 +648,29 @@ static int recover(struct engine *g, int64_t now)
     return recovered;
 }
 
-/* Deletes the Idempotency-Key records past their retention, a bounded
- * number per round (an expired record is claimed anew when its key comes
- * back, so this only reclaims space). */
-static void expire_keys(struct engine *g, int64_t now)
+/* A fired schedule tick is kept this long: far longer than the scheduler
+ * looks back for missed ticks (scheduler.c). */
+#define TICK_RETENTION_MS (24LL * 3600 * 1000)
+
+/* Deletes the Idempotency-Key records past their retention and old
+ * schedule ticks, a bounded number per round (an expired key is claimed
+ * anew when it comes back, so this only reclaims space). */
+static void expire_records(struct engine *g, int64_t now)
 {
     enum { BATCH = 1000, ROUNDS = 10 };
     int n = BATCH;
-    for (int i = 0; i < ROUNDS && n == BATCH; i++) {
-        struct ifl_err e = {0};
+    struct ifl_err e = {0};
+    for (int i = 0; i < ROUNDS && n == BATCH; i++)
         if (store_idem_expire(g->store, now - engine_key_retention(g), BATCH, &n, &e)) {
             log_warn("keys.expire_failed", "expiring Idempotency-Key records: %s", e.msg);
-            return;
+            break;
         }
-    }
+    n = BATCH;
+    for (int i = 0; i < ROUNDS && n == BATCH; i++)
+        if (store_ticks_expire(g->store, now - TICK_RETENTION_MS, BATCH, &n, &e)) {
+            log_warn("ticks.expire_failed", "expiring schedule ticks: %s", e.msg);
+            break;
+        }
 }
 
 static void *sweeper_main(void *arg)
@@ -698,7 +707,7 @@ static void *sweeper_main(void *arg)
         int64_t now = clock_now_ms();
         recover(g, now);
         if (now >= keys_due) {
-            expire_keys(g, now);
+            expire_records(g, now);
             keys_due = now + 60000;
         }
     }
@@ -775,6 +784,11 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         return err_set(e, IFL_EIO, "cannot start the sweeper thread");
     }
     g->started = 1;
+    if (pthread_create(&g->scheduler, NULL, engine_scheduler_main, g) != 0) {
+        engine_stop(g);
+        return err_set(e, IFL_EIO, "cannot start the scheduler thread");
+    }
+    g->has_scheduler = 1;
     if (store_wait_work(g->store, 0) != IFL_EUNSUPPORTED) {
         if (pthread_create(&g->listener, NULL, listener_main, g) != 0) {
             engine_stop(g);
@@ -794,6 +808,10 @@ void engine_stop(struct engine *g)
     pthread_cond_broadcast(&g->wcv);
     pthread_cond_broadcast(&g->scv);
     pthread_mutex_unlock(&g->wmu);
+    /* first: a fire may start a GATEWAY call, which needs the client */
+    if (g->has_scheduler)
+        pthread_join(g->scheduler, NULL);
+    g->has_scheduler = 0;
     for (int i = 0; i < g->run.workers; i++)
         pthread_join(g->workers[i], NULL);
     /* Calls in flight finish (the client waits for them), then their

@@ -566,7 +566,9 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (!rc)
             a->retried++;
     }
-    const char *status = steps_status(rows, n);
+    /* Nothing retried: the execution keeps its status (a stale one has no
+     * steps to derive one from). */
+    const char *status = a->retried ? steps_status(rows, n) : x.status;
     snprintf(a->status, sizeof a->status, "%s", status);
     if (!rc && a->retried) {
         json_t *d = json_object();

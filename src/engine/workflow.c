@@ -7,6 +7,7 @@
  */
 #include "engine/workflow.h"
 #include "base/mem.h"
+#include "engine/cron.h"
 #include "expr/expr.h"
 #include "expr/template.h"
 #include "json/json.h"
@@ -261,18 +262,17 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     json_t *m;
     json_object_foreach(cfg, k, m)
     {
-        static const char *const later[] = {"schedule", NULL};
-        const char *why = NULL;
-        for (int i = 0; later[i] && !why; i++)
-            if (strcmp(k, later[i]) == 0)
-                why = "is in the spec but not supported by this engine yet (README, \"Not yet\")";
-        if (!why && strcmp(k, "idempotencyFields") != 0 && strcmp(k, "dedupWindow") != 0 &&
-            strcmp(k, "signature") != 0 && strcmp(k, "ordering") != 0)
-            why = "is not a member of an ENTRY_POINT's config (idempotencyFields, dedupWindow, "
-                  "signature, ordering)";
-        if (why) {
+        static const char *const known[] = {"idempotencyFields", "dedupWindow", "signature",
+                                            "ordering",          "schedule",    NULL};
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++)
+            ok = strcmp(k, known[i]) == 0;
+        if (!ok) {
             member_ptr(p, sizeof p, v->id, "/config", k);
-            return err_setp(e, IFL_EVALIDATION, p, "%s %s", k, why);
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "%s is not a member of an ENTRY_POINT's config (idempotencyFields, "
+                            "dedupWindow, signature, ordering, schedule)",
+                            k);
         }
     }
     json_t *sig = json_object_get(cfg, "signature");
@@ -286,6 +286,23 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         int rc = compile_ordering(v, ord, e);
         if (rc)
             return rc;
+    }
+    json_t *sched = json_object_get(cfg, "schedule");
+    if (sched) {
+        vptr(p, sizeof p, v->id, "/config/schedule");
+        if (!json_is_string(sched))
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "schedule must be a cron expression (string, five fields, UTC)");
+        struct ifl_err ce = {0};
+        if (cron_parse(json_string_value(sched), &v->schedule, &ce))
+            return err_setp(e, IFL_EVALIDATION, p, "%s", ce.msg);
+        /* a fire has no payload of its own to take a version from */
+        if (v->has_ordering)
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "a scheduled entry point cannot also set ordering: its fires carry "
+                            "no version");
+        v->schedule_text = json_string_value(sched);
+        v->has_schedule = 1;
     }
     json_t *f = json_object_get(cfg, "idempotencyFields");
     if (f) {

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "engine/cron.h"
 #include "engine/identity.h"
 #include "gateway/gateway.h"
 
@@ -45,6 +46,9 @@ struct wf_vertex {
     struct wf_signature sig;               /* ENTRY_POINT: scheme WF_SIG_NONE when unsigned */
     int has_ordering;                      /* ENTRY_POINT: "ordering" present (spec §8) */
     struct id_fields ord_key, ord_version; /* … its key and version paths (one each) */
+    int has_schedule;                      /* ENTRY_POINT: "schedule" present (spec §9) */
+    struct cron schedule;                  /* … compiled */
+    const char *schedule_text;             /* … as written (borrowed from config) */
     struct tmpl *output;                   /* TRANSFORM: compiled "output" template */
     struct tmpl *request;                  /* GATEWAY: compiled {url, headers, query, body} */
     const char *method;                    /* GATEWAY: borrowed from config, or NULL */

@@ -239,6 +239,26 @@ const struct store_migration store_migrations[] = {
      " version BIGINT NOT NULL,"
      " updated_at BIGINT NOT NULL,"
      " PRIMARY KEY (workspace, workflow, entry_point, key));"},
+    /* One row per fired schedule tick (spec §9), inserted in the
+     * transaction that creates the tick's execution: a tick is fired once
+     * across processes and restarts.  Kept a day (store_ticks_expire). */
+    {6,
+     "CREATE TABLE schedule_ticks ("
+     " workspace TEXT NOT NULL,"
+     " workflow TEXT NOT NULL,"
+     " entry_point TEXT NOT NULL,"
+     " fire_at BIGINT NOT NULL,"
+     " execution_id TEXT NOT NULL,"
+     " PRIMARY KEY (workspace, workflow, entry_point, fire_at));"
+     "CREATE INDEX schedule_ticks_by_time ON schedule_ticks (fire_at);",
+     "CREATE TABLE schedule_ticks ("
+     " workspace TEXT COLLATE \"C\" NOT NULL,"
+     " workflow TEXT COLLATE \"C\" NOT NULL,"
+     " entry_point TEXT COLLATE \"C\" NOT NULL,"
+     " fire_at BIGINT NOT NULL,"
+     " execution_id TEXT NOT NULL,"
+     " PRIMARY KEY (workspace, workflow, entry_point, fire_at));"
+     "CREATE INDEX schedule_ticks_by_time ON schedule_ticks (fire_at);"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
@@ -818,10 +838,81 @@ int store_tx_ordering_advance(struct store_tx *tx, const struct store_ordering *
     return tx->s->ops->tx_ordering_advance(tx, o, advanced, had_last, last, e);
 }
 
-int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
-                      const struct store_idem *r, struct ifl_err *e)
+int store_tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o, int had_last,
+                            int64_t last, struct ifl_err *e)
 {
-    return tx->s->ops->tx_idem_set(tx, ws, scope, key, r, e);
+    return tx->s->ops->tx_ordering_reset(tx, o, had_last, last, e);
+}
+
+int store_tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
+                        struct ifl_err *e)
+{
+    *claimed = 0;
+    return tx->s->ops->tx_tick_claim(tx, t, claimed, e);
+}
+
+struct latest_args {
+    struct store_workflow *items;
+    size_t n;
+};
+
+static int tx_latest(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct latest_args *a = arg;
+    store_workflows_free(a->items, a->n);
+    a->items = NULL;
+    a->n = 0;
+    return tx->s->ops->tx_workflows_latest(tx, &a->items, &a->n, e);
+}
+
+int store_workflows_latest(struct store *s, struct store_workflow **items, size_t *n,
+                           struct ifl_err *e)
+{
+    struct latest_args a = {0};
+    int rc = store_tx_run(s, tx_latest, &a, e);
+    if (rc) {
+        store_workflows_free(a.items, a.n);
+        a.items = NULL;
+        a.n = 0;
+    }
+    *items = a.items;
+    *n = a.n;
+    return rc;
+}
+
+void store_workflows_free(struct store_workflow *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        store_workflow_clear(&items[i]);
+    free(items);
+}
+
+struct ticks_expire {
+    int64_t before;
+    int limit, n;
+};
+
+static int tx_ticks_expire(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct ticks_expire *a = arg;
+    a->n = 0;
+    return tx->s->ops->tx_ticks_expire(tx, a->before, a->limit, &a->n, e);
+}
+
+int store_ticks_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e)
+{
+    struct ticks_expire a = {before, limit, 0};
+    int rc = store_tx_run(s, tx_ticks_expire, &a, e);
+    *n = rc ? 0 : a.n;
+    return rc;
+}
+
+int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                      const struct store_idem *r, int64_t expect_created_at, int *changed,
+                      struct ifl_err *e)
+{
+    *changed = 0;
+    return tx->s->ops->tx_idem_set(tx, ws, scope, key, r, expect_created_at, changed, e);
 }
 
 struct idem_expire {

@@ -366,7 +366,7 @@ int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct if
  * per key. */
 struct store_ordering {
     const char *ws, *wf, *entry_point;
-    const char *key; /* the key's value, as JCS text */
+    const char *key; /* the key: hex SHA-256 of its value's JCS text (a bounded index key) */
     int64_t version;
 };
 /* Advances the key's version to o->version when it is newer than the last
@@ -377,6 +377,33 @@ struct store_ordering {
  * one after the other. */
 int store_tx_ordering_advance(struct store_tx *tx, const struct store_ordering *o, int *advanced,
                               int *had_last, int64_t *last, struct ifl_err *e);
+/* Undoes an advance of this transaction: the key back to `last`, or gone
+ * when it had none (had_last 0).  For an event that turned out to be a
+ * duplicate after its key was advanced. */
+int store_tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o, int had_last,
+                            int64_t last, struct ifl_err *e);
+
+/* Schedules (spec §9). */
+struct store_tick {
+    const char *ws, *wf, *entry_point;
+    int64_t fire_at; /* the scheduled instant, Unix ms */
+    const char *execution_id;
+};
+/* Records the tick as fired by execution_id unless it was already:
+ * *claimed tells which.  Inside the caller's transaction (the one that
+ * creates the execution); a concurrent claim of the same tick on
+ * PostgreSQL waits for this transaction and then finds it claimed. */
+int store_tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
+                        struct ifl_err *e);
+/* Deletes at most `limit` ticks scheduled before `before` (ms); *n = how
+ * many.  A transaction of its own. */
+int store_ticks_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
+/* The latest version of every workflow, without its definition
+ * (workspace, name, version, created_at).  *items: free with
+ * store_workflows_free. */
+int store_workflows_latest(struct store *s, struct store_workflow **items, size_t *n,
+                           struct ifl_err *e);
+void store_workflows_free(struct store_workflow *items, size_t n);
 
 /* Idempotency records of the engine's own API (spec §7). */
 struct store_idem {
@@ -395,9 +422,13 @@ int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, co
                       struct ifl_err *e);
 /* Overwrites the existing record (ws, scope, key) with all of *r, created_at
  * included: the answer of the operation that claimed the key, or a new
- * claim on a key past its retention.  IFL_ESTORE when there is none. */
+ * claim on a key past its retention.  With expect_created_at >= 0 only a
+ * record still made at that time is overwritten (a compare-and-set: on
+ * PostgreSQL a concurrent re-claim of the same expired record makes this
+ * wait, then change nothing).  *changed tells whether a record was. */
 int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
-                      const struct store_idem *r, struct ifl_err *e);
+                      const struct store_idem *r, int64_t expect_created_at, int *changed,
+                      struct ifl_err *e);
 /* Deletes at most `limit` records created before `before` (ms), in one
  * transaction of its own; *n = how many. */
 int store_idem_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);

@@ -93,8 +93,17 @@ struct store_ops {
                        struct ifl_err *e);
     int (*tx_ordering_advance)(struct store_tx *tx, const struct store_ordering *o, int *advanced,
                                int *had_last, int64_t *last, struct ifl_err *e);
+    int (*tx_ordering_reset)(struct store_tx *tx, const struct store_ordering *o, int had_last,
+                             int64_t last, struct ifl_err *e);
+    int (*tx_tick_claim)(struct store_tx *tx, const struct store_tick *t, int *claimed,
+                         struct ifl_err *e);
+    int (*tx_ticks_expire)(struct store_tx *tx, int64_t before, int limit, int *n,
+                           struct ifl_err *e);
+    int (*tx_workflows_latest)(struct store_tx *tx, struct store_workflow **items, size_t *n,
+                               struct ifl_err *e);
     int (*tx_idem_set)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
-                       const struct store_idem *r, struct ifl_err *e);
+                       const struct store_idem *r, int64_t expect_created_at, int *changed,
+                       struct ifl_err *e);
     int (*tx_idem_expire)(struct store_tx *tx, int64_t before, int limit, int *n,
                           struct ifl_err *e);
 

@@ -101,9 +101,13 @@ enum stmt {
     S_IDEM_PUT,
     S_IDEM_GET,
     S_IDEM_SET,
+    S_TICK_CLAIM,
+    S_TICKS_EXPIRE,
+    S_WORKFLOWS_LATEST,
     S_ORDERING_LOCK,
     S_ORDERING_INSERT,
     S_ORDERING_UPDATE,
+    S_ORDERING_DELETE,
     S_IDEM_EXPIRE,
     S_ATTEMPTS_OF,
     S_CLAIM,
@@ -223,7 +227,19 @@ static const struct {
                     " WHERE workspace = $1 AND scope = $2 AND key = $3"},
     [S_IDEM_SET] = {"ifl_idem_set",
                     "UPDATE idempotency_keys SET fingerprint = $4, status = $5, response = $6,"
-                    " created_at = $7 WHERE workspace = $1 AND scope = $2 AND key = $3"},
+                    " created_at = $7 WHERE workspace = $1 AND scope = $2 AND key = $3"
+                    " AND ($8::bigint < 0 OR created_at = $8::bigint)"},
+    [S_TICK_CLAIM] = {"ifl_tick_claim",
+                      "INSERT INTO schedule_ticks (workspace, workflow, entry_point, fire_at,"
+                      " execution_id) VALUES ($1, $2, $3, $4, $5)"
+                      " ON CONFLICT (workspace, workflow, entry_point, fire_at) DO NOTHING"
+                      " RETURNING 1"},
+    [S_TICKS_EXPIRE] = {"ifl_ticks_expire",
+                        "DELETE FROM schedule_ticks WHERE ctid IN (SELECT ctid FROM"
+                        " schedule_ticks WHERE fire_at < $1 LIMIT $2)"},
+    [S_WORKFLOWS_LATEST] = {"ifl_workflows_latest",
+                            "SELECT DISTINCT ON (workspace, name) workspace, name, version,"
+                            " created_at FROM workflows ORDER BY workspace, name, version DESC"},
     [S_ORDERING_LOCK] = {"ifl_ordering_lock",
                          "SELECT version FROM ordering_keys WHERE workspace = $1 AND workflow = $2"
                          " AND entry_point = $3 AND key = $4 FOR UPDATE"},
@@ -236,6 +252,9 @@ static const struct {
                            "UPDATE ordering_keys SET version = $5, updated_at = $6"
                            " WHERE workspace = $1 AND workflow = $2 AND entry_point = $3"
                            " AND key = $4"},
+    [S_ORDERING_DELETE] = {"ifl_ordering_delete",
+                           "DELETE FROM ordering_keys WHERE workspace = $1 AND workflow = $2"
+                           " AND entry_point = $3 AND key = $4"},
     [S_IDEM_EXPIRE] = {"ifl_idem_expire",
                        "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM"
                        " idempotency_keys WHERE created_at < $1 LIMIT $2)"},
@@ -1946,34 +1965,106 @@ static int tx_ordering_advance(struct store_tx *tx, const struct store_ordering 
     return 0;
 }
 
-static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
-                       const struct store_idem *rec, struct ifl_err *e)
+static int tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o, int had_last,
+                             int64_t last, struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
-    struct args p;
-    idem_args(&p, ws, scope, key, rec, rec->created_at);
-    PGresult *r = q(t, S_IDEM_SET, &p, e);
+    struct args p = {0};
+    arg_s(&p, o->ws);
+    arg_s(&p, o->wf);
+    arg_s(&p, o->entry_point);
+    arg_s(&p, o->key);
+    if (had_last) {
+        arg_i(&p, last);
+        arg_i(&p, clock_now_ms());
+    }
+    PGresult *r = q(t, had_last ? S_ORDERING_UPDATE : S_ORDERING_DELETE, &p, e);
     if (!r)
         return t->fail_rc;
-    int rc = strcmp(PQcmdTuples(r), "1") == 0
-                 ? 0
-                 : err_set(e, IFL_ESTORE, "idempotency record vanished");
     PQclear(r);
-    return rc;
+    return 0;
 }
 
-static int tx_idem_expire(struct store_tx *tx, int64_t before, int limit, int *n, struct ifl_err *e)
+static int tx_tick_claim(struct store_tx *tx, const struct store_tick *tk, int *claimed,
+                         struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, tk->ws);
+    arg_s(&p, tk->wf);
+    arg_s(&p, tk->entry_point);
+    arg_i(&p, tk->fire_at);
+    arg_s(&p, tk->execution_id);
+    PGresult *r = q(t, S_TICK_CLAIM, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *claimed = PQntuples(r) == 1;
+    PQclear(r);
+    return 0;
+}
+
+/* Runs a "delete at most $2 rows older than $1" statement; *n = rows. */
+static int expire_rows(struct store_tx *tx, enum stmt id, int64_t before, int limit, int *n,
+                       struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
     struct args p = {0};
     arg_i(&p, before);
     arg_i(&p, limit);
-    PGresult *r = q(t, S_IDEM_EXPIRE, &p, e);
+    PGresult *r = q(t, id, &p, e);
     if (!r)
         return t->fail_rc;
-    *n = atoi(PQcmdTuples(r));
+    *n = (int)strtol(PQcmdTuples(r), NULL, 10);
     PQclear(r);
     return 0;
+}
+
+static int tx_ticks_expire(struct store_tx *tx, int64_t before, int limit, int *n,
+                           struct ifl_err *e)
+{
+    return expire_rows(tx, S_TICKS_EXPIRE, before, limit, n, e);
+}
+
+static int tx_workflows_latest(struct store_tx *tx, struct store_workflow **items, size_t *n,
+                               struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    PGresult *r = q(t, S_WORKFLOWS_LATEST, NULL, e);
+    if (!r)
+        return t->fail_rc;
+    int rows = PQntuples(r);
+    *items = rows ? xcalloc((size_t)rows, sizeof **items) : NULL;
+    for (int i = 0; i < rows; i++) {
+        struct store_workflow *w = &(*items)[i];
+        w->workspace = col_str(r, i, 0);
+        w->name = col_str(r, i, 1);
+        w->version = (int)col_i64(r, i, 2);
+        w->created_at = col_i64(r, i, 3);
+    }
+    *n = (size_t)rows;
+    PQclear(r);
+    return 0;
+}
+
+static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
+                       const struct store_idem *rec, int64_t expect_created_at, int *changed,
+                       struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p;
+    idem_args(&p, ws, scope, key, rec, rec->created_at);
+    arg_i(&p, expect_created_at);
+    PGresult *r = q(t, S_IDEM_SET, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *changed = strcmp(PQcmdTuples(r), "1") == 0;
+    PQclear(r);
+    return 0;
+}
+
+static int tx_idem_expire(struct store_tx *tx, int64_t before, int limit, int *n, struct ifl_err *e)
+{
+    return expire_rows(tx, S_IDEM_EXPIRE, before, limit, n, e);
 }
 
 /* ---- step reads, claims, leases ------------------------------------------------------------- */
@@ -2402,6 +2493,10 @@ static const struct store_ops pg_ops = {
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
     .tx_ordering_advance = tx_ordering_advance,
+    .tx_ordering_reset = tx_ordering_reset,
+    .tx_tick_claim = tx_tick_claim,
+    .tx_ticks_expire = tx_ticks_expire,
+    .tx_workflows_latest = tx_workflows_latest,
     .tx_idem_set = tx_idem_set,
     .tx_idem_expire = tx_idem_expire,
     .wait_work = op_wait_work,

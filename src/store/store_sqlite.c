@@ -1639,13 +1639,116 @@ static int tx_ordering_advance(struct store_tx *tx, const struct store_ordering 
     return rc;
 }
 
+static int tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o, int had_last,
+                             int64_t last, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char upd[] = "UPDATE ordering_keys SET version = ? WHERE workspace = ? AND"
+                              " workflow = ? AND entry_point = ? AND key = ?";
+    static const char del[] = "DELETE FROM ordering_keys WHERE workspace = ? AND workflow = ?"
+                              " AND entry_point = ? AND key = ?";
+    sqlite3_stmt *st = stmt(c, had_last ? upd : del, e);
+    if (!st)
+        return IFL_ESTORE;
+    int k = 1;
+    if (had_last)
+        sqlite3_bind_int64(st, k++, last);
+    bind_text(st, k++, o->ws);
+    bind_text(st, k++, o->wf);
+    bind_text(st, k++, o->entry_point);
+    bind_text(st, k, o->key);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "ordering_reset");
+    done_stmt(st);
+    return rc;
+}
+
+static int tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
+                         struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char ins[] =
+        "INSERT INTO schedule_ticks (workspace, workflow, entry_point, fire_at, execution_id)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace, workflow, entry_point, fire_at)"
+        " DO NOTHING";
+    sqlite3_stmt *st = stmt(c, ins, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, t->ws);
+    bind_text(st, 2, t->wf);
+    bind_text(st, 3, t->entry_point);
+    sqlite3_bind_int64(st, 4, t->fire_at);
+    bind_text(st, 5, t->execution_id);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "tick_claim");
+    done_stmt(st);
+    if (!rc)
+        *claimed = sqlite3_changes(c->db) == 1;
+    return rc;
+}
+
+/* Runs a "delete at most ?2 rows older than ?1" statement; *n = rows. */
+static int expire_rows(struct store_tx *tx, const char *sql, int64_t before, int limit, int *n,
+                       struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    sqlite3_bind_int64(st, 1, before);
+    sqlite3_bind_int(st, 2, limit);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "expire");
+    done_stmt(st);
+    if (!rc)
+        *n = sqlite3_changes(c->db);
+    return rc;
+}
+
+static int tx_ticks_expire(struct store_tx *tx, int64_t before, int limit, int *n,
+                           struct ifl_err *e)
+{
+    return expire_rows(tx,
+                       "DELETE FROM schedule_ticks WHERE rowid IN (SELECT rowid FROM"
+                       " schedule_ticks WHERE fire_at < ? LIMIT ?)",
+                       before, limit, n, e);
+}
+
+static int tx_workflows_latest(struct store_tx *tx, struct store_workflow **items, size_t *n,
+                               struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    /* SQLite takes the bare created_at from the row holding max(version) */
+    static const char sel[] = "SELECT workspace, name, max(version), created_at FROM workflows"
+                              " GROUP BY workspace, name";
+    sqlite3_stmt *st = stmt(c, sel, e);
+    if (!st)
+        return IFL_ESTORE;
+    size_t cap = 0;
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            *items = xrealloc(*items, cap * sizeof **items);
+        }
+        struct store_workflow *w = &(*items)[(*n)++];
+        memset(w, 0, sizeof *w);
+        w->workspace = col_str(st, 0);
+        w->name = col_str(st, 1);
+        w->version = sqlite3_column_int(st, 2);
+        w->created_at = sqlite3_column_int64(st, 3);
+    }
+    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "workflows_latest");
+    done_stmt(st);
+    return rc;
+}
+
 static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
-                       const struct store_idem *r, struct ifl_err *e)
+                       const struct store_idem *r, int64_t expect_created_at, int *changed,
+                       struct ifl_err *e)
 {
     struct conn *c = txc(tx);
     static const char upd[] = "UPDATE idempotency_keys SET fingerprint = ?, status = ?,"
                               " response = ?, created_at = ?"
-                              " WHERE workspace = ? AND scope = ? AND key = ?";
+                              " WHERE workspace = ? AND scope = ? AND key = ?"
+                              " AND (? < 0 OR created_at = ?)";
     sqlite3_stmt *st = stmt(c, upd, e);
     if (!st)
         return IFL_ESTORE;
@@ -1656,28 +1759,21 @@ static int tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, c
     bind_text(st, 5, ws);
     bind_text(st, 6, scope);
     bind_text(st, 7, key);
+    sqlite3_bind_int64(st, 8, expect_created_at);
+    sqlite3_bind_int64(st, 9, expect_created_at);
     int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "idem_set");
     done_stmt(st);
-    if (!rc && sqlite3_changes(c->db) != 1)
-        rc = err_set(e, IFL_ESTORE, "idempotency record vanished");
+    if (!rc)
+        *changed = sqlite3_changes(c->db) == 1;
     return rc;
 }
 
 static int tx_idem_expire(struct store_tx *tx, int64_t before, int limit, int *n, struct ifl_err *e)
 {
-    struct conn *c = txc(tx);
-    static const char del[] = "DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM"
-                              " idempotency_keys WHERE created_at < ? LIMIT ?)";
-    sqlite3_stmt *st = stmt(c, del, e);
-    if (!st)
-        return IFL_ESTORE;
-    sqlite3_bind_int64(st, 1, before);
-    sqlite3_bind_int(st, 2, limit);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "idem_expire");
-    done_stmt(st);
-    if (!rc)
-        *n = sqlite3_changes(c->db);
-    return rc;
+    return expire_rows(tx,
+                       "DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM"
+                       " idempotency_keys WHERE created_at < ? LIMIT ?)",
+                       before, limit, n, e);
 }
 
 /* ---- step reads, claims, leases ----------------------------------------------------- */
@@ -2047,6 +2143,10 @@ static const struct store_ops sqlite_ops = {
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,
     .tx_ordering_advance = tx_ordering_advance,
+    .tx_ordering_reset = tx_ordering_reset,
+    .tx_tick_claim = tx_tick_claim,
+    .tx_ticks_expire = tx_ticks_expire,
+    .tx_workflows_latest = tx_workflows_latest,
     .tx_idem_set = tx_idem_set,
     .tx_idem_expire = tx_idem_expire,
     .execution_get = op_execution_get,

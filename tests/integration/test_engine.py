@@ -543,3 +543,42 @@ def test_operator_cli(server):
     assert s1.returncode == 0 and json.loads(s1.stdout) == json.loads(s2.stdout)
     missing = cli("get", "eng", "f" * 64)
     assert missing.returncode == 1 and "not-found" in missing.stderr
+
+
+def test_an_expired_key_sent_twice_at_once_acts_once(make_server):
+    """Two repeats of a key past its retention: the re-claim is a
+    compare-and-set, so one of them starts over and the other replays."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    s = make_server(extra=["--test-clock", "--key-retention-hours", "1"])
+    s.start()
+    put_workflow(s, "branchy", BRANCHY)
+    xid = run(s, "branchy", {"items": [{"price": 1, "qty": 1}]})
+    finished(s, xid)
+    keys = [f"k{i}" for i in range(30)]
+    for k in keys:
+        assert s.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": k}).status == 201
+    assert s.post("/v1/test/clock", {"advanceMs": 2 * 3600 * 1000}).status == 200
+    barrier = threading.Barrier(len(keys) * 2)
+
+    def go(k):
+        barrier.wait()
+        return k, s.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": k})
+    with ThreadPoolExecutor(len(keys) * 2) as pool:
+        answers = list(pool.map(go, keys + keys))
+    by = {}
+    for k, r in answers:
+        assert r.status == 201, r
+        by.setdefault(k, set()).add(r.json["executionId"])
+    assert all(len(ids) == 1 for ids in by.values()), by
+
+
+def test_a_retry_of_a_stale_execution_keeps_its_status(server):
+    put_workflow(server, "ord", {"vertices": {
+        "e": {"type": "ENTRY_POINT", "config": {"ordering": {"key": "k", "version": "v"}}}}})
+    run(server, "ord", {"k": 1, "v": 2}, entry="e")
+    r = server.post(f"{WS}/workflows/ord/entry-points/e/trigger", {"k": 1, "v": 1})
+    assert r.status == 200 and r.json["stale"], r
+    a = server.post(f"{WS}/executions/{r.json['executionId']}/retry")
+    assert a.status == 200 and a.json == {"executionId": r.json["executionId"], "retriedSteps": 0,
+                                          "status": "stale"}, a

@@ -104,6 +104,11 @@ def test_hmac_sha256_github_style(server):
     assert a.json["executionId"] == execution_id("hooks", "gh", "push", "payload", json.loads(body))
     b = deliver(server, body, dict(h, **{"X-GitHub-Delivery": "another"}), wf="gh", vertex="push")
     assert b.status == 200 and b.json["executionId"] == a.json["executionId"], b
+    # nor can an unsigned client key make a replayed delivery a new one
+    for extra, query in (({}, "?clientIdempotencyId=k1"), ({"Idempotency-Key": "k2"}, "")):
+        r = server.request("POST", f"{WS}/workflows/gh/entry-points/push/trigger{query}", raw=body,
+                           headers=dict(h, **extra))
+        assert r.status == 200 and r.json["executionId"] == a.json["executionId"], r
     n = count(server)
     for bad in ("sha1=" + mac, "sha256=" + mac[:-1] + ("0" if mac[-1] != "0" else "1"), None):
         hh = dict(h)
@@ -320,3 +325,30 @@ def test_concurrent_events_of_one_key_form_one_chain(server):
         ev = first_event(server, answers[v].json["executionId"])["data"]["ordering"]
         assert ev["previousVersion"] == prev, (v, ev, admitted)
         prev = v
+
+
+def test_a_duplicate_leaves_the_ordering_as_it_was(server):
+    """Two events sent at once under one client key: one is admitted, the
+    other is its duplicate (a reused key, 422) and must not have moved the
+    key's version, so a later event in between the two is still admitted."""
+    from concurrent.futures import ThreadPoolExecutor
+    server.put(WS, {})
+    assert server.put(f"{WS}/workflows/accounts", ACCOUNTS).status == 201
+    p = f"{WS}/workflows/accounts/entry-points/change/trigger"
+    for acct in range(20):
+        with ThreadPoolExecutor(2) as pool:
+            first, third = pool.map(lambda seq: server.post(
+                p + f"?clientIdempotencyId=k{acct}", {"account": {"id": acct}, "seq": seq}), [1, 3])
+        assert sorted((first.status, third.status)) == [201, 422], (first, third)
+        r = server.post(p + f"?clientIdempotencyId=n{acct}", {"account": {"id": acct}, "seq": 2})
+        want = 201 if first.status == 201 else 200   # seq 3 admitted: 2 is stale
+        assert r.status == want, (acct, first.status, r)
+
+
+def test_a_large_ordering_key_is_fine(server):
+    server.put(WS, {})
+    assert server.put(f"{WS}/workflows/accounts", ACCOUNTS).status == 201
+    big = os.urandom(4000).hex()
+    assert change(server, big, 1).status == 201
+    assert change(server, big, 1, note="x").json["stale"]
+    assert change(server, big + "0", 1).status == 201

@@ -1,7 +1,7 @@
 /*
  * store_checks.h — checks of the store through its public interface that
- * both backends must pass: the Idempotency-Key records of spec §7 and the
- * ordering keys of spec §8.  Included by test_store.c (SQLite) and
+ * both backends must pass: the Idempotency-Key records of spec §7, the
+ * ordering keys of spec §8 and the schedule ticks of spec §9.  Included by test_store.c (SQLite) and
  * test_store_pg.c (PostgreSQL).
  */
 #ifndef IFL_TESTS_STORE_CHECKS_H
@@ -13,7 +13,8 @@ struct idem_op {
     const char *key;
     int set; /* 0: store_tx_idem_put, 1: store_tx_idem_set */
     struct store_idem rec;
-    int created;
+    int64_t expect; /* store_tx_idem_set's expect_created_at */
+    int created, changed;
     struct store_idem old; /* owned */
 };
 
@@ -22,8 +23,12 @@ static int idem_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
     struct idem_op *o = arg;
     store_idem_clear(&o->old);
     o->created = 0;
-    if (o->set)
-        return store_tx_idem_set(tx, "ws", "retry", o->key, &o->rec, e);
+    if (o->set) {
+        int changed = 0;
+        int rc = store_tx_idem_set(tx, "ws", "retry", o->key, &o->rec, o->expect, &changed, e);
+        o->changed = changed;
+        return rc;
+    }
     return store_tx_idem_put(tx, "ws", "retry", o->key, &o->rec, &o->created, &o->old, e);
 }
 
@@ -43,11 +48,17 @@ static void check_idem_records(struct store *s)
     /* the answer overwrites the claim, its time included */
     struct idem_op set = {.key = "k1",
                           .set = 1,
+                          .expect = t0 + 1,
                           .rec = {.fingerprint = "fp1",
                                   .status = 200,
                                   .response = "{\"a\":1}",
                                   .created_at = t0 + 5}};
+    /* a compare-and-set on another time changes nothing */
     assert_int_equal(store_tx_run(s, idem_tx, &set, &e), 0);
+    assert_int_equal(set.changed, 0);
+    set.expect = t0;
+    assert_int_equal(store_tx_run(s, idem_tx, &set, &e), 0);
+    assert_int_equal(set.changed, 1);
     assert_int_equal(store_tx_run(s, idem_tx, &put, &e), 0);
     assert_int_equal(put.created, 0);
     assert_int_equal(put.old.status, 200);
@@ -55,7 +66,9 @@ static void check_idem_records(struct store *s)
     assert_int_equal(put.old.created_at, t0 + 5);
     /* there is nothing to overwrite under another key */
     set.key = "k2";
-    assert_int_equal(store_tx_run(s, idem_tx, &set, &e), IFL_ESTORE);
+    set.expect = -1;
+    assert_int_equal(store_tx_run(s, idem_tx, &set, &e), 0);
+    assert_int_equal(set.changed, 0);
     /* expiry deletes only records made before the cut-off, at most `limit` */
     struct idem_op other = {.key = "k3", .rec = {.fingerprint = "fp3", .response = "null"}};
     assert_int_equal(store_tx_run(s, idem_tx, &other, &e), 0);
@@ -110,6 +123,54 @@ static void check_ordering_keys(struct store *s)
     assert_int_equal(advance(s, "\"k2\"", -4, 0, 0), 1); /* keys are independent */
     assert_int_equal(advance(s, "\"k2\"", -3, 1, -4), 1);
     assert_int_equal(advance(s, "\"k\"", 10, 1, 9), 1);
+}
+
+struct tick_op {
+    struct store_tick t;
+    int claimed;
+};
+
+static int tick_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct tick_op *a = arg;
+    return store_tx_tick_claim(tx, &a->t, &a->claimed, e);
+}
+
+static int claim_tick(struct store *s, int64_t at, const char *xid)
+{
+    struct tick_op a = {.t = {"ws", "wf", "ep", at, xid}};
+    assert_int_equal(store_tx_run(s, tick_tx, &a, NULL), 0);
+    return a.claimed;
+}
+
+static void check_schedule_records(struct store *s)
+{
+    int created = 0, version = 0;
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    assert_int_equal(store_workflow_put(s, "ws", "a", "{}", &version, NULL), 0);
+    assert_int_equal(store_workflow_put(s, "ws", "a", "{\"v\":2}", &version, NULL), 0);
+    assert_int_equal(store_workflow_put(s, "ws", "b", "{}", &version, NULL), 0);
+    struct store_workflow *w = NULL;
+    size_t n = 0;
+    assert_int_equal(store_workflows_latest(s, &w, &n, NULL), 0);
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(w[i].workspace, "ws");
+        assert_int_equal(w[i].version, strcmp(w[i].name, "a") == 0 ? 2 : 1);
+        assert_true(w[i].created_at > 0);
+        assert_null(w[i].definition);
+    }
+    store_workflows_free(w, n);
+    /* a tick is fired once */
+    assert_int_equal(claim_tick(s, 60000, "x1"), 1);
+    assert_int_equal(claim_tick(s, 60000, "x2"), 0);
+    assert_int_equal(claim_tick(s, 120000, "x3"), 1);
+    int k = -1;
+    assert_int_equal(store_ticks_expire(s, 60000, 10, &k, NULL), 0);
+    assert_int_equal(k, 0);
+    assert_int_equal(store_ticks_expire(s, 60001, 10, &k, NULL), 0);
+    assert_int_equal(k, 1);
+    assert_int_equal(claim_tick(s, 120000, "x4"), 0);
 }
 
 #endif

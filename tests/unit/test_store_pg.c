@@ -1351,6 +1351,12 @@ static void test_survives_killed_connections(void **state)
     assert_int_equal(store_ping(f->s, NULL), 0);
 }
 
+static void test_schedule_records(void **state)
+{
+    NEED_PG(state);
+    check_schedule_records(S(state));
+}
+
 static void test_ordering_keys(void **state)
 {
     NEED_PG(state);
@@ -1382,6 +1388,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_ordering_of_one_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_migrations, setup_bare, teardown),

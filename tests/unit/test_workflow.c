@@ -128,8 +128,15 @@ static void test_rejections(void **state)
                "\"id\"}}}}",
                "/vertices/a/config/ordering");
     /* ENTRY_POINT members this engine does not honour are refused */
+    /* schedules: a cron expression, without ordering */
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"schedule\":"
-               "\"* * * * *\"}}}}",
+               "\"* * * *\"}}}}",
+               "/vertices/a/config/schedule");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"schedule\":"
+               "5}}}}",
+               "/vertices/a/config/schedule");
+    expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"schedule\":"
+               "\"@daily\",\"ordering\":{\"key\":\"k\",\"version\":\"v\"}}}}}",
                "/vertices/a/config/schedule");
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"idempotencyfields\":"
                "\"order.id\"}}}}",
@@ -208,6 +215,7 @@ static void test_signatures(void **state)
     assert_true(b->base64);
     assert_int_equal(w->v[wf_vertex_index(w, "c")].sig.scheme, WF_SIG_NONE);
     assert_false(w->v[wf_vertex_index(w, "c")].has_ordering);
+    assert_false(w->v[wf_vertex_index(w, "c")].has_schedule);
     wf_free(w);
     assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{"
                              "\"ordering\":{\"key\":\" account.id \",\"version\":\"seq\"}}}}}",
@@ -217,6 +225,14 @@ static void test_signatures(void **state)
     assert_true(o->has_ordering);
     assert_string_equal(o->ord_key.paths[0], "account.id");
     assert_string_equal(o->ord_version.paths[0], "seq");
+    wf_free(w);
+    assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{"
+                             "\"schedule\":\"*/5 * * * *\"}}}}",
+                             &w, NULL),
+                     0);
+    assert_true(w->v[0].has_schedule);
+    assert_string_equal(w->v[0].schedule_text, "*/5 * * * *");
+    assert_int_equal(cron_next(&w->v[0].schedule, 0), 5 * 60000);
     wf_free(w);
 }
 

@@ -1,0 +1,211 @@
+/*
+ * scheduler — fires the schedules of ENTRY_POINTs (spec §9).
+ *
+ * Every process runs one scheduler thread.  It lists the latest version of
+ * every workflow every RESCAN_MS (at once after a PUT in this process),
+ * keeps the entry points that have a schedule, and once a second fires
+ * those whose next tick has come: a trigger with a random execution id
+ * and the payload {"scheduledAt", "schedule"}, whose creating transaction
+ * first claims (workspace, workflow, entry point, tick) in schedule_ticks.
+ * So a tick fires once whichever process gets there first, and a restart
+ * does not fire it again.
+ *
+ * Missed ticks (no engine ran, or the clock jumped): only the latest due
+ * tick fires, late, and only if it is at most LOOKBACK_MS old; the ones
+ * before it are skipped (counted in schedule_missed when this process was
+ * running then).  A new workflow version does not fire ticks from before
+ * it was put.
+ *
+ * Invariant: this thread never fires after engine_stop set g->stopping
+ * (engine_stop joins it before the workers and the HTTP client go).
+ */
+#include "engine/engine_int.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TICK_MS 1000
+#define RESCAN_MS 10000
+#define LOOKBACK_MS (3600LL * 1000)
+
+struct entry {
+    char *ws, *wf, *vertex;
+    int version;
+    const struct wf *w; /* from the engine's cache: lives as long as it */
+    long vi;
+    int64_t next; /* the next tick to fire, or -1: never */
+    int seen;     /* in the latest listing */
+};
+
+struct sched {
+    struct entry *v;
+    size_t n, cap;
+};
+
+static void entry_clear(struct entry *x)
+{
+    free(x->ws);
+    free(x->wf);
+    free(x->vertex);
+}
+
+static struct entry *find(struct sched *s, const char *ws, const char *wf, const char *vertex,
+                          int version)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->v[i].version == version && strcmp(s->v[i].ws, ws) == 0 &&
+            strcmp(s->v[i].wf, wf) == 0 && strcmp(s->v[i].vertex, vertex) == 0)
+            return &s->v[i];
+    return NULL;
+}
+
+/* Rebuilds the list from the store: entries of versions still latest keep
+ * their next tick; new ones start after max(put time, now - LOOKBACK_MS). */
+static void rescan(struct engine *g, struct sched *s, int64_t now)
+{
+    struct store_workflow *items = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (store_workflows_latest(g->store, &items, &n, &e)) {
+        log_warn("schedule.scan_failed", "listing workflows for their schedules: %s", e.msg);
+        return;
+    }
+    for (size_t i = 0; i < s->n; i++)
+        s->v[i].seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct wf *w = NULL;
+        int version = 0;
+        if (engine_workflow_get(g, items[i].workspace, items[i].name, items[i].version, &w,
+                                &version, NULL))
+            continue;
+        for (size_t vi = 0; vi < w->nv; vi++) {
+            if (!w->v[vi].has_schedule)
+                continue;
+            struct entry *x = find(s, items[i].workspace, items[i].name, w->v[vi].id, version);
+            if (!x) {
+                if (s->n == s->cap) {
+                    s->cap = s->cap ? 2 * s->cap : 8;
+                    s->v = xrealloc(s->v, s->cap * sizeof *s->v);
+                }
+                x = &s->v[s->n++];
+                *x = (struct entry){xstrdup(items[i].workspace),
+                                    xstrdup(items[i].name),
+                                    xstrdup(w->v[vi].id),
+                                    version,
+                                    w,
+                                    (long)vi,
+                                    0,
+                                    0};
+                /* The latest tick due since the version was put (within the
+                 * look-back) fires now, unless it fired already; what came
+                 * before it is not this process's to count as missed: another
+                 * process may have fired it. */
+                const struct cron *c = &w->v[vi].schedule;
+                int64_t from = items[i].created_at > now - LOOKBACK_MS ? items[i].created_at
+                                                                       : now - LOOKBACK_MS;
+                int64_t t = cron_next(c, from), later;
+                while (t >= 0 && (later = cron_next(c, t)) >= 0 && later <= now)
+                    t = later;
+                x->next = t;
+            }
+            x->seen = 1;
+        }
+    }
+    store_workflows_free(items, n);
+    size_t kept = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->v[i].seen)
+            s->v[kept++] = s->v[i];
+        else
+            entry_clear(&s->v[i]);
+    }
+    s->n = kept;
+}
+
+/* One fire of x's tick `at`. */
+static void fire(struct engine *g, const struct entry *x, int64_t at)
+{
+    const struct wf_vertex *v = &x->w->v[x->vi];
+    char when[32];
+    clock_rfc3339(at, when);
+    json_t *payload = json_pack("{s:s, s:s}", "scheduledAt", when, "schedule", v->schedule_text);
+    struct trigger_req r = {
+        .ws = x->ws, .wf = x->wf, .vertex = x->vertex, .payload = payload, .tick_at = at};
+    struct trigger_res out;
+    struct engine_trigger_op *op = NULL;
+    struct ifl_err e = {0};
+    int rc = engine_trigger_begin(g, &r, &out, &op, &e);
+    json_decref(payload); /* before any call starts: engine.h */
+    if (!rc && op)
+        rc = engine_trigger_run(op, &out, &e);
+    if (!rc) {
+        atomic_fetch_add(&g->m.schedule_fired, 1);
+        log_info("schedule.fired", "%s/%s/%s tick %s: execution %s", x->ws, x->wf, x->vertex, when,
+                 out.id);
+    } else if (strcmp(e.slug, "tick-fired") == 0) {
+        atomic_fetch_add(&g->m.schedule_taken, 1);
+    } else {
+        log_warn("schedule.fire_failed", "%s/%s/%s tick %s: %s", x->ws, x->wf, x->vertex, when,
+                 e.msg);
+    }
+}
+
+static void due(struct engine *g, struct sched *s, int64_t now)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        struct entry *x = &s->v[i];
+        if (x->next < 0 || x->next > now)
+            continue;
+        const struct cron *c = &x->w->v[x->vi].schedule;
+        int64_t at = x->next, later;
+        unsigned long missed = 0;
+        while ((later = cron_next(c, at)) >= 0 && later <= now) {
+            at = later;
+            missed++;
+        }
+        if (now - at > LOOKBACK_MS) {
+            missed++;
+        } else {
+            fire(g, x, at);
+        }
+        if (missed) {
+            atomic_fetch_add(&g->m.schedule_missed, missed);
+            log_warn("schedule.missed", "%s/%s/%s: %lu ticks were due while none fired", x->ws,
+                     x->wf, x->vertex, missed);
+        }
+        x->next = cron_next(c, at);
+    }
+}
+
+void *engine_scheduler_main(void *arg)
+{
+    struct engine *g = arg;
+    pthread_setname_np(pthread_self(), "scheduler");
+    struct sched s = {0};
+    int64_t rescan_at = 0;
+    for (;;) {
+        int64_t now = clock_now_ms();
+        if (now >= rescan_at || atomic_exchange(&g->sched_dirty, 0)) {
+            rescan(g, &s, now);
+            rescan_at = now + RESCAN_MS;
+        }
+        due(g, &s, now);
+        struct timespec ts;
+        clock_abstime(clock_now_ms() + TICK_MS, &ts);
+        pthread_mutex_lock(&g->wmu);
+        if (!g->stopping)
+            pthread_cond_timedwait(&g->scv, &g->wmu, &ts);
+        int stop = g->stopping;
+        pthread_mutex_unlock(&g->wmu);
+        if (stop)
+            break;
+    }
+    for (size_t i = 0; i < s.n; i++)
+        entry_clear(&s.v[i]);
+    free(s.v);
+    return NULL;
+}

@@ -1,0 +1,120 @@
+"""Schedules (spec §9) over real HTTP, in engine time (serve --test-clock):
+each tick fires once with a random execution id, missed ticks are skipped
+but the latest, and on PostgreSQL two engine processes fire a tick once."""
+import re
+import time
+
+import pytest
+
+from conftest import BACKEND
+from test_engine import wait_for
+
+WS = "/v1/workspaces/cron"
+EVERY_MINUTE = {"vertices": {
+    "tick": {"type": "ENTRY_POINT", "config": {"schedule": "* * * * *"}},
+    "note": {"type": "TRANSFORM", "config": {"output": "= payload.scheduledAt"}}},
+    "edges": [{"from": "tick", "to": "note"}]}
+
+
+def metric(s, name):
+    m = re.search(re.escape(name) + r" (\d+)", s.get("/metrics").raw.decode())
+    return int(m.group(1))
+
+
+def fired(s):
+    return metric(s, 'idemflow_schedule_ticks_total{outcome="fired"}')
+
+
+def executions(s):
+    return s.get(f"{WS}/executions?limit=1000").json["items"]
+
+
+def advance_to_mid_minute(s, minutes_ahead):
+    """Moves s's engine clock to 30 s past the minute boundary
+    `minutes_ahead` boundaries from now (a test clock only moves forward),
+    so that skew between calls never straddles a tick."""
+    now_ms = s.post("/v1/test/clock", {"advanceMs": 1}).json["now"]
+    now = time_ms(now_ms)
+    target = (now // 60000 + minutes_ahead) * 60000 + 30000
+    r = s.post("/v1/test/clock", {"advanceMs": target - now})
+    assert r.status == 200, r
+    return target
+
+
+def time_ms(rfc3339):
+    from datetime import datetime
+    return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+@pytest.fixture
+def clock_server(make_server):
+    s = make_server(extra=["--test-clock"])
+    s.start()
+    return s
+
+
+def test_each_tick_fires_once_and_missed_ones_are_skipped(clock_server):
+    s = clock_server
+    s.put(WS, {})
+    assert s.put(f"{WS}/workflows/minutely", EVERY_MINUTE).status == 201
+    t1 = advance_to_mid_minute(s, 1)
+    wait_for(lambda: fired(s) >= 1)
+    items = executions(s)
+    assert len(items) == 1, items
+    x = wait_for(lambda: (lambda x: x if x["status"] == "completed" else None)(
+        s.get(f"{WS}/executions/{items[0]['id']}").json))
+    tick = time_ms(x["payload"]["scheduledAt"])
+    assert tick == t1 - 30000 and x["payload"]["schedule"] == "* * * * *", x["payload"]
+    assert x["identity"]["mode"] == "random" and x["identity"]["scheduledAt"] == x["payload"]["scheduledAt"]
+    assert {st["vertex"]: st for st in x["steps"]}["note"]["output"] == x["payload"]["scheduledAt"]
+    # the next minute: one more, for the next tick
+    advance_to_mid_minute(s, 1)
+    wait_for(lambda: fired(s) >= 2)
+    ticks = sorted(time_ms(s.get(f"{WS}/executions/{i['id']}").json["payload"]["scheduledAt"])
+                   for i in executions(s))
+    assert ticks == [tick, tick + 60000], ticks
+    # ten minutes at once: the latest tick fires, the nine before it are missed
+    advance_to_mid_minute(s, 10)
+    wait_for(lambda: fired(s) >= 3)
+    assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 9
+    ticks = sorted(time_ms(s.get(f"{WS}/executions/{i['id']}").json["payload"]["scheduledAt"])
+                   for i in executions(s))
+    assert ticks == [tick, tick + 60000, tick + 11 * 60000], ticks
+    assert fired(s) == 3 and len(executions(s)) == 3
+
+
+def test_a_new_version_replaces_the_schedule(clock_server):
+    s = clock_server
+    s.put(WS, {})
+    assert s.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    yearly = {"vertices": {"tick": {"type": "ENTRY_POINT", "config": {"schedule": "@yearly"}}}}
+    assert s.put(f"{WS}/workflows/w", yearly).status == 201
+    assert s.put(f"{WS}/workflows/witness", EVERY_MINUTE).status == 201
+    # two ticks of the witness: the scheduler's pass over the first one has
+    # ended by the time the second fires, and version 1 of w had its chance
+    advance_to_mid_minute(s, 1)
+    wait_for(lambda: fired(s) >= 1)
+    advance_to_mid_minute(s, 1)
+    wait_for(lambda: fired(s) >= 2)
+    assert {x["workflow"] for x in executions(s)} == {"witness"}
+    assert fired(s) == 2
+
+
+@pytest.mark.skipif(BACKEND != "postgres", reason="two engine processes need PostgreSQL")
+def test_two_processes_fire_a_tick_once(make_server):
+    a = make_server(extra=["--test-clock"])
+    a.start()
+    a.put(WS, {})
+    assert a.put(f"{WS}/workflows/minutely", EVERY_MINUTE).status == 201
+    b = make_server(db=a.db, extra=["--test-clock"])
+    b.start()
+    target = advance_to_mid_minute(a, 1)
+    now_b = time_ms(b.post("/v1/test/clock", {"advanceMs": 1}).json["now"])
+    assert b.post("/v1/test/clock", {"advanceMs": target - now_b}).status == 200
+
+    def both_tried():
+        return all(fired(x) + metric(x, 'idemflow_schedule_ticks_total{outcome="taken"}') >= 1
+                   for x in (a, b))
+    wait_for(both_tried, timeout=30)
+    assert fired(a) + fired(b) == 1
+    assert len(executions(a)) == 1

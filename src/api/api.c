@@ -1098,7 +1098,14 @@ static void h_metrics(struct call *c)
         "# TYPE idemflow_schedule_ticks_total counter\n"
         "idemflow_schedule_ticks_total{outcome=\"fired\"} %llu\n"
         "idemflow_schedule_ticks_total{outcome=\"taken\"} %llu\n"
+        "idemflow_schedule_ticks_total{outcome=\"superseded\"} %llu\n"
         "idemflow_schedule_ticks_total{outcome=\"missed\"} %llu\n"
+        "# HELP idemflow_schedule_scans_total Listings of the workflows' schedules.\n"
+        "# TYPE idemflow_schedule_scans_total counter\n"
+        "idemflow_schedule_scans_total %llu\n"
+        "# HELP idemflow_schedules Scheduled entry points found by the last listing.\n"
+        "# TYPE idemflow_schedules gauge\n"
+        "idemflow_schedules %llu\n"
         "# HELP idemflow_ordering_gaps_total Events admitted past missing versions of their "
         "ordering key.\n"
         "# TYPE idemflow_ordering_gaps_total counter\n"
@@ -1131,7 +1138,10 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->ordering_stale),
         (unsigned long long)atomic_load(&m->schedule_fired),
         (unsigned long long)atomic_load(&m->schedule_taken),
+        (unsigned long long)atomic_load(&m->schedule_superseded),
         (unsigned long long)atomic_load(&m->schedule_missed),
+        (unsigned long long)atomic_load(&m->schedule_scans),
+        (unsigned long long)atomic_load(&m->schedule_entries),
         (unsigned long long)atomic_load(&m->ordering_gaps),
         (unsigned long long)atomic_load(&m->steps_claimed),
         (unsigned long long)atomic_load(&m->steps_claimed_early),

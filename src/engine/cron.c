@@ -1,6 +1,8 @@
 /*
- * cron — see cron.h.  Matching walks days (at most nine years of them, to
- * cover the longest leap-day gap), then the minutes of a matching day.
+ * cron — see cron.h.  Matching walks the days of matching months (a month
+ * that does not match is skipped whole), then the minutes of a matching
+ * day.  The Gregorian calendar repeats every 400 years, weekdays included,
+ * so an expression with no fire in 400 years never fires.
  */
 #include "engine/cron.h"
 
@@ -10,7 +12,7 @@
 #include <strings.h>
 
 #define MAX_TEXT 256
-#define SEARCH_DAYS (366 * 9)
+#define SEARCH_DAYS 146097 /* 400 Gregorian years */
 
 struct field {
     const char *name;
@@ -151,6 +153,8 @@ int cron_parse(const char *text, struct cron *c, struct ifl_err *e)
     c->weekdays = (uint8_t)((bits[4] | bits[4] >> 7) & 0x7f); /* 7 is Sunday */
     c->days_star = (uint8_t)star[2];
     c->weekdays_star = (uint8_t)star[4];
+    if (cron_next(c, 0) < 0)
+        return err_set(e, IFL_EVALIDATION, "this schedule never fires (no such day)");
     return 0;
 }
 
@@ -169,13 +173,29 @@ static void civil(int64_t z, int *y, unsigned *m, unsigned *d)
     *y = (int)(yoe + era * 400) + (*m <= 2);
 }
 
-static int day_matches(const struct cron *c, int64_t day)
+/* Days from 1970-01-01 to y-m-01 (Hinnant's days_from_civil). */
+static int64_t first_of_month(int y, unsigned m)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    unsigned yoe = (unsigned)(y - era * 400);
+    unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5;
+    unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+/* 1 when the day matches; 0 when not; when its month does not match,
+ * *skip_to = the first day of the next month (else day + 1). */
+static int day_matches(const struct cron *c, int64_t day, int64_t *skip_to)
 {
     int y;
     unsigned m, d;
     civil(day, &y, &m, &d);
-    if (!(c->months >> m & 1))
+    *skip_to = day + 1;
+    if (!(c->months >> m & 1)) {
+        *skip_to = m == 12 ? first_of_month(y + 1, 1) : first_of_month(y, m + 1);
         return 0;
+    }
     int dom = (int)(c->days >> d & 1);
     int dow = c->weekdays >> ((day % 7 + 11) % 7) & 1; /* 1970-01-01 was a Thursday */
     if (!c->days_star && !c->weekdays_star)
@@ -188,10 +208,10 @@ int64_t cron_next(const struct cron *c, int64_t after_ms)
     if (after_ms < 0)
         after_ms = -1;
     int64_t t = (after_ms + 60000) / 60000 * 60000; /* the next whole minute */
-    int64_t day = t / 86400000;
+    int64_t day = t / 86400000, start = day, next;
     int first = (int)(t % 86400000 / 60000);
-    for (int i = 0; i < SEARCH_DAYS; i++, day++, first = 0) {
-        if (!day_matches(c, day))
+    for (; day - start < SEARCH_DAYS; day = next, first = 0) {
+        if (!day_matches(c, day, &next))
             continue;
         for (int h = first / 60; h < 24; h++) {
             if (!(c->hours >> h & 1))

@@ -27,12 +27,12 @@ struct cron {
 };
 
 /* Parses text into *c.  0, or IFL_EVALIDATION with a message naming the
- * field at fault. */
+ * field at fault, or saying that the expression never fires. */
 int cron_parse(const char *text, struct cron *c, struct ifl_err *e);
 
 /* The first instant (Unix ms, on a whole minute) strictly after after_ms
- * (>= 0) that c matches, or -1 when none comes within nine years (e.g.
- * "0 0 30 2 *"). */
+ * (>= 0) that c matches, or -1 when it never fires (e.g. "0 0 30 2 *"):
+ * none within 400 years, after which the calendar repeats. */
 int64_t cron_next(const struct cron *c, int64_t after_ms);
 
 #endif

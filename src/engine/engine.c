@@ -396,7 +396,7 @@ struct create_args {
     /* A schedule's fire, or NULL: claimed first; when another fire took
      * the tick already, nothing is written (tick_taken). */
     const struct store_tick *tick;
-    int tick_taken;
+    int tick_taken, tick_superseded;
 };
 
 /* 1 for a row completed at trigger time (not the entry: it has no attempt). */
@@ -620,16 +620,16 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     struct create_args *a = arg;
     const struct store_execution *x = a->x;
     a->created = 0;
-    a->stale = a->gap = a->had_last = a->tick_taken = 0;
+    a->stale = a->gap = a->had_last = a->tick_taken = a->tick_superseded = 0;
     a->last = 0;
     store_execution_clear(a->existing);
     int rc;
     if (a->tick) {
         int claimed = 0;
-        if ((rc = store_tx_tick_claim(tx, a->tick, &claimed, e)))
+        if ((rc = store_tx_tick_claim(tx, a->tick, &claimed, &a->tick_superseded, e)))
             return rc;
         if (!claimed) {
-            a->tick_taken = 1;
+            a->tick_taken = !a->tick_superseded;
             return 0;
         }
     }
@@ -904,7 +904,8 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     *opp = NULL;
     const struct wf *w = NULL;
     int version = 0;
-    int rc = engine_workflow_get(g, r->ws, r->wf, 0, &w, &version, e);
+    int rc =
+        engine_workflow_get(g, r->ws, r->wf, r->tick_at ? r->tick_version : 0, &w, &version, e);
     long vi = rc ? -1 : wf_vertex_index(w, r->vertex);
     const struct wf_vertex *v = vi >= 0 && w->v[vi].type == WF_ENTRY_POINT ? &w->v[vi] : NULL;
     /* Without a bearer token only a signed entry point answers: what
@@ -1034,7 +1035,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
         op->ca.ord_key_json = ord_key;
     }
     if (r->tick_at) {
-        op->tick = (struct store_tick){op->ws, op->wf, op->vertex, r->tick_at, nx->id};
+        op->tick = (struct store_tick){op->ws, op->wf, op->vertex, r->tick_at, nx->id, version};
         op->ca.tick = &op->tick;
     }
     prepare_steps(g, w, (size_t)vi, nx, r->payload, &op->ca);
@@ -1079,6 +1080,9 @@ int engine_trigger_end(struct engine_trigger_op *op, struct trigger_res *out, st
     } else if (op->ca.tick_taken) {
         rc = err_set(e, IFL_ECONFLICT, "this tick was fired already");
         err_slug(e, "tick-fired");
+    } else if (op->ca.tick_superseded) {
+        rc = err_set(e, IFL_ECONFLICT, "a newer version of the workflow was put before this tick");
+        err_slug(e, "tick-superseded");
     } else if (op->ca.created) {
         out->created = !op->ca.stale;
         out->stale = op->ca.stale;

@@ -32,8 +32,10 @@ struct engine_metrics {
     atomic_ullong steps_inlined; /* TRANSFORMs completed with their predecessor (also completed) */
     atomic_ullong ordering_stale, ordering_gaps; /* events dropped / admitted past a gap (§8) */
     /* schedule ticks: fired here, found fired by another process (or before
-     * a restart), skipped as missed */
-    atomic_ullong schedule_fired, schedule_taken, schedule_missed;
+     * a restart), found superseded by a newer workflow version, skipped as
+     * missed; the scheduler's listings, and the schedules it last found */
+    atomic_ullong schedule_fired, schedule_taken, schedule_superseded, schedule_missed;
+    atomic_ullong schedule_scans, schedule_entries;
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -76,9 +78,12 @@ struct trigger_req {
      * signature may take the request, and every other answer is 401. */
     int unauthenticated;
     /* > 0: a fire of the entry point's schedule for this instant (Unix ms;
-     * the engine's scheduler): a random id, no signature or ordering, and
-     * IFL_ECONFLICT (slug "tick-fired") when the tick was fired already. */
+     * the engine's scheduler), in workflow version tick_version: a random
+     * id, no signature or ordering, and IFL_ECONFLICT when the tick was
+     * fired already (slug "tick-fired") or a newer version was put before
+     * it ("tick-superseded"). */
     int64_t tick_at;
+    int tick_version;
 };
 
 struct trigger_res {

@@ -124,6 +124,8 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
             entry_clear(&s->v[i]);
     }
     s->n = kept;
+    atomic_store(&g->m.schedule_entries, s->n);
+    atomic_fetch_add(&g->m.schedule_scans, 1);
 }
 
 /* One fire of x's tick `at`. */
@@ -133,8 +135,12 @@ static void fire(struct engine *g, const struct entry *x, int64_t at)
     char when[32];
     clock_rfc3339(at, when);
     json_t *payload = json_pack("{s:s, s:s}", "scheduledAt", when, "schedule", v->schedule_text);
-    struct trigger_req r = {
-        .ws = x->ws, .wf = x->wf, .vertex = x->vertex, .payload = payload, .tick_at = at};
+    struct trigger_req r = {.ws = x->ws,
+                            .wf = x->wf,
+                            .vertex = x->vertex,
+                            .payload = payload,
+                            .tick_at = at,
+                            .tick_version = x->version};
     struct trigger_res out;
     struct engine_trigger_op *op = NULL;
     struct ifl_err e = {0};
@@ -148,6 +154,8 @@ static void fire(struct engine *g, const struct entry *x, int64_t at)
                  out.id);
     } else if (strcmp(e.slug, "tick-fired") == 0) {
         atomic_fetch_add(&g->m.schedule_taken, 1);
+    } else if (strcmp(e.slug, "tick-superseded") == 0) {
+        atomic_fetch_add(&g->m.schedule_superseded, 1);
     } else {
         log_warn("schedule.fire_failed", "%s/%s/%s tick %s: %s", x->ws, x->wf, x->vertex, when,
                  e.msg);
@@ -188,12 +196,14 @@ void *engine_scheduler_main(void *arg)
     struct sched s = {0};
     int64_t rescan_at = 0;
     for (;;) {
+        /* Due ticks first: one that fell due before a new version was put
+         * still fires, in the version it belongs to. */
         int64_t now = clock_now_ms();
+        due(g, &s, now);
         if (now >= rescan_at || atomic_exchange(&g->sched_dirty, 0)) {
             rescan(g, &s, now);
             rescan_at = now + RESCAN_MS;
         }
-        due(g, &s, now);
         struct timespec ts;
         clock_abstime(clock_now_ms() + TICK_MS, &ts);
         pthread_mutex_lock(&g->wmu);

@@ -845,10 +845,11 @@ int store_tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o,
 }
 
 int store_tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
-                        struct ifl_err *e)
+                        int *superseded, struct ifl_err *e)
 {
     *claimed = 0;
-    return tx->s->ops->tx_tick_claim(tx, t, claimed, e);
+    *superseded = 0;
+    return tx->s->ops->tx_tick_claim(tx, t, claimed, superseded, e);
 }
 
 struct latest_args {

@@ -388,13 +388,16 @@ struct store_tick {
     const char *ws, *wf, *entry_point;
     int64_t fire_at; /* the scheduled instant, Unix ms */
     const char *execution_id;
+    int version; /* the workflow version whose schedule it is */
 };
-/* Records the tick as fired by execution_id unless it was already:
- * *claimed tells which.  Inside the caller's transaction (the one that
- * creates the execution); a concurrent claim of the same tick on
- * PostgreSQL waits for this transaction and then finds it claimed. */
+/* Records the tick as fired by execution_id unless it was already (*claimed
+ * 0) or a newer version of the workflow was put at or before the tick
+ * (*claimed 0, *superseded 1: that version's schedule decides).  Inside the
+ * caller's transaction (the one that creates the execution); a concurrent
+ * claim of the same tick on PostgreSQL waits for this transaction and then
+ * finds it claimed. */
 int store_tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
-                        struct ifl_err *e);
+                        int *superseded, struct ifl_err *e);
 /* Deletes at most `limit` ticks scheduled before `before` (ms); *n = how
  * many.  A transaction of its own. */
 int store_ticks_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);

@@ -96,7 +96,7 @@ struct store_ops {
     int (*tx_ordering_reset)(struct store_tx *tx, const struct store_ordering *o, int had_last,
                              int64_t last, struct ifl_err *e);
     int (*tx_tick_claim)(struct store_tx *tx, const struct store_tick *t, int *claimed,
-                         struct ifl_err *e);
+                         int *superseded, struct ifl_err *e);
     int (*tx_ticks_expire)(struct store_tx *tx, int64_t before, int limit, int *n,
                            struct ifl_err *e);
     int (*tx_workflows_latest)(struct store_tx *tx, struct store_workflow **items, size_t *n,

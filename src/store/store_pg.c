@@ -101,6 +101,7 @@ enum stmt {
     S_IDEM_PUT,
     S_IDEM_GET,
     S_IDEM_SET,
+    S_TICK_NEWER,
     S_TICK_CLAIM,
     S_TICKS_EXPIRE,
     S_WORKFLOWS_LATEST,
@@ -229,6 +230,8 @@ static const struct {
                     "UPDATE idempotency_keys SET fingerprint = $4, status = $5, response = $6,"
                     " created_at = $7 WHERE workspace = $1 AND scope = $2 AND key = $3"
                     " AND ($8::bigint < 0 OR created_at = $8::bigint)"},
+    [S_TICK_NEWER] = {"ifl_tick_newer", "SELECT 1 FROM workflows WHERE workspace = $1 AND name = $2"
+                                        " AND version > $3 AND created_at <= $4 LIMIT 1"},
     [S_TICK_CLAIM] = {"ifl_tick_claim",
                       "INSERT INTO schedule_ticks (workspace, workflow, entry_point, fire_at,"
                       " execution_id) VALUES ($1, $2, $3, $4, $5)"
@@ -1880,29 +1883,33 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
                        struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
-    struct args p;
-    idem_args(&p, ws, scope, key, rec, clock_now_ms());
-    PGresult *r = q(t, S_IDEM_PUT, &p, e);
-    if (!r)
-        return t->fail_rc;
-    *created = PQntuples(r) == 1;
-    PQclear(r);
-    if (*created || !existing)
-        return 0;
-    p.n = 3;
-    if (!(r = q(t, S_IDEM_GET, &p, e)))
-        return t->fail_rc;
-    int rc = 0;
-    if (PQntuples(r) == 1) {
-        existing->fingerprint = col_str(r, 0, 0);
-        existing->status = (int)col_i64(r, 0, 1);
-        existing->response = col_str(r, 0, 2);
-        existing->created_at = col_i64(r, 0, 3);
-    } else {
-        rc = err_set(e, IFL_ESTORE, "idempotency record vanished");
+    /* Insert, or read the record there; when it goes between the two (the
+     * sweeper deleted it as expired), insert again. */
+    for (int round = 0; round < 3; round++) {
+        struct args p;
+        idem_args(&p, ws, scope, key, rec, clock_now_ms());
+        PGresult *r = q(t, S_IDEM_PUT, &p, e);
+        if (!r)
+            return t->fail_rc;
+        *created = PQntuples(r) == 1;
+        PQclear(r);
+        if (*created || !existing)
+            return 0;
+        p.n = 3;
+        if (!(r = q(t, S_IDEM_GET, &p, e)))
+            return t->fail_rc;
+        int found = PQntuples(r) == 1;
+        if (found) {
+            existing->fingerprint = col_str(r, 0, 0);
+            existing->status = (int)col_i64(r, 0, 1);
+            existing->response = col_str(r, 0, 2);
+            existing->created_at = col_i64(r, 0, 3);
+        }
+        PQclear(r);
+        if (found)
+            return 0;
     }
-    PQclear(r);
-    return rc;
+    return err_set(e, IFL_ESTORE, "idempotency record vanished");
 }
 
 /* Reads and locks the key's row: 1 with *v when there is one, 0 when not,
@@ -1986,17 +1993,28 @@ static int tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o
 }
 
 static int tx_tick_claim(struct store_tx *tx, const struct store_tick *tk, int *claimed,
-                         struct ifl_err *e)
+                         int *superseded, struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
     struct args p = {0};
     arg_s(&p, tk->ws);
     arg_s(&p, tk->wf);
+    arg_i(&p, tk->version);
+    arg_i(&p, tk->fire_at);
+    PGresult *r = q(t, S_TICK_NEWER, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *superseded = PQntuples(r) == 1;
+    PQclear(r);
+    if (*superseded)
+        return 0;
+    p = (struct args){0};
+    arg_s(&p, tk->ws);
+    arg_s(&p, tk->wf);
     arg_s(&p, tk->entry_point);
     arg_i(&p, tk->fire_at);
     arg_s(&p, tk->execution_id);
-    PGresult *r = q(t, S_TICK_CLAIM, &p, e);
-    if (!r)
+    if (!(r = q(t, S_TICK_CLAIM, &p, e)))
         return t->fail_rc;
     *claimed = PQntuples(r) == 1;
     PQclear(r);

@@ -1663,22 +1663,35 @@ static int tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o
 }
 
 static int tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
-                         struct ifl_err *e)
+                         int *superseded, struct ifl_err *e)
 {
     struct conn *c = txc(tx);
+    static const char newer[] = "SELECT 1 FROM workflows WHERE workspace = ? AND name = ?"
+                                " AND version > ? AND created_at <= ? LIMIT 1";
+    sqlite3_stmt *st = stmt(c, newer, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, t->ws);
+    bind_text(st, 2, t->wf);
+    sqlite3_bind_int(st, 3, t->version);
+    sqlite3_bind_int64(st, 4, t->fire_at);
+    int r = sqlite3_step(st);
+    int rc = r == SQLITE_ROW || r == SQLITE_DONE ? 0 : db_err(c, e, "tick_newer");
+    done_stmt(st);
+    if (rc || (*superseded = r == SQLITE_ROW))
+        return rc;
     static const char ins[] =
         "INSERT INTO schedule_ticks (workspace, workflow, entry_point, fire_at, execution_id)"
         " VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace, workflow, entry_point, fire_at)"
         " DO NOTHING";
-    sqlite3_stmt *st = stmt(c, ins, e);
-    if (!st)
+    if (!(st = stmt(c, ins, e)))
         return IFL_ESTORE;
     bind_text(st, 1, t->ws);
     bind_text(st, 2, t->wf);
     bind_text(st, 3, t->entry_point);
     sqlite3_bind_int64(st, 4, t->fire_at);
     bind_text(st, 5, t->execution_id);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "tick_claim");
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "tick_claim");
     done_stmt(st);
     if (!rc)
         *claimed = sqlite3_changes(c->db) == 1;

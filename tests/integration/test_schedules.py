@@ -100,6 +100,63 @@ def test_a_new_version_replaces_the_schedule(clock_server):
     assert fired(s) == 2
 
 
+def clock_now(s):
+    return time_ms(s.post("/v1/test/clock", {"advanceMs": 1}).json["now"])
+
+
+def advance_to(s, target):
+    r = s.post("/v1/test/clock", {"advanceMs": target - clock_now(s)})
+    assert r.status == 200, r
+
+
+def scanned(s, after, entries):
+    """Waits for a listing after the `after`-th that found `entries`."""
+    return wait_for(lambda: metric(s, "idemflow_schedule_scans_total") > after and
+                    metric(s, "idemflow_schedules") == entries)
+
+
+def test_a_tick_due_before_a_new_version_fires_in_the_old_one(clock_server):
+    """Found by an audit: the tick fell due under version 1, version 2 was
+    put before the scheduler's next pass; the tick still fires, once, in
+    version 1 (whose schedule it is)."""
+    s = clock_server
+    s.put(WS, {})
+    scans = metric(s, "idemflow_schedule_scans_total")
+    assert s.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    scanned(s, scans, 1)
+    b = (clock_now(s) // 60000 + 1) * 60000
+    advance_to(s, b + 50)  # tick b is due, under version 1
+    assert s.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    advance_to(s, b + 30000)
+    wait_for(lambda: fired(s) >= 1)
+    items = executions(s)
+    assert len(items) == 1, items
+    x = s.get(f"{WS}/executions/{items[0]['id']}").json
+    assert time_ms(x["payload"]["scheduledAt"]) == b and x["workflowVersion"] == 1, x
+
+
+@pytest.mark.skipif(BACKEND != "postgres", reason="two engine processes need PostgreSQL")
+def test_a_version_put_before_a_tick_supersedes_the_old_schedule_everywhere(make_server):
+    """Found by an audit: process b still lists version 1 when process a puts
+    version 2 without a schedule; b's fire of the next tick is superseded,
+    not run in version 2."""
+    a = make_server(extra=["--test-clock"])
+    a.start()
+    a.put(WS, {})
+    assert a.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    b = make_server(db=a.db, extra=["--test-clock"])
+    b.start()
+    tick = (clock_now(b) // 60000 + 2) * 60000
+    scans = metric(b, "idemflow_schedule_scans_total")
+    advance_to(b, tick - 1500)  # b lists again now, then not for 10 s of its time
+    scanned(b, scans, 1)
+    unscheduled = {"vertices": {"tick": {"type": "ENTRY_POINT"}}}
+    assert a.put(f"{WS}/workflows/w", unscheduled).status == 201
+    advance_to(b, tick + 1000)
+    wait_for(lambda: metric(b, 'idemflow_schedule_ticks_total{outcome="superseded"}') >= 1)
+    assert executions(a) == [] and fired(b) == 0
+
+
 @pytest.mark.skipif(BACKEND != "postgres", reason="two engine processes need PostgreSQL")
 def test_two_processes_fire_a_tick_once(make_server):
     a = make_server(extra=["--test-clock"])

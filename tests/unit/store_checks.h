@@ -127,20 +127,28 @@ static void check_ordering_keys(struct store *s)
 
 struct tick_op {
     struct store_tick t;
-    int claimed;
+    int claimed, superseded;
 };
 
 static int tick_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct tick_op *a = arg;
-    return store_tx_tick_claim(tx, &a->t, &a->claimed, e);
+    return store_tx_tick_claim(tx, &a->t, &a->claimed, &a->superseded, e);
+}
+
+/* 1 claimed, 0 fired already, -1 superseded by a newer version */
+static int claim_tick_of(struct store *s, const char *wf, int version, int64_t at,
+                         const char *xid)
+{
+    struct tick_op a = {.t = {"ws", wf, "ep", at, xid, version}};
+    assert_int_equal(store_tx_run(s, tick_tx, &a, NULL), 0);
+    assert_false(a.claimed && a.superseded);
+    return a.superseded ? -1 : a.claimed;
 }
 
 static int claim_tick(struct store *s, int64_t at, const char *xid)
 {
-    struct tick_op a = {.t = {"ws", "wf", "ep", at, xid}};
-    assert_int_equal(store_tx_run(s, tick_tx, &a, NULL), 0);
-    return a.claimed;
+    return claim_tick_of(s, "wf", 1, at, xid);
 }
 
 static void check_schedule_records(struct store *s)
@@ -171,6 +179,13 @@ static void check_schedule_records(struct store *s)
     assert_int_equal(store_ticks_expire(s, 60001, 10, &k, NULL), 0);
     assert_int_equal(k, 1);
     assert_int_equal(claim_tick(s, 120000, "x4"), 0);
+    /* workflow a's version 2 was put before this tick: version 1's schedule
+     * no longer fires it, version 2's does; a tick from before the put
+     * still belongs to version 1 */
+    int64_t later = (int64_t)4102444800000LL; /* 2100 */
+    assert_int_equal(claim_tick_of(s, "a", 1, later, "y1"), -1);
+    assert_int_equal(claim_tick_of(s, "a", 2, later, "y2"), 1);
+    assert_int_equal(claim_tick_of(s, "a", 1, 60000, "y3"), 1);
 }
 
 #endif

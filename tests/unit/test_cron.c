@@ -58,7 +58,9 @@ static void test_next(void **state)
     assert_string_equal(next_after("0 0 13 * 5", T_20261202_055825), "2026-12-04T00:00:00.000Z");
     /* a restricted day-of-month with a '*' day-of-week: both must hold */
     assert_string_equal(next_after("0 0 13 * *", T_20261202_055825), "2026-12-13T00:00:00.000Z");
-    assert_string_equal(next_after("0 0 30 2 *", T_20261202_055825), "never");
+    /* the weekday rule can put decades between fires (found by an audit) */
+    assert_string_equal(next_after("0 12 29 2 */7", 1104537600000LL), "2032-02-29T12:00:00.000Z");
+    assert_string_equal(next_after("0 0 */31 2 1", 946684800000LL), "2010-02-01T00:00:00.000Z");
     /* strictly after: an instant on the minute is not its own next */
     assert_string_equal(next_after("* * * * *", 1796191080000LL), "2026-12-02T05:59:00.000Z");
     assert_string_equal(next_after("1,2,3 0 1 1 *", 0), "1970-01-01T00:01:00.000Z");
@@ -94,7 +96,9 @@ static void test_refusals(void **state)
                          "*/ * * * *",
                          "0001 * * * *",
                          "@often",
-                         "1/1000 * * * *"};
+                         "1/1000 * * * *",
+                         "0 0 30 2 *",
+                         "0 0 31 4,6,9,11 *"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_bad(bad[i]);
     struct cron c;

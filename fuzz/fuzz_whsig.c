@@ -45,6 +45,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rc = whsig_hmac_verify(secret, strlen(secret), sigs, NULL, WHSIG_BASE64, body, n, &e);
     if (rc != 0 && rc != IFL_EUNAUTH)
         abort();
+    rc = whsig_hmac_ts_verify(secret, strlen(secret), sigs, "t=", "v1=", WHSIG_HEX, body, n,
+                              1614265330, 300, &e);
+    if (rc != 0 && rc != IFL_EUNAUTH)
+        abort();
     uint8_t *key = NULL;
     size_t klen = 0;
     if (whsig_secret_decode(secret, &key, &klen) == 0) {

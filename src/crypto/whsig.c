@@ -119,6 +119,75 @@ int whsig_standard_verify(const uint8_t *key, size_t klen, const char *id, const
     return match ? 0 : err_set(e, IFL_EUNAUTH, "no webhook-signature matches the payload");
 }
 
+/* sig[0..slen) decoded as enc into got (32 bytes); 1 when it is one. */
+static int decode_mac(const char *sig, size_t slen, enum whsig_encoding enc,
+                      uint8_t got[CRYPTO_SHA256_LEN])
+{
+    if (enc == WHSIG_HEX)
+        return crypto_unhex(sig, slen, got, CRYPTO_SHA256_LEN) == 0;
+    uint8_t *b = NULL;
+    size_t blen = 0;
+    int ok = crypto_unbase64(sig, slen, &b, &blen) == 0 && blen == CRYPTO_SHA256_LEN;
+    if (ok)
+        memcpy(got, b, CRYPTO_SHA256_LEN);
+    free(b);
+    return ok;
+}
+
+int whsig_hmac_ts_verify(const void *key, size_t klen, const char *value, const char *ts_prefix,
+                         const char *prefix, enum whsig_encoding enc, const void *body, size_t n,
+                         int64_t now_s, int64_t tolerance_s, struct ifl_err *e)
+{
+    if (!value)
+        return err_set(e, IFL_EUNAUTH, "the webhook's signature header is missing");
+    size_t tlen = strlen(ts_prefix), plen = strlen(prefix);
+    /* the timestamp first: its element, digits only */
+    char ts[MAX_TS_DIGITS + 1] = "";
+    int64_t t = 0;
+    const char *p = value;
+    for (int seen = 0; *p && seen < MAX_SIGNATURES; seen++) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        size_t len = strcspn(p, ",");
+        if (len > tlen && strncmp(p, ts_prefix, tlen) == 0 && len - tlen <= MAX_TS_DIGITS) {
+            memcpy(ts, p + tlen, len - tlen);
+            ts[len - tlen] = '\0';
+        }
+        p += len;
+    }
+    if (!ts[0] || parse_ts(ts, &t))
+        return err_set(e, IFL_EUNAUTH, "the webhook's signature header has no '%s' timestamp",
+                       ts_prefix);
+    if (t < now_s - tolerance_s || t > now_s + tolerance_s)
+        return err_set(e, IFL_EUNAUTH,
+                       "the webhook's timestamp is more than %lld s away from now (stale or "
+                       "future)",
+                       (long long)tolerance_s);
+    struct buf msg;
+    buf_init(&msg, 0);
+    buf_puts(&msg, ts);
+    buf_putc(&msg, '.');
+    buf_append(&msg, body, n);
+    uint8_t mac[CRYPTO_SHA256_LEN], got[CRYPTO_SHA256_LEN];
+    crypto_hmac_sha256(key, klen, msg.p, msg.len, mac);
+    buf_free(&msg);
+    int match = 0;
+    p = value;
+    for (int seen = 0; *p && seen < MAX_SIGNATURES; seen++) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        size_t len = strcspn(p, ",");
+        while (len && p[len - 1] == ' ')
+            len--;
+        if (len > plen && strncmp(p, prefix, plen) == 0 &&
+            decode_mac(p + plen, len - plen, enc, got))
+            match |= crypto_equal(got, sizeof got, mac, sizeof mac);
+        p += strcspn(p, ",");
+    }
+    crypto_wipe(mac, sizeof mac);
+    return match ? 0 : err_set(e, IFL_EUNAUTH, "no signature in the header matches the payload");
+}
+
 int whsig_hmac_verify(const void *key, size_t klen, const char *value, const char *prefix,
                       enum whsig_encoding enc, const void *body, size_t n, struct ifl_err *e)
 {
@@ -130,18 +199,7 @@ int whsig_hmac_verify(const void *key, size_t klen, const char *value, const cha
     const char *sig = value + plen;
     size_t slen = strlen(sig);
     uint8_t mac[CRYPTO_SHA256_LEN], got[CRYPTO_SHA256_LEN];
-    int ok = 0;
-    if (enc == WHSIG_HEX) {
-        ok = crypto_unhex(sig, slen, got, sizeof got) == 0;
-    } else {
-        uint8_t *b = NULL;
-        size_t blen = 0;
-        if (crypto_unbase64(sig, slen, &b, &blen) == 0 && blen == sizeof got) {
-            memcpy(got, b, sizeof got);
-            ok = 1;
-        }
-        free(b);
-    }
+    int ok = decode_mac(sig, slen, enc, got);
     if (ok) {
         crypto_hmac_sha256(key, klen, body, n, mac);
         ok = crypto_equal(got, sizeof got, mac, sizeof mac);

@@ -49,4 +49,13 @@ enum whsig_encoding { WHSIG_HEX, WHSIG_BASE64 };
 int whsig_hmac_verify(const void *key, size_t klen, const char *value, const char *prefix,
                       enum whsig_encoding enc, const void *body, size_t n, struct ifl_err *e);
 
+/* Stripe-style: value is a comma-separated list such as
+ * "t=1492774577,v1=5257a8…,v0=…"; the element starting with ts_prefix
+ * ("t=") holds Unix seconds, which must be within tolerance_s of now_s;
+ * any element starting with prefix ("v1=") may hold
+ * encoding(HMAC-SHA256(key, timestamp "." body)).  0, or IFL_EUNAUTH. */
+int whsig_hmac_ts_verify(const void *key, size_t klen, const char *value, const char *ts_prefix,
+                         const char *prefix, enum whsig_encoding enc, const void *body, size_t n,
+                         int64_t now_s, int64_t tolerance_s, struct ifl_err *e);
+
 #endif

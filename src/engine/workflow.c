@@ -157,7 +157,8 @@ static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e
     {
         static const char *const common[] = {"scheme", "secret", NULL};
         static const char *const standard[] = {"toleranceSeconds", NULL};
-        static const char *const hmac[] = {"header", "prefix", "encoding", NULL};
+        static const char *const hmac[] = {"header",    "prefix",           "encoding",
+                                           "timestamp", "toleranceSeconds", NULL};
         int known = 0;
         for (int i = 0; common[i]; i++)
             known |= strcmp(k, common[i]) == 0;
@@ -167,7 +168,8 @@ static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e
             char why[200];
             snprintf(why, sizeof why, "%s is not a member of a %s signature (%s)", k, scheme,
                      std ? "scheme, secret, toleranceSeconds"
-                         : "scheme, secret, header, prefix, encoding");
+                         : "scheme, secret, header, prefix, encoding, timestamp, "
+                           "toleranceSeconds");
             return sig_refuse(v, k, why, e);
         }
     }
@@ -195,15 +197,29 @@ static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e
                           "an hmac-sha256 signature needs header: the name of the header that "
                           "carries it",
                           e);
-    json_t *prefix = json_object_get(sig, "prefix");
-    if (prefix) {
-        g->prefix = json_string_value(prefix);
-        int ok = g->prefix && strlen(g->prefix) <= 64;
-        for (const char *c = g->prefix; ok && *c; c++)
+    static const char *const texts[] = {"prefix", "timestamp"};
+    const char **outs[] = {&g->prefix, &g->ts_prefix};
+    for (int i = 0; i < 2; i++) {
+        json_t *tm = json_object_get(sig, texts[i]);
+        if (!tm)
+            continue;
+        const char *t = *outs[i] = json_string_value(tm);
+        int ok = t && *t && strlen(t) <= 64 && !strchr(t, ',');
+        for (const char *c = t; ok && *c; c++)
             ok = *c >= 0x21 && *c <= 0x7e;
         if (!ok)
-            return sig_refuse(v, "prefix", "prefix must be at most 64 printable characters", e);
+            return sig_refuse(v, texts[i],
+                              "must be 1 to 64 printable characters without spaces or commas", e);
     }
+    /* Stripe-style: "t=…,v1=…", signed over "t.body" */
+    if (g->ts_prefix && !g->prefix)
+        return sig_refuse(v, "prefix",
+                          "a signature with a timestamp needs the prefix of its signatures "
+                          "(e.g. \"v1=\")",
+                          e);
+    if (!g->ts_prefix && json_object_get(sig, "toleranceSeconds"))
+        return sig_refuse(v, "toleranceSeconds",
+                          "toleranceSeconds applies to a signature with a timestamp", e);
     const char *enc = json_string_value(json_object_get(sig, "encoding"));
     if (json_object_get(sig, "encoding") &&
         (!enc || (strcmp(enc, "hex") != 0 && strcmp(enc, "base64") != 0)))

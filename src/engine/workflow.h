@@ -30,11 +30,12 @@ enum wf_vertex_type { WF_ENTRY_POINT, WF_GATEWAY, WF_TRANSFORM };
 enum wf_sig_scheme { WF_SIG_NONE, WF_SIG_STANDARD, WF_SIG_HMAC };
 struct wf_signature {
     enum wf_sig_scheme scheme;
-    char secret[129];    /* the workspace secret's name */
-    int64_t tolerance_s; /* standard-webhooks: webhook-timestamp within ± this of now */
-    const char *header;  /* hmac-sha256: the signature header */
-    const char *prefix;  /* hmac-sha256: before the MAC ("sha256="), or NULL */
-    int base64;          /* hmac-sha256: the MAC in base64 (else hex) */
+    char secret[129];      /* the workspace secret's name */
+    int64_t tolerance_s;   /* standard-webhooks: webhook-timestamp within ± this of now */
+    const char *header;    /* hmac-sha256: the signature header */
+    const char *prefix;    /* hmac-sha256: before the MAC ("sha256="), or NULL */
+    const char *ts_prefix; /* hmac-sha256, Stripe-style: the timestamp element ("t="), or NULL */
+    int base64;            /* hmac-sha256: the MAC in base64 (else hex) */
 };
 
 struct wf_vertex {

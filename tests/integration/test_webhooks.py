@@ -352,3 +352,39 @@ def test_a_large_ordering_key_is_fine(server):
     assert change(server, big, 1).status == 201
     assert change(server, big, 1, note="x").json["stale"]
     assert change(server, big + "0", 1).status == 201
+
+
+def test_hmac_sha256_with_a_timestamp_stripe_style(server):
+    secret = "whsec_" + os.urandom(12).hex()
+    server.put(WS, {})
+    assert server.put(f"{WS}/secrets/ST", {"value": secret}).status == 204
+    wf = {"vertices": {"evt": {"type": "ENTRY_POINT", "config": {"signature": {
+        "scheme": "hmac-sha256", "secret": "{{ secrets.ST }}", "header": "Stripe-Signature",
+        "prefix": "v1=", "timestamp": "t=", "toleranceSeconds": 300}}}}}
+    assert server.put(f"{WS}/workflows/stripe", wf).status == 201
+    body = b'{"id": "evt_1", "type": "charge.succeeded"}'
+
+    def sig(t, key=secret.encode(), b=body):
+        mac = hmac.new(key, f"{t}.".encode() + b, hashlib.sha256).hexdigest()
+        return {"Stripe-Signature": f"t={t},v1={mac},v0=legacy", "Content-Type": "application/json"}
+    now = int(time.time())
+    a = deliver(server, body, sig(now), wf="stripe", vertex="evt")
+    assert a.status == 201, a
+    b = deliver(server, body, sig(now - 100), wf="stripe", vertex="evt")   # a redelivery
+    assert b.status == 200 and b.json["executionId"] == a.json["executionId"], b
+    n = count(server)
+    for headers in (sig(now - 400), sig(now + 400), sig(now, key=b"other"),
+                    {"Stripe-Signature": sig(now)["Stripe-Signature"].replace(f"t={now}", f"t={now + 1}"),
+                     "Content-Type": "application/json"}):
+        r = deliver(server, body, headers, wf="stripe", vertex="evt")
+        assert r.status == 401 and r.json["type"] == "/problems/invalid-signature", (headers, r)
+    assert count(server) == n
+    # a timestamp needs the signatures' prefix; a tolerance needs a timestamp
+    bad = json.loads(json.dumps(wf))
+    del bad["vertices"]["evt"]["config"]["signature"]["prefix"]
+    r = server.put(f"{WS}/workflows/stripe2", bad)
+    assert r.status == 422 and r.json["pointer"].endswith("/signature/prefix"), r
+    bad = json.loads(json.dumps(wf))
+    del bad["vertices"]["evt"]["config"]["signature"]["timestamp"]
+    r = server.put(f"{WS}/workflows/stripe2", bad)
+    assert r.status == 422 and r.json["pointer"].endswith("/signature/toleranceSeconds"), r

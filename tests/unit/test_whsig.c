@@ -184,12 +184,53 @@ static void test_hmac_github_example(void **state)
     assert_int_equal(hmac_check(hex, "sha256=", WHSIG_BASE64), IFL_EUNAUTH);
 }
 
+/* Stripe-style "t=…,v1=…": the MAC is over "t.body"; the expected value
+ * was computed with Python's hmac module. */
+static int stripe_check(const char *value, int64_t now)
+{
+    static const char key[] = "whsec_stripe_test_secret";
+    static const char body[] = "{\"id\": \"evt_1\", \"type\": \"charge.succeeded\"}";
+    struct ifl_err e = {0};
+    return whsig_hmac_ts_verify(key, strlen(key), value, "t=", "v1=", WHSIG_HEX, body, strlen(body),
+                                now, 300, &e);
+}
+
+#define STRIPE_MAC "ddd8dac55a1324c2535ddf0ea514712eb1d9ed942e593ddac9f636ab6ce83573"
+
+static void test_hmac_with_a_timestamp(void **state)
+{
+    (void)state;
+    int64_t now = 1614265330;
+    assert_int_equal(stripe_check("t=1614265330,v1=" STRIPE_MAC, now), 0);
+    /* other schemes' entries and rolled secrets around the match */
+    assert_int_equal(
+        stripe_check(
+            "t=1614265330, v0=abc,v1="
+            "0000000000000000000000000000000000000000000000000000000000000000,v1=" STRIPE_MAC,
+            now),
+        0);
+    assert_int_equal(stripe_check("v1=" STRIPE_MAC ",t=1614265330", now), 0);
+    /* the tolerance, both ways */
+    assert_int_equal(stripe_check("t=1614265330,v1=" STRIPE_MAC, now + 300), 0);
+    assert_int_equal(stripe_check("t=1614265330,v1=" STRIPE_MAC, now + 301), IFL_EUNAUTH);
+    assert_int_equal(stripe_check("t=1614265330,v1=" STRIPE_MAC, now - 301), IFL_EUNAUTH);
+    /* the timestamp is signed: another one does not verify */
+    assert_int_equal(stripe_check("t=1614265331,v1=" STRIPE_MAC, now), IFL_EUNAUTH);
+    /* missing or malformed parts */
+    assert_int_equal(stripe_check("v1=" STRIPE_MAC, now), IFL_EUNAUTH);
+    assert_int_equal(stripe_check("t=16142x5330,v1=" STRIPE_MAC, now), IFL_EUNAUTH);
+    assert_int_equal(stripe_check("t=1614265330,v0=" STRIPE_MAC, now), IFL_EUNAUTH);
+    assert_int_equal(stripe_check("t=1614265330", now), IFL_EUNAUTH);
+    assert_int_equal(stripe_check(NULL, now), IFL_EUNAUTH);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_standard_webhooks_vectors),
         cmocka_unit_test(test_standard_webhooks_edges),
         cmocka_unit_test(test_hmac_github_example),
+        cmocka_unit_test(test_hmac_with_a_timestamp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 """Schedules (spec §9) over real HTTP, in engine time (serve --test-clock):
 each tick fires once with a random execution id, missed ticks are skipped
 but the latest, and on PostgreSQL two engine processes fire a tick once."""
+import json
 import re
 import time
 
@@ -29,21 +30,28 @@ def executions(s):
     return s.get(f"{WS}/executions?limit=1000").json["items"]
 
 
-def advance_to_mid_minute(s, minutes_ahead):
-    """Moves s's engine clock to 30 s past the minute boundary
-    `minutes_ahead` boundaries from now (a test clock only moves forward),
-    so that skew between calls never straddles a tick."""
-    now_ms = s.post("/v1/test/clock", {"advanceMs": 1}).json["now"]
-    now = time_ms(now_ms)
-    target = (now // 60000 + minutes_ahead) * 60000 + 30000
-    r = s.post("/v1/test/clock", {"advanceMs": target - now})
-    assert r.status == 200, r
-    return target
-
-
 def time_ms(rfc3339):
     from datetime import datetime
     return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def future_minutes(s, n=21):
+    """A schedule of n consecutive minutes that real time cannot reach while
+    the test runs (at least five minutes ahead of the engine's clock, within
+    one hour), and its first tick: the test moves the engine clock there, so
+    no tick fires on the wall clock's own account."""
+    start = (clock_now(s) // 60000 + 5) * 60000
+    minute = start // 60000 % 60
+    if minute + n > 60:
+        start += (60 - minute) * 60000
+        minute = 0
+    return start, f"{minute}-{minute + n - 1} * * * *"
+
+
+def every(expr):
+    d = json.loads(json.dumps(EVERY_MINUTE))
+    d["vertices"]["tick"]["config"]["schedule"] = expr
+    return d
 
 
 @pytest.fixture
@@ -56,25 +64,25 @@ def clock_server(make_server):
 def test_each_tick_fires_once_and_missed_ones_are_skipped(clock_server):
     s = clock_server
     s.put(WS, {})
-    assert s.put(f"{WS}/workflows/minutely", EVERY_MINUTE).status == 201
-    t1 = advance_to_mid_minute(s, 1)
+    tick, expr = future_minutes(s)
+    assert s.put(f"{WS}/workflows/minutely", every(expr)).status == 201
+    advance_to(s, tick + 30000)
     wait_for(lambda: fired(s) >= 1)
     items = executions(s)
     assert len(items) == 1, items
     x = wait_for(lambda: (lambda x: x if x["status"] == "completed" else None)(
         s.get(f"{WS}/executions/{items[0]['id']}").json))
-    tick = time_ms(x["payload"]["scheduledAt"])
-    assert tick == t1 - 30000 and x["payload"]["schedule"] == "* * * * *", x["payload"]
+    assert time_ms(x["payload"]["scheduledAt"]) == tick and x["payload"]["schedule"] == expr, x
     assert x["identity"]["mode"] == "random" and x["identity"]["scheduledAt"] == x["payload"]["scheduledAt"]
     assert {st["vertex"]: st for st in x["steps"]}["note"]["output"] == x["payload"]["scheduledAt"]
     # the next minute: one more, for the next tick
-    advance_to_mid_minute(s, 1)
+    advance_to(s, tick + 90000)
     wait_for(lambda: fired(s) >= 2)
     ticks = sorted(time_ms(s.get(f"{WS}/executions/{i['id']}").json["payload"]["scheduledAt"])
                    for i in executions(s))
     assert ticks == [tick, tick + 60000], ticks
     # ten minutes at once: the latest tick fires, the nine before it are missed
-    advance_to_mid_minute(s, 10)
+    advance_to(s, tick + 11 * 60000 + 30000)
     wait_for(lambda: fired(s) >= 3)
     assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 9
     ticks = sorted(time_ms(s.get(f"{WS}/executions/{i['id']}").json["payload"]["scheduledAt"])
@@ -86,15 +94,16 @@ def test_each_tick_fires_once_and_missed_ones_are_skipped(clock_server):
 def test_a_new_version_replaces_the_schedule(clock_server):
     s = clock_server
     s.put(WS, {})
-    assert s.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    tick, expr = future_minutes(s)
+    assert s.put(f"{WS}/workflows/w", every(expr)).status == 201
     yearly = {"vertices": {"tick": {"type": "ENTRY_POINT", "config": {"schedule": "@yearly"}}}}
     assert s.put(f"{WS}/workflows/w", yearly).status == 201
-    assert s.put(f"{WS}/workflows/witness", EVERY_MINUTE).status == 201
+    assert s.put(f"{WS}/workflows/witness", every(expr)).status == 201
     # two ticks of the witness: the scheduler's pass over the first one has
     # ended by the time the second fires, and version 1 of w had its chance
-    advance_to_mid_minute(s, 1)
+    advance_to(s, tick + 30000)
     wait_for(lambda: fired(s) >= 1)
-    advance_to_mid_minute(s, 1)
+    advance_to(s, tick + 90000)
     wait_for(lambda: fired(s) >= 2)
     assert {x["workflow"] for x in executions(s)} == {"witness"}
     assert fired(s) == 2
@@ -122,11 +131,11 @@ def test_a_tick_due_before_a_new_version_fires_in_the_old_one(clock_server):
     s = clock_server
     s.put(WS, {})
     scans = metric(s, "idemflow_schedule_scans_total")
-    assert s.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    b, expr = future_minutes(s)
+    assert s.put(f"{WS}/workflows/w", every(expr)).status == 201
     scanned(s, scans, 1)
-    b = (clock_now(s) // 60000 + 1) * 60000
     advance_to(s, b + 50)  # tick b is due, under version 1
-    assert s.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    assert s.put(f"{WS}/workflows/w", every(expr)).status == 201
     advance_to(s, b + 30000)
     wait_for(lambda: fired(s) >= 1)
     items = executions(s)
@@ -143,10 +152,10 @@ def test_a_version_put_before_a_tick_supersedes_the_old_schedule_everywhere(make
     a = make_server(extra=["--test-clock"])
     a.start()
     a.put(WS, {})
-    assert a.put(f"{WS}/workflows/w", EVERY_MINUTE).status == 201
+    tick, expr = future_minutes(a, 1)
+    assert a.put(f"{WS}/workflows/w", every(expr)).status == 201
     b = make_server(db=a.db, extra=["--test-clock"])
     b.start()
-    tick = (clock_now(b) // 60000 + 2) * 60000
     scans = metric(b, "idemflow_schedule_scans_total")
     advance_to(b, tick - 1500)  # b lists again now, then not for 10 s of its time
     scanned(b, scans, 1)
@@ -162,12 +171,12 @@ def test_two_processes_fire_a_tick_once(make_server):
     a = make_server(extra=["--test-clock"])
     a.start()
     a.put(WS, {})
-    assert a.put(f"{WS}/workflows/minutely", EVERY_MINUTE).status == 201
+    tick, expr = future_minutes(a)
+    assert a.put(f"{WS}/workflows/minutely", every(expr)).status == 201
     b = make_server(db=a.db, extra=["--test-clock"])
     b.start()
-    target = advance_to_mid_minute(a, 1)
-    now_b = time_ms(b.post("/v1/test/clock", {"advanceMs": 1}).json["now"])
-    assert b.post("/v1/test/clock", {"advanceMs": target - now_b}).status == 200
+    advance_to(a, tick + 30000)
+    advance_to(b, tick + 30000)
 
     def both_tried():
         return all(fired(x) + metric(x, 'idemflow_schedule_ticks_total{outcome="taken"}') >= 1

@@ -865,16 +865,14 @@ static int verify_signature(struct engine *g, const struct trigger_req *r,
                   r->ws, r->wf, r->vertex, s->secret);
         return err_set(e, IFL_EBUSY, "this entry point cannot verify signatures right now");
     }
-    if (s->scheme == WF_SIG_HMAC && s->ts_prefix) {
-        rc = whsig_hmac_ts_verify(secret, strlen(secret), req_header(r, s->header), s->ts_prefix,
-                                  s->prefix, s->base64 ? WHSIG_BASE64 : WHSIG_HEX, r->body,
-                                  r->body_len, clock_now_ms() / 1000, s->tolerance_s, e);
-        engine_secret_release(secret);
-        return rc;
-    }
     if (s->scheme == WF_SIG_HMAC) {
-        rc = whsig_hmac_verify(secret, strlen(secret), req_header(r, s->header), s->prefix,
-                               s->base64 ? WHSIG_BASE64 : WHSIG_HEX, r->body, r->body_len, e);
+        const char *value = req_header(r, s->header);
+        enum whsig_encoding enc = s->base64 ? WHSIG_BASE64 : WHSIG_HEX;
+        rc = s->ts_prefix ? whsig_hmac_ts_verify(secret, strlen(secret), value, s->ts_prefix,
+                                                 s->prefix, enc, r->body, r->body_len,
+                                                 clock_now_ms() / 1000, s->tolerance_s, e)
+                          : whsig_hmac_verify(secret, strlen(secret), value, s->prefix, enc,
+                                              r->body, r->body_len, e);
         engine_secret_release(secret);
         return rc;
     }

@@ -888,24 +888,32 @@ void store_workflows_free(struct store_workflow *items, size_t n)
     free(items);
 }
 
-struct ticks_expire {
+/* One bounded expiry (the backend's tx_ticks_expire or tx_idem_expire) in
+ * a transaction of its own. */
+struct expire_args {
+    int (*op)(struct store_tx *tx, int64_t before, int limit, int *n, struct ifl_err *e);
     int64_t before;
     int limit, n;
 };
 
-static int tx_ticks_expire(struct store_tx *tx, void *arg, struct ifl_err *e)
+static int tx_expire(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
-    struct ticks_expire *a = arg;
+    struct expire_args *a = arg;
     a->n = 0;
-    return tx->s->ops->tx_ticks_expire(tx, a->before, a->limit, &a->n, e);
+    return a->op(tx, a->before, a->limit, &a->n, e);
+}
+
+static int expire(struct store *s, struct expire_args *a, int *n, struct ifl_err *e)
+{
+    int rc = store_tx_run(s, tx_expire, a, e);
+    *n = rc ? 0 : a->n;
+    return rc;
 }
 
 int store_ticks_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e)
 {
-    struct ticks_expire a = {before, limit, 0};
-    int rc = store_tx_run(s, tx_ticks_expire, &a, e);
-    *n = rc ? 0 : a.n;
-    return rc;
+    struct expire_args a = {s->ops->tx_ticks_expire, before, limit, 0};
+    return expire(s, &a, n, e);
 }
 
 int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, const char *key,
@@ -916,22 +924,8 @@ int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, co
     return tx->s->ops->tx_idem_set(tx, ws, scope, key, r, expect_created_at, changed, e);
 }
 
-struct idem_expire {
-    int64_t before;
-    int limit, n;
-};
-
-static int tx_idem_expire(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    struct idem_expire *a = arg;
-    a->n = 0;
-    return tx->s->ops->tx_idem_expire(tx, a->before, a->limit, &a->n, e);
-}
-
 int store_idem_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e)
 {
-    struct idem_expire a = {before, limit, 0};
-    int rc = store_tx_run(s, tx_idem_expire, &a, e);
-    *n = rc ? 0 : a.n;
-    return rc;
+    struct expire_args a = {s->ops->tx_idem_expire, before, limit, 0};
+    return expire(s, &a, n, e);
 }

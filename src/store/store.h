@@ -436,4 +436,103 @@ int store_tx_idem_set(struct store_tx *tx, const char *ws, const char *scope, co
  * transaction of its own; *n = how many. */
 int store_idem_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
 
+/* ---- outgoing webhooks (spec §7 subscriptions; store/subs.c) ----------------
+ * A subscription fans the event feed out into delivery rows (one per event
+ * it wants) as its cursor moves; deliveries are claimed with leases and
+ * epochs like steps, one execution's in aggregate-version order. */
+struct store_subscription {
+    char *workspace, *name, *url;
+    char *events;   /* JSON array text: the event types it wants */
+    char *secret;   /* sealed (crypto_seal); never the plain value */
+    char *settings; /* JSON object text: timeoutMs, retry */
+    int64_t timeout_ms;
+    char *cursor; /* feed position: events after it are not fanned out yet */
+    int64_t created_at, updated_at;
+};
+void store_subscription_clear(struct store_subscription *x);
+void store_subscriptions_free(struct store_subscription *v, size_t n);
+/* Creates or updates (x->workspace, x->name) at `now`.  A new one starts at
+ * the feed's current end (it gets the events committed afterwards) and
+ * needs x->secret (else IFL_EVALIDATION, pointer /secret); an update with
+ * x->secret NULL keeps the stored one, and keeps the cursor.  *created
+ * tells which. */
+int store_subscription_put(struct store *s, const struct store_subscription *x, int64_t now,
+                           int *created, struct ifl_err *e);
+/* IFL_ENOTFOUND when absent; on success the caller clears *out. */
+int store_subscription_get(struct store *s, const char *ws, const char *name,
+                           struct store_subscription *out, struct ifl_err *e);
+/* By name; ws NULL: every workspace's. */
+int store_subscription_list(struct store *s, const char *ws, struct store_subscription **items,
+                            size_t *n, struct ifl_err *e);
+/* Deletes it and its deliveries in one transaction; IFL_ENOTFOUND. */
+int store_subscription_delete(struct store *s, const char *ws, const char *name, struct ifl_err *e);
+/* How many of its deliveries are pending, sending, delivered, dead. */
+int store_subscription_counts(struct store *s, const char *ws, const char *name, int64_t counts[4],
+                              struct ifl_err *e);
+
+struct store_delivery {
+    int64_t seq;
+    char *workspace, *subscription;
+    char event_id[65], execution_id[65];
+    int64_t event_seq, aggregate_version;
+    char state[16]; /* pending | sending | delivered | dead */
+    int attempts;
+    int64_t epoch, next_at, created_at, updated_at;
+    int last_status; /* the last attempt's HTTP status, 0 for none */
+    char *last_error;
+    /* the event (lists and claims) and the subscription (claims only) */
+    char *type, *data, *url, *secret, *settings;
+    int64_t event_created_at;
+};
+void store_delivery_clear(struct store_delivery *d);
+void store_deliveries_free(struct store_delivery *v, size_t n);
+/* Fan-out: moves the subscription's cursor from `from` to `to` and inserts
+ * a pending delivery due at `now` for each of rows[0..n) (their event_seq,
+ * event_id, execution_id, aggregate_version), in one transaction — only if
+ * the cursor still is `from` (*advanced = 1): a process that moved it
+ * first did the same work. */
+int store_subscription_advance(struct store *s, const char *ws, const char *name, const char *from,
+                               const char *to, const struct store_delivery *rows, size_t n,
+                               int64_t now, int *advanced, struct ifl_err *e);
+/* Claims up to `limit` deliveries: pending ones due at `now` and sending
+ * ones whose lease ran out, each only while no earlier event (lower
+ * aggregate version) of its execution is pending or sending for its
+ * subscription.  Each becomes sending with epoch + 1 and attempts + 1,
+ * leased until now + its subscription's timeout + 5 s; the items carry the
+ * event and the subscription as they are now. */
+int store_deliveries_claim(struct store *s, int64_t now, int limit, struct store_delivery **items,
+                           size_t *n, struct ifl_err *e);
+/* The end of a claimed attempt, guarded by its epoch (ok = 0: the lease
+ * was taken over, nothing written). */
+struct store_delivery_outcome {
+    int64_t seq, epoch;
+    const char *state; /* delivered | pending (again at next_at) | dead */
+    int64_t next_at;
+    int last_status;
+    const char *last_error;
+    int ok; /* out */
+};
+int store_deliveries_finish(struct store *s, struct store_delivery_outcome *o, size_t n,
+                            int64_t now, struct ifl_err *e);
+/* When a delivery may next be claimable: the earliest next_at of a pending
+ * one or lease of a sending one (INT64_MAX: none). */
+int store_deliveries_next_due(struct store *s, int64_t *when, struct ifl_err *e);
+/* Ends every sending delivery's lease (SQLite at start: the only process). */
+int store_deliveries_release(struct store *s, struct ifl_err *e);
+/* One subscription's deliveries with seq > after, oldest first; state NULL
+ * for all. */
+int store_deliveries_list(struct store *s, const char *ws, const char *name, const char *state,
+                          int64_t after, int limit, struct store_delivery **items, size_t *n,
+                          struct ifl_err *e);
+/* Sets the delivery of event_id back to pending, due at now, with a fresh
+ * attempt budget, inside the caller's transaction; *out (cleared by the
+ * caller) = the row after.  IFL_ENOTFOUND, or IFL_ECONFLICT while an
+ * attempt is sending it. */
+int store_tx_delivery_redeliver(struct store_tx *tx, const char *ws, const char *name,
+                                const char *event_id, int64_t now, struct store_delivery *out,
+                                struct ifl_err *e);
+/* Deletes at most `limit` deliveries delivered before `before`; *n = how
+ * many. */
+int store_deliveries_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
+
 #endif

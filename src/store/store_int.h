@@ -7,6 +7,25 @@
 
 #include "store/store.h"
 
+/* A statement written once for both backends (subs.c): SQLite's text with
+ * numbered parameters ?1 … ?N, which PostgreSQL runs as $1 … $N; `pg`, when
+ * set, is PostgreSQL's own text where the dialects differ (?N or $N). */
+struct store_sql {
+    const char *name;
+    const char *sql;
+    const char *pg;
+};
+/* A parameter: an integer, a string, or NULL (neither). */
+struct store_val {
+    int is_int;
+    int64_t i;
+    const char *s;
+};
+typedef int (*store_row_fn)(void *arg, const char *const *cols, int ncols);
+#define STORE_VAL_I(x) ((struct store_val){.is_int = 1, .i = (x)})
+#define STORE_VAL_S(x) ((struct store_val){.s = (x)})
+#define STORE_MAX_COLS 24
+
 struct store_ops {
     const char *name;
     void (*close)(struct store *s);
@@ -106,6 +125,15 @@ struct store_ops {
                        struct ifl_err *e);
     int (*tx_idem_expire)(struct store_tx *tx, int64_t before, int limit, int *n,
                           struct ifl_err *e);
+
+    /* A portable statement (struct store_sql) with parameters p[0..np),
+     * each result row handed to cb (may be NULL) as text columns (NULL for
+     * SQL NULL); cb returning non-zero stops the rows and is returned.
+     * query reads outside any transaction; tx_query runs in tx. */
+    int (*query)(struct store *s, const struct store_sql *q, const struct store_val *p, int np,
+                 store_row_fn cb, void *arg, struct ifl_err *e);
+    int (*tx_query)(struct store_tx *tx, const struct store_sql *q, const struct store_val *p,
+                    int np, store_row_fn cb, void *arg, struct ifl_err *e);
 
     /* Optional (NULL: store_wait_work returns IFL_EUNSUPPORTED): waits for
      * a cross-process work notification; contract at store_wait_work. */

@@ -2473,6 +2473,83 @@ static void op_close(struct store *base)
     pg_free((struct pg *)base);
 }
 
+/* ---- portable statements (store_sql) -------------------------------------------- */
+
+/* The statement's text with ?N parameters as PostgreSQL's $N (the texts
+ * hold no '?' elsewhere). */
+static char *pg_text(const struct store_sql *q)
+{
+    char *out = xstrdup(q->pg ? q->pg : q->sql);
+    for (char *c = out; *c; c++)
+        if (*c == '?')
+            *c = '$';
+    return out;
+}
+
+struct gen {
+    const struct store_sql *q;
+    const struct store_val *p;
+    int np;
+    store_row_fn cb;
+    void *arg;
+};
+
+/* Unprepared (these statements are rare): whatever the pipeline holds
+ * (a pending BEGIN, deferred writes) is synced first. */
+static int body_gen(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct gen *g = arg;
+    if (t->fail != FAIL_NONE)
+        return t->fail_rc;
+    if ((t->begin_pending || t->piping) &&
+        (pipe_send(t, S_NONE, "SELECT 1", NULL, e) || pipe_sync(t, NULL, 0, e)))
+        return t->fail_rc ? t->fail_rc : IFL_ESTORE;
+    if (g->np > MAX_ARGS)
+        return err_set(e, IFL_EINVAL, "%s: too many parameters", g->q->name);
+    struct args a = {0};
+    for (int k = 0; k < g->np; k++) {
+        if (g->p[k].is_int)
+            arg_i(&a, g->p[k].i);
+        else
+            arg_s(&a, g->p[k].s);
+    }
+    char *sql = pg_text(g->q);
+    PGresult *r = PQexecParams(t->c->pg, sql, a.n, NULL, a.v, NULL, NULL, 0);
+    free(sql);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+        int rc = fail(t, r, g->q->name, e);
+        PQclear(r);
+        return rc;
+    }
+    note_write(t, r);
+    int rc = 0, nc = PQnfields(r);
+    if (nc > STORE_MAX_COLS)
+        nc = STORE_MAX_COLS;
+    for (int row = 0; row < PQntuples(r) && g->cb && !rc; row++) {
+        const char *cols[STORE_MAX_COLS];
+        for (int k = 0; k < nc; k++)
+            cols[k] = PQgetisnull(r, row, k) ? NULL : PQgetvalue(r, row, k);
+        rc = g->cb(g->arg, cols, nc);
+    }
+    PQclear(r);
+    return rc;
+}
+
+static int op_query(struct store *base, const struct store_sql *q, const struct store_val *p,
+                    int np, store_row_fn cb, void *arg, struct ifl_err *e)
+{
+    struct gen g = {q, p, np, cb, arg};
+    return run((struct pg *)base, body_gen, &g, M_READ, e);
+}
+
+static int tx_query(struct store_tx *tx, const struct store_sql *q, const struct store_val *p,
+                    int np, store_row_fn cb, void *arg, struct ifl_err *e)
+{
+    struct gen g = {q, p, np, cb, arg};
+    return body_gen((struct pgtx *)tx, &g, e);
+}
+
 static const struct store_ops pg_ops = {
     .name = "postgres",
     .close = op_close,
@@ -2517,6 +2594,8 @@ static const struct store_ops pg_ops = {
     .tx_workflows_latest = tx_workflows_latest,
     .tx_idem_set = tx_idem_set,
     .tx_idem_expire = tx_idem_expire,
+    .query = op_query,
+    .tx_query = tx_query,
     .wait_work = op_wait_work,
 };
 

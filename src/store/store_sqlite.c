@@ -43,7 +43,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#define STMT_CACHE 64
+#define STMT_CACHE 128
 #define MAX_READERS 16
 
 struct conn {
@@ -2119,6 +2119,58 @@ static void op_close(struct store *base)
     free(s);
 }
 
+/* ---- portable statements (store_sql) -------------------------------------------- */
+
+static int gen_rows(struct conn *c, sqlite3_stmt *st, const struct store_sql *q,
+                    const struct store_val *p, int np, store_row_fn cb, void *arg,
+                    struct ifl_err *e)
+{
+    for (int k = 0; k < np; k++) {
+        if (p[k].is_int)
+            sqlite3_bind_int64(st, k + 1, p[k].i);
+        else
+            bind_text(st, k + 1, p[k].s);
+    }
+    int r, rc = 0;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        int nc = sqlite3_column_count(st);
+        if (nc > STORE_MAX_COLS)
+            nc = STORE_MAX_COLS;
+        const char *cols[STORE_MAX_COLS];
+        for (int k = 0; k < nc; k++)
+            cols[k] = (const char *)sqlite3_column_text(st, k);
+        if (cb && (rc = cb(arg, cols, nc)) != 0)
+            break;
+    }
+    if (!rc && r != SQLITE_DONE)
+        rc = db_err(c, e, q->name);
+    return rc;
+}
+
+static int op_query(struct store *base, const struct store_sql *q, const struct store_val *p,
+                    int np, store_row_fn cb, void *arg, struct ifl_err *e)
+{
+    struct conn *c;
+    sqlite3_stmt *st = read_begin((struct sq *)base, q->sql, &c, e);
+    if (!st)
+        return IFL_ESTORE;
+    int rc = gen_rows(c, st, q, p, np, cb, arg, e);
+    read_end((struct sq *)base, c, st);
+    return rc;
+}
+
+static int tx_query(struct store_tx *tx, const struct store_sql *q, const struct store_val *p,
+                    int np, store_row_fn cb, void *arg, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    sqlite3_stmt *st = stmt(c, q->sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    int rc = gen_rows(c, st, q, p, np, cb, arg, e);
+    done_stmt(st);
+    return rc;
+}
+
 static const struct store_ops sqlite_ops = {
     .name = "sqlite",
     .close = op_close,
@@ -2162,6 +2214,8 @@ static const struct store_ops sqlite_ops = {
     .tx_workflows_latest = tx_workflows_latest,
     .tx_idem_set = tx_idem_set,
     .tx_idem_expire = tx_idem_expire,
+    .query = op_query,
+    .tx_query = tx_query,
     .execution_get = op_execution_get,
     .execution_list = op_execution_list,
 };

@@ -1,7 +1,8 @@
 /*
  * store_checks.h — checks of the store through its public interface that
  * both backends must pass: the Idempotency-Key records of spec §7, the
- * ordering keys of spec §8 and the schedule ticks of spec §9.  Included by test_store.c (SQLite) and
+ * ordering keys of spec §8, the schedule ticks of spec §9 and the
+ * subscriptions and deliveries of outgoing webhooks (spec §7).  Included by test_store.c (SQLite) and
  * test_store_pg.c (PostgreSQL).
  */
 #ifndef IFL_TESTS_STORE_CHECKS_H
@@ -186,6 +187,219 @@ static void check_schedule_records(struct store *s)
     assert_int_equal(claim_tick_of(s, "a", 1, later, "y1"), -1);
     assert_int_equal(claim_tick_of(s, "a", 2, later, "y2"), 1);
     assert_int_equal(claim_tick_of(s, "a", 1, 60000, "y3"), 1);
+}
+
+/* ---- outgoing webhooks (spec §7 subscriptions) ---- */
+
+struct sub_ev {
+    const char *xid;
+    int64_t version;
+};
+
+static int sub_events(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    for (const struct sub_ev *v = arg; v->xid; v++) {
+        struct store_event ev = {.workspace = "ws",
+                                 .type = "execution.created",
+                                 .data = "{}",
+                                 .aggregate_version = v->version,
+                                 .version_preset = 1};
+        snprintf(ev.execution_id, sizeof ev.execution_id, "%s", v->xid);
+        int rc = store_tx_event_append(tx, &ev, e);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static struct store_delivery_outcome sub_finish(struct store *s, const struct store_delivery *d,
+                                                int64_t epoch, const char *state, int64_t at)
+{
+    struct store_delivery_outcome o = {.seq = d->seq,
+                                       .epoch = epoch,
+                                       .state = state,
+                                       .next_at = at,
+                                       .last_status = 503,
+                                       .last_error = "x"};
+    assert_int_equal(store_deliveries_finish(s, &o, 1, at, NULL), 0);
+    return o;
+}
+
+static int sub_redeliver_rc;
+static int sub_redeliver(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct store_delivery d;
+    sub_redeliver_rc = store_tx_delivery_redeliver(tx, "ws", "s", arg, 5000, &d, e);
+    if (!sub_redeliver_rc) {
+        assert_string_equal(d.state, "pending");
+        assert_int_equal(d.attempts, 0);
+        store_delivery_clear(&d);
+    }
+    return 0;
+}
+
+static void check_subscriptions(struct store *s)
+{
+    int created = 0;
+    struct ifl_err e = {0};
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
+    struct sub_ev before[] = {{"x0", 1}, {NULL, 0}};
+    assert_int_equal(store_tx_run(s, sub_events, before, NULL), 0);
+    struct store_subscription x = {.workspace = "ws",
+                                   .name = "s",
+                                   .url = "http://127.0.0.1:9/a",
+                                   .events = "[\"*\"]",
+                                   .settings = "{}",
+                                   .timeout_ms = 1000};
+    /* a new subscription needs its secret; nothing is stored without one */
+    assert_int_equal(store_subscription_put(s, &x, 1000, &created, &e), IFL_EVALIDATION);
+    assert_string_equal(e.pointer, "/secret");
+    struct store_subscription got;
+    assert_int_equal(store_subscription_get(s, "ws", "s", &got, NULL), IFL_ENOTFOUND);
+    x.secret = "sealed-1";
+    assert_int_equal(store_subscription_put(s, &x, 1000, &created, NULL), 0);
+    assert_int_equal(created, 1);
+    /* an update without a secret keeps it, and keeps the cursor */
+    assert_int_equal(store_subscription_get(s, "ws", "s", &got, NULL), 0);
+    char *c0 = got.cursor;
+    got.cursor = NULL;
+    store_subscription_clear(&got);
+    x.secret = NULL;
+    x.url = "http://127.0.0.1:9/b";
+    assert_int_equal(store_subscription_put(s, &x, 2000, &created, NULL), 0);
+    assert_int_equal(created, 0);
+    assert_int_equal(store_subscription_get(s, "ws", "s", &got, NULL), 0);
+    assert_string_equal(got.secret, "sealed-1");
+    assert_string_equal(got.url, "http://127.0.0.1:9/b");
+    assert_string_equal(got.cursor, c0);
+    assert_int_equal(got.created_at, 1000);
+    assert_int_equal(got.updated_at, 2000);
+    store_subscription_clear(&got);
+    /* events after its creation only */
+    struct sub_ev evs[] = {{"xa", 1}, {"xa", 2}, {"xa", 3}, {"xb", 1}, {NULL, 0}};
+    assert_int_equal(store_tx_run(s, sub_events, evs, NULL), 0);
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(store_events_list(s, "ws", c0, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 4);
+    struct store_delivery rows[4];
+    memset(rows, 0, sizeof rows);
+    for (size_t i = 0; i < n; i++) {
+        assert_string_not_equal(ev[i].execution_id, "x0");
+        rows[i].event_seq = ev[i].seq;
+        memcpy(rows[i].event_id, ev[i].id, sizeof rows[i].event_id);
+        memcpy(rows[i].execution_id, ev[i].execution_id, sizeof rows[i].execution_id);
+        rows[i].aggregate_version = ev[i].aggregate_version;
+    }
+    /* the cursor moves by compare-and-set: a second fan-out from the same
+     * place does nothing */
+    int advanced = 0;
+    assert_int_equal(
+        store_subscription_advance(s, "ws", "s", c0, ev[3].cursor, rows, 4, 3000, &advanced, NULL),
+        0);
+    assert_int_equal(advanced, 1);
+    assert_int_equal(
+        store_subscription_advance(s, "ws", "s", c0, ev[3].cursor, rows, 4, 3000, &advanced, NULL),
+        0);
+    assert_int_equal(advanced, 0);
+    store_events_free(ev, n);
+    free(c0);
+    int64_t counts[4];
+    assert_int_equal(store_subscription_counts(s, "ws", "s", counts, NULL), 0);
+    assert_int_equal(counts[0], 4);
+    /* one execution's events in order: only each one's first is claimable */
+    struct store_delivery *d = NULL;
+    assert_int_equal(store_deliveries_claim(s, 3000, 10, &d, &n, NULL), 0);
+    assert_int_equal(n, 2);
+    struct store_delivery *a1 = strcmp(d[0].execution_id, "xa") == 0 ? &d[0] : &d[1];
+    struct store_delivery *b1 = a1 == &d[0] ? &d[1] : &d[0];
+    assert_string_equal(b1->execution_id, "xb");
+    assert_int_equal(a1->aggregate_version, 1);
+    assert_int_equal(a1->epoch, 1);
+    assert_int_equal(a1->attempts, 1);
+    assert_string_equal(a1->state, "sending");
+    assert_string_equal(a1->url, "http://127.0.0.1:9/b");
+    assert_string_equal(a1->secret, "sealed-1");
+    assert_string_equal(a1->type, "execution.created");
+    struct store_delivery *more = NULL;
+    size_t m = 0;
+    assert_int_equal(store_deliveries_claim(s, 3000, 10, &more, &m, NULL), 0);
+    assert_int_equal(m, 0);
+    /* a finish under another epoch is fenced */
+    assert_int_equal(sub_finish(s, a1, 2, "delivered", 3000).ok, 0);
+    assert_int_equal(sub_finish(s, a1, 1, "delivered", 3000).ok, 1);
+    assert_int_equal(store_deliveries_claim(s, 3000, 10, &more, &m, NULL), 0);
+    assert_int_equal(m, 1);
+    assert_int_equal(more[0].aggregate_version, 2);
+    /* a dead delivery does not hold its execution's next one */
+    assert_int_equal(sub_finish(s, &more[0], 1, "dead", 3000).ok, 1);
+    store_deliveries_free(more, m);
+    assert_int_equal(store_deliveries_claim(s, 3000, 10, &more, &m, NULL), 0);
+    assert_int_equal(m, 1);
+    assert_int_equal(more[0].aggregate_version, 3);
+    /* pending again later: not claimable before then */
+    assert_int_equal(sub_finish(s, &more[0], 1, "pending", 4000).ok, 1);
+    store_deliveries_free(more, m);
+    assert_int_equal(store_deliveries_claim(s, 3999, 10, &more, &m, NULL), 0);
+    assert_int_equal(m, 0);
+    int64_t due = 0;
+    assert_int_equal(store_deliveries_next_due(s, &due, NULL), 0);
+    assert_int_equal(due, 4000);
+    /* xb's lease (3000 + 5000 + 1000) ran out: claimed again, epoch 2, and
+     * the first claimant's late finish is fenced */
+    assert_int_equal(store_deliveries_claim(s, 9001, 10, &more, &m, NULL), 0);
+    assert_int_equal(m, 2);
+    for (size_t i = 0; i < m; i++)
+        if (strcmp(more[i].execution_id, "xb") == 0) {
+            assert_int_equal(more[i].epoch, 2);
+            assert_int_equal(more[i].attempts, 2);
+        }
+    assert_int_equal(sub_finish(s, b1, 1, "delivered", 9001).ok, 0);
+    store_deliveries_free(more, m);
+    store_deliveries_free(d, n);
+    /* redeliver: a dead one goes back to pending; one being sent is 409 */
+    assert_int_equal(store_deliveries_list(s, "ws", "s", "dead", 0, 10, &d, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    char dead_id[65];
+    memcpy(dead_id, d[0].event_id, sizeof dead_id);
+    assert_int_equal(d[0].last_status, 503);
+    store_deliveries_free(d, n);
+    assert_int_equal(store_tx_run(s, sub_redeliver, dead_id, NULL), 0);
+    assert_int_equal(sub_redeliver_rc, 0);
+    assert_int_equal(store_deliveries_list(s, "ws", "s", "dead", 0, 10, &d, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(store_deliveries_list(s, "ws", "s", "sending", 0, 10, &d, &n, NULL), 0);
+    assert_true(n >= 1);
+    memcpy(dead_id, d[0].event_id, sizeof dead_id);
+    store_deliveries_free(d, n);
+    assert_int_equal(store_tx_run(s, sub_redeliver, dead_id, NULL), 0);
+    assert_int_equal(sub_redeliver_rc, IFL_ECONFLICT);
+    assert_int_equal(store_tx_run(s, sub_redeliver, "nope", NULL), 0);
+    assert_int_equal(sub_redeliver_rc, IFL_ENOTFOUND);
+    /* paging by seq */
+    assert_int_equal(store_deliveries_list(s, "ws", "s", NULL, 0, 3, &d, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    int64_t last = d[2].seq;
+    store_deliveries_free(d, n);
+    assert_int_equal(store_deliveries_list(s, "ws", "s", NULL, last, 3, &d, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    store_deliveries_free(d, n);
+    /* release ends every lease; expiry takes delivered ones only */
+    assert_int_equal(store_deliveries_release(s, NULL), 0);
+    assert_int_equal(store_deliveries_claim(s, 5000, 10, &d, &n, NULL), 0);
+    assert_true(n >= 1);
+    store_deliveries_free(d, n);
+    int k = -1;
+    assert_int_equal(store_deliveries_expire(s, INT64_MAX, 10, &k, NULL), 0);
+    assert_int_equal(k, 1);
+    /* delete takes its deliveries along */
+    assert_int_equal(store_subscription_delete(s, "ws", "s", NULL), 0);
+    assert_int_equal(store_subscription_delete(s, "ws", "s", NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_deliveries_list(s, "ws", "s", NULL, 0, 10, &d, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    struct store_subscription *all = NULL;
+    assert_int_equal(store_subscription_list(s, NULL, &all, &n, NULL), 0);
+    assert_int_equal(n, 0);
 }
 
 #endif

@@ -674,6 +674,11 @@ static void test_schedule_records(void **state)
     check_schedule_records(*state);
 }
 
+static void test_subscriptions(void **state)
+{
+    check_subscriptions(*state);
+}
+
 static void test_ordering_keys(void **state)
 {
     check_ordering_keys(*state);
@@ -705,6 +710,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),

@@ -1357,6 +1357,11 @@ static void test_schedule_records(void **state)
     check_schedule_records(S(state));
 }
 
+static void test_subscriptions(void **state)
+{
+    check_subscriptions(S(state));
+}
+
 static void test_ordering_keys(void **state)
 {
     NEED_PG(state);
@@ -1388,6 +1393,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_ordering_of_one_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),

@@ -1128,7 +1128,14 @@ static void h_metrics(struct call *c)
         "idemflow_executions_finished_total{status=\"failed\"} %llu\n"
         "# HELP idemflow_uptime_seconds Seconds since start.\n"
         "# TYPE idemflow_uptime_seconds gauge\n"
-        "idemflow_uptime_seconds %lld\n",
+        "idemflow_uptime_seconds %lld\n"
+        "# HELP idemflow_webhook_deliveries_total Outgoing webhook attempts by outcome (fenced: "
+        "the delivery's lease had been taken over; nothing written).\n"
+        "# TYPE idemflow_webhook_deliveries_total counter\n"
+        "idemflow_webhook_deliveries_total{outcome=\"delivered\"} %llu\n"
+        "idemflow_webhook_deliveries_total{outcome=\"retry\"} %llu\n"
+        "idemflow_webhook_deliveries_total{outcome=\"dead\"} %llu\n"
+        "idemflow_webhook_deliveries_total{outcome=\"fenced\"} %llu\n",
         (unsigned long long)atomic_load(&a->requests),
         (unsigned long long)atomic_load(&a->responses_4xx),
         (unsigned long long)atomic_load(&a->responses_5xx),
@@ -1152,7 +1159,11 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->fenced_writes),
         (unsigned long long)atomic_load(&m->executions_completed),
         (unsigned long long)atomic_load(&m->executions_failed),
-        (long long)((clock_mono_ms() - a->started_ms) / 1000));
+        (long long)((clock_mono_ms() - a->started_ms) / 1000),
+        (unsigned long long)atomic_load(&m->hooks_delivered),
+        (unsigned long long)atomic_load(&m->hooks_retried),
+        (unsigned long long)atomic_load(&m->hooks_dead),
+        (unsigned long long)atomic_load(&m->hooks_fenced));
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
 
@@ -1184,6 +1195,127 @@ static void h_test_clock(struct call *c)
     json_object_set_new(o, "offsetMs", json_integer(off));
     json_object_set_new(o, "now", ts_json(clock_now_ms()));
     reply_json(c->res, 200, o);
+}
+
+/* ---- subscriptions (outgoing webhooks, spec §7) ---------------------------------------- */
+
+static void h_sub_put(struct call *c)
+{
+    const char *ws = c->seg[2], *name = c->seg[4];
+    if (workspace_exists(c, ws) || check_name(c, "subscription", name))
+        return;
+    json_t *body = body_json(c, NULL);
+    if (!body)
+        return;
+    json_t *view = NULL;
+    int created = 0;
+    struct ifl_err e = {0};
+    int rc = engine_subscription_put(c->a->g, ws, name, body, &created, &view, &e);
+    json_decref(body);
+    if (rc) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    char loc[512];
+    snprintf(loc, sizeof loc, "/v1/workspaces/%s/subscriptions/%s", ws, name);
+    http_res_header(c->res, "Location", loc);
+    reply_json(c->res, created ? 201 : 200, view);
+}
+
+static void h_sub_get(struct call *c)
+{
+    const char *ws = c->seg[2], *name = c->seg[4];
+    if (workspace_exists(c, ws) || check_name(c, "subscription", name))
+        return;
+    json_t *view = NULL;
+    struct ifl_err e = {0};
+    if (engine_subscription_get(c->a->g, ws, name, &view, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    reply_json(c->res, 200, view);
+}
+
+static void h_sub_list(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    json_t *out = NULL;
+    struct ifl_err e = {0};
+    if (engine_subscription_list(c->a->g, ws, &out, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    reply_json(c->res, 200, out);
+}
+
+static void h_sub_delete(struct call *c)
+{
+    const char *ws = c->seg[2], *name = c->seg[4];
+    if (workspace_exists(c, ws) || check_name(c, "subscription", name))
+        return;
+    struct ifl_err e = {0};
+    if (engine_subscription_delete(c->a->g, ws, name, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    http_res_body(c->res, 204, NULL, NULL);
+}
+
+static void h_deliveries(struct call *c)
+{
+    const char *ws = c->seg[2], *name = c->seg[4];
+    if (workspace_exists(c, ws) || check_name(c, "subscription", name))
+        return;
+    int limit;
+    if (query_limit(c, 50, &limit))
+        return;
+    const char *state = c->req->query(c->req, "state");
+    if (state && strcmp(state, "pending") && strcmp(state, "sending") &&
+        strcmp(state, "delivered") && strcmp(state, "dead")) {
+        api_problem(c->res, 400, "invalid-parameter",
+                    "state must be pending, sending, delivered or dead", "/state");
+        return;
+    }
+    const char *aq = c->req->query(c->req, "after");
+    long long after = 0;
+    if (aq) {
+        char *end = NULL;
+        after = strtoll(aq, &end, 10);
+        if (end == aq || *end || after < 0) {
+            api_problem(c->res, 400, "invalid-parameter",
+                        "after must be a cursor from a previous page", "/after");
+            return;
+        }
+    }
+    json_t *out = NULL;
+    struct ifl_err e = {0};
+    if (engine_deliveries_list(c->a->g, ws, name, state, after, limit, &out, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    reply_json(c->res, 200, out);
+}
+
+static void h_redeliver(struct call *c)
+{
+    const char *ws = c->seg[2], *name = c->seg[4], *event_id = c->seg[6];
+    if (workspace_exists(c, ws) || check_name(c, "subscription", name))
+        return;
+    char key[256], fp[65];
+    struct engine_op_key k;
+    if (op_key(c, NULL, key, fp, &k))
+        return;
+    json_t *answer = NULL;
+    struct ifl_err e = {0};
+    if (engine_redeliver(c->a->g, ws, name, event_id, &k, &answer, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    if (k.replayed)
+        http_res_header(c->res, "Idempotent-Replayed", "true");
+    reply_json(c->res, k.replayed ? k.status : 202, answer);
 }
 
 /* ---- routing ------------------------------------------------------------------------ */
@@ -1220,6 +1352,15 @@ static const struct route routes[] = {
     {"POST", {"v1", "workspaces", "*", "executions", "*", "steps", "*", "resolve"}, 8, h_resolve},
     {"GET", {"v1", "workspaces", "*", "dead-letters"}, 4, h_dead_letters},
     {"GET", {"v1", "workspaces", "*", "events"}, 4, h_events},
+    {"PUT", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_put},
+    {"GET", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_get},
+    {"DELETE", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_delete},
+    {"GET", {"v1", "workspaces", "*", "subscriptions"}, 4, h_sub_list},
+    {"GET", {"v1", "workspaces", "*", "subscriptions", "*", "deliveries"}, 6, h_deliveries},
+    {"POST",
+     {"v1", "workspaces", "*", "subscriptions", "*", "deliveries", "*", "redeliver"},
+     8,
+     h_redeliver},
     {"POST", {"v1", "test", "clock"}, 3, h_test_clock},
 };
 

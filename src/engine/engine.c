@@ -1146,7 +1146,7 @@ int64_t engine_key_retention(const struct engine *g)
  * answer).  A record past its retention is claimed anew.  On a repeat
  * with the same fingerprint, k->replayed = 1 and *replay (owned) = the
  * stored answer: the caller changes nothing. */
-static int op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, const char *scope,
+int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, const char *scope,
                         struct engine_op_key *k, char **replay, struct ifl_err *e)
 {
     k->replayed = 0;
@@ -1195,7 +1195,7 @@ static int op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, c
 
 /* Stores the answer of the action that claimed k's key (nothing without
  * a key). */
-static int op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
+int engine_op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
                          const struct engine_op_key *k, int status, const char *answer,
                          struct ifl_err *e)
 {
@@ -1214,7 +1214,7 @@ static int op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
 
 /* The replayed answer as JSON (a stored answer always parses; a damaged
  * one is a store error rather than a crash). */
-static int replay_answer(const char *text, json_t **answer, struct ifl_err *e)
+int engine_replay_answer(const char *text, json_t **answer, struct ifl_err *e)
 {
     if (json_parse(text, strlen(text), &json_stored_limits, answer, e) == 0)
         return 0;
@@ -1237,7 +1237,7 @@ static json_t *retry_answer(const struct steps_retry *r)
 static int tx_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct retry_args *a = arg;
-    int rc = op_key_claim(a->g, tx, a->r.workspace, "retry", a->k, &a->replay, e);
+    int rc = engine_op_key_claim(a->g, tx, a->r.workspace, "retry", a->k, &a->replay, e);
     if (rc || a->k->replayed)
         return rc;
     if ((rc = steps_retry(tx, &a->r, e)) || !a->k->key)
@@ -1245,7 +1245,7 @@ static int tx_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     json_t *o = retry_answer(&a->r);
     char *text = json_to_string(o);
     json_decref(o);
-    rc = op_key_answer(tx, a->r.workspace, "retry", a->k, 200, text, e);
+    rc = engine_op_key_answer(tx, a->r.workspace, "retry", a->k, 200, text, e);
     free(text);
     return rc;
 }
@@ -1270,7 +1270,7 @@ int engine_retry(struct engine *g, const char *ws, const char *id, struct engine
     };
     rc = store_tx_run(g->store, tx_retry, &a, e);
     if (!rc && k->replayed)
-        rc = replay_answer(a.replay, answer, e);
+        rc = engine_replay_answer(a.replay, answer, e);
     else if (!rc)
         *answer = retry_answer(&a.r);
     if (!rc && !k->replayed && a.r.retried)
@@ -1299,7 +1299,7 @@ static json_t *resolve_answer(const struct step_outcome *o)
 static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct resolve_args *a = arg;
-    int rc = op_key_claim(a->g, tx, a->o->workspace, "resolve", a->k, &a->replay, e);
+    int rc = engine_op_key_claim(a->g, tx, a->o->workspace, "resolve", a->k, &a->replay, e);
     if (rc || a->k->replayed)
         return rc;
     if (a->refuse) {
@@ -1319,7 +1319,7 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
     json_t *o = resolve_answer(a->o);
     char *text = json_to_string(o);
     json_decref(o);
-    rc = op_key_answer(tx, a->o->workspace, "resolve", a->k, 200, text, e);
+    rc = engine_op_key_answer(tx, a->o->workspace, "resolve", a->k, 200, text, e);
     free(text);
     return rc;
 }
@@ -1393,7 +1393,7 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
     a.o = &o;
     rc = store_tx_run(g->store, tx_resolve, &a, e);
     if (!rc && k->replayed)
-        rc = replay_answer(a.replay, answer, e);
+        rc = engine_replay_answer(a.replay, answer, e);
     else if (!rc)
         *answer = resolve_answer(&o);
     if (!rc && !k->replayed && o.dispatched)
@@ -1424,14 +1424,14 @@ struct start_over_args {
 static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct start_over_args *a = arg;
-    int rc = op_key_claim(a->g, tx, a->ws, "start-over", &a->k, &a->replay, e);
+    int rc = engine_op_key_claim(a->g, tx, a->ws, "start-over", &a->k, &a->replay, e);
     if (rc || a->k.replayed)
         return rc;
     if (a->refuse) /* rolls the key back */
         return err_set(e, IFL_ECONFLICT, "%s", a->refuse);
     if ((rc = tx_create_execution(tx, &a->ca, e)))
         return rc;
-    return op_key_answer(tx, a->ws, "start-over", &a->k, 201, a->response, e);
+    return engine_op_key_answer(tx, a->ws, "start-over", &a->k, 201, a->response, e);
 }
 
 int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
@@ -1493,7 +1493,7 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     early_finish(g, &a.ca, !rc && !a.k.replayed && a.ca.created);
     if (!rc && a.k.replayed) {
         json_t *r = NULL;
-        if (!(rc = replay_answer(a.replay, &r, e))) {
+        if (!(rc = engine_replay_answer(a.replay, &r, e))) {
             const char *rid = json_string_value(json_object_get(r, "executionId"));
             snprintf(new_id, 65, "%s", rid ? rid : "");
             *replayed = 1;

@@ -36,6 +36,9 @@ struct engine_metrics {
      * missed; the scheduler's listings, and the schedules it last found */
     atomic_ullong schedule_fired, schedule_taken, schedule_superseded, schedule_missed;
     atomic_ullong schedule_scans, schedule_entries;
+    /* outgoing webhooks: attempts that delivered, will be retried, were
+     * dead-lettered, or were fenced (their lease was taken over) */
+    atomic_ullong hooks_delivered, hooks_retried, hooks_dead, hooks_fenced;
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -216,5 +219,27 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
  * Idempotency-Key: a repeat returns the same new id (*replayed = 1). */
 int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
                       char new_id[65], int *replayed, struct ifl_err *e);
+
+/* ---- outgoing webhooks (hooks.c; spec §7 subscriptions) -------------------------
+ * Views are {"name","url","events","secret":"****","timeoutMs","retry",
+ * "createdAt","updatedAt","deliveries":{pending,sending,delivered,dead}};
+ * *out is a new reference.  Validation errors are IFL_EVALIDATION with a
+ * pointer into the body. */
+int engine_subscription_put(struct engine *g, const char *ws, const char *name, json_t *body,
+                            int *created, json_t **out, struct ifl_err *e);
+int engine_subscription_get(struct engine *g, const char *ws, const char *name, json_t **out,
+                            struct ifl_err *e);
+/* {"items": [views]} */
+int engine_subscription_list(struct engine *g, const char *ws, json_t **out, struct ifl_err *e);
+int engine_subscription_delete(struct engine *g, const char *ws, const char *name,
+                               struct ifl_err *e);
+/* {"items": [deliveries], "next": cursor or null}; state NULL for all. */
+int engine_deliveries_list(struct engine *g, const char *ws, const char *name, const char *state,
+                           int64_t after, int limit, json_t **out, struct ifl_err *e);
+/* Sends an event to the subscription again (its delivery back to pending
+ * with a fresh budget); *answer = the delivery, or the replayed answer
+ * (k->status then holds its status; otherwise 202). */
+int engine_redeliver(struct engine *g, const char *ws, const char *name, const char *event_id,
+                     struct engine_op_key *k, json_t **answer, struct ifl_err *e);
 
 #endif

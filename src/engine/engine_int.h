@@ -54,6 +54,9 @@ struct engine {
     pthread_t scheduler; /* fires schedules (scheduler.c); waits on scv */
     int has_scheduler;
     atomic_int sched_dirty; /* a workflow was put here: rescan the schedules now */
+    pthread_t hooks;        /* outgoing webhooks (hooks.c); waits on scv */
+    int has_hooks;
+    atomic_int hooks_dirty; /* a subscription was put or deleted here: list them now */
     pthread_t listener;     /* turns store_wait_work wake-ups into engine_wake */
     int has_listener;
     int trace_fd; /* IDEMFLOW_TRACE_FILE side channel, or -1 */
@@ -81,8 +84,26 @@ void engine_wake_drain(struct engine *g);
  * workflow versions, each tick once across processes (spec §9).  Exits
  * once g->stopping is set (under wmu; engine_stop signals scv). */
 void *engine_scheduler_main(void *arg);
+/* Waits ms (0: not at all) or until engine_stop; 1 once stopping. */
+int engine_nap(struct engine *g, int64_t ms);
+/* The outgoing-webhook thread (hooks.c): fans the feed out to the
+ * subscriptions and delivers what is due (spec §7).  Exits once
+ * g->stopping is set (after the batch it is sending). */
+void *engine_hooks_main(void *arg);
 /* How long Idempotency-Key records of operator actions live (engine.c). */
 int64_t engine_key_retention(const struct engine *g);
+/* The Idempotency-Key of an operator action (engine.c, spec §7), for the
+ * action's own transaction: claim it first — on a repeat k->replayed = 1
+ * and *replay (owned) = the first answer, and the caller changes nothing —
+ * then store the answer with engine_op_key_answer.  Without a key both do
+ * nothing. */
+int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, const char *scope,
+                        struct engine_op_key *k, char **replay, struct ifl_err *e);
+int engine_op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
+                         const struct engine_op_key *k, int status, const char *answer,
+                         struct ifl_err *e);
+/* A stored answer as JSON (*answer new reference). */
+int engine_replay_answer(const char *text, json_t **answer, struct ifl_err *e);
 
 /* Starts a claimed GATEWAY step's call in two halves: prepare renders the
  * request (NULL with *err_text, heap JSON, when it cannot be), launch sends

@@ -671,6 +671,12 @@ static void expire_records(struct engine *g, int64_t now)
             log_warn("ticks.expire_failed", "expiring schedule ticks: %s", e.msg);
             break;
         }
+    n = BATCH; /* delivered webhooks are kept as long as keys */
+    for (int i = 0; i < ROUNDS && n == BATCH; i++)
+        if (store_deliveries_expire(g->store, now - engine_key_retention(g), BATCH, &n, &e)) {
+            log_warn("hooks.expire_failed", "expiring delivered webhooks: %s", e.msg);
+            break;
+        }
 }
 
 static void *sweeper_main(void *arg)
@@ -712,6 +718,18 @@ static void *sweeper_main(void *arg)
         }
     }
     return NULL;
+}
+
+int engine_nap(struct engine *g, int64_t ms)
+{
+    struct timespec ts;
+    clock_abstime(clock_now_ms() + ms, &ts);
+    pthread_mutex_lock(&g->wmu);
+    if (!g->stopping && ms > 0)
+        pthread_cond_timedwait(&g->scv, &g->wmu, &ts);
+    int stop = g->stopping;
+    pthread_mutex_unlock(&g->wmu);
+    return stop;
 }
 
 /* Shared stores (PostgreSQL): other processes' commits arrive as
@@ -762,6 +780,10 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
             total += k;
         if (total)
             log_info("engine.recovered", "recovered %d steps left executing", total);
+        /* the same for webhook deliveries: sent again at once */
+        struct ifl_err re = {0};
+        if (store_deliveries_release(g->store, &re))
+            log_warn("hooks.release_failed", "releasing deliveries left sending: %s", re.msg);
     }
     g->stopping = 0;
     g->calls_done = 0;
@@ -789,6 +811,11 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         return err_set(e, IFL_EIO, "cannot start the scheduler thread");
     }
     g->has_scheduler = 1;
+    if (pthread_create(&g->hooks, NULL, engine_hooks_main, g) != 0) {
+        engine_stop(g);
+        return err_set(e, IFL_EIO, "cannot start the webhook thread");
+    }
+    g->has_hooks = 1;
     if (store_wait_work(g->store, 0) != IFL_EUNSUPPORTED) {
         if (pthread_create(&g->listener, NULL, listener_main, g) != 0) {
             engine_stop(g);
@@ -812,6 +839,9 @@ void engine_stop(struct engine *g)
     if (g->has_scheduler)
         pthread_join(g->scheduler, NULL);
     g->has_scheduler = 0;
+    if (g->has_hooks)
+        pthread_join(g->hooks, NULL);
+    g->has_hooks = 0;
     for (int i = 0; i < g->run.workers; i++)
         pthread_join(g->workers[i], NULL);
     /* Calls in flight finish (the client waits for them), then their

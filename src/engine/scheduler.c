@@ -204,14 +204,7 @@ void *engine_scheduler_main(void *arg)
             rescan(g, &s, now);
             rescan_at = now + RESCAN_MS;
         }
-        struct timespec ts;
-        clock_abstime(clock_now_ms() + TICK_MS, &ts);
-        pthread_mutex_lock(&g->wmu);
-        if (!g->stopping)
-            pthread_cond_timedwait(&g->scv, &g->wmu, &ts);
-        int stop = g->stopping;
-        pthread_mutex_unlock(&g->wmu);
-        if (stop)
+        if (engine_nap(g, TICK_MS))
             break;
     }
     for (size_t i = 0; i < s.n; i++)

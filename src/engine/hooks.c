@@ -1,0 +1,796 @@
+/*
+ * hooks — outgoing webhooks: subscriptions to the event feed (spec §7).
+ *
+ * One thread per process (engine_hooks_main) does two things in turn:
+ *   - fan-out: for each subscription, reads the feed after its cursor and,
+ *     in one transaction, moves the cursor and inserts a pending delivery
+ *     for each event the subscription wants.  The cursor moves by
+ *     compare-and-set, so several processes never fan an event out twice;
+ *   - delivery: claims due deliveries (store_deliveries_claim: leases and
+ *     epochs, one execution's events in aggregate-version order), sends them
+ *     all at once on a libcurl-multi client of its own, signed per Standard
+ *     Webhooks, and commits each outcome guarded by its epoch: delivered
+ *     (2xx), pending again after a full-jitter backoff never shorter than
+ *     Retry-After, or dead after retry.maxAttempts.
+ * Delivery is at least once: a process killed between the send and the
+ * commit leaves the delivery sending; its lease runs out (SQLite: at the
+ * next start) and it is sent again with the same webhook-id.
+ */
+#include "base/clock.h"
+#include "base/fault.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "crypto/crypto.h"
+#include "crypto/whsig.h"
+#include "engine/engine_int.h"
+#include "json/json.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SUB_NAME_MAX 128
+#define URL_MAX 2048
+#define EVENTS_MAX 64
+#define KEY_MIN 24
+#define KEY_MAX 64
+#define POLL_MS 200
+#define LIST_MS 1000
+#define FANOUT_PAGE 256
+#define CLAIM_MAX 32
+
+/* ---- settings ------------------------------------------------------------------ */
+
+struct hook_settings {
+    long timeout_ms;
+    int max_attempts;
+    long initial_interval_ms;
+    double backoff_coefficient;
+    long max_interval_ms;
+};
+
+static const struct hook_settings defaults = {10000, 12, 10000, 2.0, 14400000};
+
+static int int_member(json_t *o, const char *k, long lo, long hi, long *out, const char *ptr,
+                      struct ifl_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v)
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return err_setp(e, IFL_EVALIDATION, ptr, "%s must be an integer from %ld to %ld", k, lo,
+                        hi);
+    *out = (long)json_integer_value(v);
+    return 0;
+}
+
+/* Reads timeoutMs and retry from a subscription body (or its stored
+ * settings) over the defaults. */
+static int settings_parse(json_t *o, struct hook_settings *s, struct ifl_err *e)
+{
+    *s = defaults;
+    int rc = int_member(o, "timeoutMs", 100, 60000, &s->timeout_ms, "/timeoutMs", e);
+    if (rc)
+        return rc;
+    json_t *r = json_object_get(o, "retry");
+    if (!r)
+        return 0;
+    if (!json_is_object(r))
+        return err_setp(e, IFL_EVALIDATION, "/retry", "retry must be an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(r, k, v)
+    {
+        if (strcmp(k, "maxAttempts") && strcmp(k, "initialIntervalMs") &&
+            strcmp(k, "backoffCoefficient") && strcmp(k, "maxIntervalMs")) {
+            char ptr[160];
+            snprintf(ptr, sizeof ptr, "/retry/%s", k);
+            return err_setp(e, IFL_EVALIDATION, ptr, "unknown retry member %s", k);
+        }
+    }
+    long ma = s->max_attempts;
+    if ((rc = int_member(r, "maxAttempts", 1, 100, &ma, "/retry/maxAttempts", e)) ||
+        (rc = int_member(r, "initialIntervalMs", 10, 86400000, &s->initial_interval_ms,
+                         "/retry/initialIntervalMs", e)))
+        return rc;
+    json_t *bc = json_object_get(r, "backoffCoefficient");
+    if (bc) {
+        if (!json_is_number(bc) || json_number_value(bc) < 1 || json_number_value(bc) > 10)
+            return err_setp(e, IFL_EVALIDATION, "/retry/backoffCoefficient",
+                            "backoffCoefficient must be a number from 1 to 10");
+        s->backoff_coefficient = json_number_value(bc);
+    }
+    if (!json_object_get(r, "maxIntervalMs") && s->max_interval_ms < s->initial_interval_ms)
+        s->max_interval_ms = s->initial_interval_ms;
+    if ((rc = int_member(r, "maxIntervalMs", 10, 86400000, &s->max_interval_ms,
+                         "/retry/maxIntervalMs", e)))
+        return rc;
+    if (s->max_interval_ms < s->initial_interval_ms)
+        return err_setp(e, IFL_EVALIDATION, "/retry/maxIntervalMs",
+                        "maxIntervalMs must not be below initialIntervalMs");
+    s->max_attempts = (int)ma;
+    return 0;
+}
+
+static json_t *settings_json(const struct hook_settings *s)
+{
+    return json_pack("{s:I, s:{s:i, s:I, s:f, s:I}}", "timeoutMs", (json_int_t)s->timeout_ms,
+                     "retry", "maxAttempts", s->max_attempts, "initialIntervalMs",
+                     (json_int_t)s->initial_interval_ms, "backoffCoefficient",
+                     s->backoff_coefficient, "maxIntervalMs", (json_int_t)s->max_interval_ms);
+}
+
+static void settings_of(const char *text, struct hook_settings *s)
+{
+    json_t *o = NULL;
+    struct ifl_err e = {0};
+    *s = defaults;
+    if (text && json_parse(text, strlen(text), &json_stored_limits, &o, NULL) == 0)
+        settings_parse(o, s, &e);
+    json_decref(o);
+}
+
+/* "*", "execution.*", "step.*", or (execution|step).[a-z_]+ */
+static int pattern_ok(const char *p)
+{
+    if (strcmp(p, "*") == 0 || strcmp(p, "execution.*") == 0 || strcmp(p, "step.*") == 0)
+        return 1;
+    const char *rest = strncmp(p, "execution.", 10) == 0 ? p + 10
+                       : strncmp(p, "step.", 5) == 0     ? p + 5
+                                                         : NULL;
+    if (!rest || !*rest || strlen(rest) > 64)
+        return 0;
+    for (; *rest; rest++)
+        if (!((*rest >= 'a' && *rest <= 'z') || *rest == '_'))
+            return 0;
+    return 1;
+}
+
+static int pattern_match(const char *p, const char *type)
+{
+    size_t n = strlen(p);
+    if (strcmp(p, "*") == 0)
+        return 1;
+    if (n >= 2 && p[n - 1] == '*')
+        return strncmp(p, type, n - 1) == 0;
+    return strcmp(p, type) == 0;
+}
+
+static int wants(json_t *events, const char *type)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(events, i, v)
+    {
+        if (json_is_string(v) && pattern_match(json_string_value(v), type))
+            return 1;
+    }
+    return 0;
+}
+
+static char *sub_aad(const char *ws, const char *name)
+{
+    return xasprintf("idemflow-subscription/v1/%s/%s", ws, name);
+}
+
+/* ---- the API -------------------------------------------------------------------- */
+
+static json_t *view_of(struct engine *g, const struct store_subscription *x, struct ifl_err *e,
+                       int *rc)
+{
+    char ts[32];
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(x->name));
+    json_object_set_new(o, "url", json_string(x->url));
+    json_t *events = NULL;
+    json_parse(x->events, strlen(x->events), &json_stored_limits, &events, NULL);
+    json_object_set_new(o, "events", events ? events : json_array());
+    json_object_set_new(o, "secret", json_string("****"));
+    struct hook_settings s;
+    settings_of(x->settings, &s);
+    json_t *sj = settings_json(&s);
+    json_object_update(o, sj);
+    json_decref(sj);
+    clock_rfc3339(x->created_at, ts);
+    json_object_set_new(o, "createdAt", json_string(ts));
+    clock_rfc3339(x->updated_at, ts);
+    json_object_set_new(o, "updatedAt", json_string(ts));
+    int64_t counts[4];
+    *rc = store_subscription_counts(g->store, x->workspace, x->name, counts, e);
+    json_object_set_new(o, "deliveries",
+                        json_pack("{s:I, s:I, s:I, s:I}", "pending", (json_int_t)counts[0],
+                                  "sending", (json_int_t)counts[1], "delivered",
+                                  (json_int_t)counts[2], "dead", (json_int_t)counts[3]));
+    return o;
+}
+
+static int view(struct engine *g, const char *ws, const char *name, json_t **out, struct ifl_err *e)
+{
+    struct store_subscription x;
+    *out = NULL;
+    int rc = store_subscription_get(g->store, ws, name, &x, e);
+    if (rc)
+        return rc;
+    json_t *o = view_of(g, &x, e, &rc);
+    store_subscription_clear(&x);
+    if (rc)
+        json_decref(o);
+    else
+        *out = o;
+    return rc;
+}
+
+/* Validates a PUT body into x (url, events, settings; the sealed secret
+ * when one is given). */
+static int sub_parse(struct engine *g, const char *ws, const char *name, json_t *body,
+                     struct store_subscription *x, struct ifl_err *e)
+{
+    if (!json_is_object(body))
+        return err_setp(e, IFL_EVALIDATION, "", "the body must be a JSON object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v)
+    {
+        if (strcmp(k, "url") && strcmp(k, "events") && strcmp(k, "secret") &&
+            strcmp(k, "timeoutMs") && strcmp(k, "retry")) {
+            char ptr[160];
+            snprintf(ptr, sizeof ptr, "/%s", k);
+            return err_setp(e, IFL_EVALIDATION, ptr, "unknown member %s", k);
+        }
+    }
+    const char *url = json_string_value(json_object_get(body, "url"));
+    if (!url || strlen(url) > URL_MAX ||
+        !((strncmp(url, "http://", 7) == 0 && url[7]) ||
+          (strncmp(url, "https://", 8) == 0 && url[8])) ||
+        strpbrk(url, " \t\r\n"))
+        return err_setp(e, IFL_EVALIDATION, "/url", "url must be an http:// or https:// URL");
+    json_t *events = json_object_get(body, "events");
+    if (!json_is_array(events) || json_array_size(events) == 0 ||
+        json_array_size(events) > EVENTS_MAX)
+        return err_setp(e, IFL_EVALIDATION, "/events",
+                        "events must be a non-empty array of at most %d event types", EVENTS_MAX);
+    size_t i;
+    json_array_foreach(events, i, v)
+    {
+        if (!json_is_string(v) || !pattern_ok(json_string_value(v))) {
+            char ptr[32];
+            snprintf(ptr, sizeof ptr, "/events/%zu", i);
+            return err_setp(e, IFL_EVALIDATION, ptr,
+                            "expected \"*\", \"execution.*\", \"step.*\" or an event type such "
+                            "as \"execution.completed\"");
+        }
+    }
+    struct hook_settings s;
+    int rc = settings_parse(body, &s, e);
+    if (rc)
+        return rc;
+    json_t *secret = json_object_get(body, "secret");
+    char *sealed = NULL;
+    if (secret) {
+        const char *sv = json_string_value(secret);
+        uint8_t *key = NULL;
+        size_t klen = 0;
+        if (!sv || strncmp(sv, "whsec_", 6) != 0 || whsig_secret_decode(sv, &key, &klen) ||
+            klen < KEY_MIN || klen > KEY_MAX) {
+            if (key)
+                crypto_wipe(key, klen);
+            free(key);
+            return err_setp(e, IFL_EVALIDATION, "/secret",
+                            "secret must be \"whsec_\" and the base64 of %d to %d random bytes",
+                            KEY_MIN, KEY_MAX);
+        }
+        crypto_wipe(key, klen);
+        free(key);
+        char *aad = sub_aad(ws, name);
+        rc = crypto_seal(g->key, aad, sv, strlen(sv), &sealed);
+        free(aad);
+        if (rc)
+            return err_set(e, IFL_EIO, "cannot seal the subscription's secret");
+    }
+    json_t *settings = settings_json(&s);
+    x->workspace = xstrdup(ws);
+    x->name = xstrdup(name);
+    x->url = xstrdup(url);
+    x->events = json_to_string(events);
+    x->secret = sealed;
+    x->settings = json_to_string(settings);
+    x->timeout_ms = s.timeout_ms;
+    json_decref(settings);
+    return 0;
+}
+
+int engine_subscription_put(struct engine *g, const char *ws, const char *name, json_t *body,
+                            int *created, json_t **out, struct ifl_err *e)
+{
+    *out = NULL;
+    *created = 0;
+    int rc = store_workspace_exists(g->store, ws, e);
+    if (rc)
+        return rc;
+    struct store_subscription x = {0};
+    if (!(rc = sub_parse(g, ws, name, body, &x, e)))
+        rc = store_subscription_put(g->store, &x, clock_now_ms(), created, e);
+    store_subscription_clear(&x);
+    if (rc)
+        return rc;
+    atomic_store(&g->hooks_dirty, 1);
+    return view(g, ws, name, out, e);
+}
+
+int engine_subscription_get(struct engine *g, const char *ws, const char *name, json_t **out,
+                            struct ifl_err *e)
+{
+    return view(g, ws, name, out, e);
+}
+
+int engine_subscription_list(struct engine *g, const char *ws, json_t **out, struct ifl_err *e)
+{
+    *out = NULL;
+    struct store_subscription *v = NULL;
+    size_t n = 0;
+    int rc = store_subscription_list(g->store, ws, &v, &n, e);
+    json_t *items = json_array();
+    for (size_t i = 0; i < n && !rc; i++)
+        json_array_append_new(items, view_of(g, &v[i], e, &rc));
+    store_subscriptions_free(v, n);
+    if (rc) {
+        json_decref(items);
+        return rc;
+    }
+    *out = json_pack("{s:o}", "items", items);
+    return 0;
+}
+
+int engine_subscription_delete(struct engine *g, const char *ws, const char *name,
+                               struct ifl_err *e)
+{
+    int rc = store_subscription_delete(g->store, ws, name, e);
+    if (!rc)
+        atomic_store(&g->hooks_dirty, 1);
+    return rc;
+}
+
+static json_t *delivery_json(const struct store_delivery *d)
+{
+    char ts[32];
+    json_t *o = json_object();
+    json_object_set_new(o, "eventId", json_string(d->event_id));
+    json_object_set_new(o, "type", json_string(d->type ? d->type : ""));
+    json_object_set_new(o, "executionId",
+                        d->execution_id[0] ? json_string(d->execution_id) : json_null());
+    json_object_set_new(o, "aggregateVersion", json_integer(d->aggregate_version));
+    json_object_set_new(o, "state", json_string(d->state));
+    json_object_set_new(o, "attempts", json_integer(d->attempts));
+    clock_rfc3339(d->next_at, ts);
+    json_object_set_new(o, "nextAttemptAt",
+                        strcmp(d->state, "pending") == 0 ? json_string(ts) : json_null());
+    json_object_set_new(o, "lastStatus",
+                        d->last_status ? json_integer(d->last_status) : json_null());
+    json_object_set_new(o, "lastError", d->last_error ? json_string(d->last_error) : json_null());
+    clock_rfc3339(d->created_at, ts);
+    json_object_set_new(o, "createdAt", json_string(ts));
+    clock_rfc3339(d->updated_at, ts);
+    json_object_set_new(o, "updatedAt", json_string(ts));
+    return o;
+}
+
+int engine_deliveries_list(struct engine *g, const char *ws, const char *name, const char *state,
+                           int64_t after, int limit, json_t **out, struct ifl_err *e)
+{
+    *out = NULL;
+    struct store_subscription x;
+    int rc = store_subscription_get(g->store, ws, name, &x, e);
+    if (rc)
+        return rc;
+    store_subscription_clear(&x);
+    struct store_delivery *v = NULL;
+    size_t n = 0;
+    if ((rc = store_deliveries_list(g->store, ws, name, state, after, limit, &v, &n, e)))
+        return rc;
+    json_t *items = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(items, delivery_json(&v[i]));
+    json_t *next = json_null();
+    if (n > 0 && (int)n == limit) {
+        char c[24];
+        snprintf(c, sizeof c, "%" PRId64, v[n - 1].seq);
+        next = json_string(c);
+    }
+    store_deliveries_free(v, n);
+    *out = json_pack("{s:o, s:o}", "items", items, "next", next);
+    return 0;
+}
+
+struct redeliver_args {
+    struct engine *g;
+    const char *ws, *name, *event_id;
+    struct engine_op_key *k;
+    char *replay;
+    json_t *answer;
+};
+
+static int tx_redeliver(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct redeliver_args *a = arg;
+    json_decref(a->answer);
+    a->answer = NULL;
+    int rc = engine_op_key_claim(a->g, tx, a->ws, "redeliver", a->k, &a->replay, e);
+    if (rc || a->k->replayed)
+        return rc;
+    struct store_delivery d;
+    if ((rc = store_tx_delivery_redeliver(tx, a->ws, a->name, a->event_id, clock_now_ms(), &d, e)))
+        return rc;
+    a->answer = delivery_json(&d);
+    store_delivery_clear(&d);
+    char *text = json_to_string(a->answer);
+    rc = engine_op_key_answer(tx, a->ws, "redeliver", a->k, 202, text, e);
+    free(text);
+    return rc;
+}
+
+int engine_redeliver(struct engine *g, const char *ws, const char *name, const char *event_id,
+                     struct engine_op_key *k, json_t **answer, struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_op_key none = {0};
+    if (!k)
+        k = &none;
+    struct store_subscription x;
+    int rc = store_subscription_get(g->store, ws, name, &x, e);
+    if (rc)
+        return rc;
+    store_subscription_clear(&x);
+    struct redeliver_args a = {g, ws, name, event_id, k, NULL, NULL};
+    rc = store_tx_run(g->store, tx_redeliver, &a, e);
+    if (!rc && k->replayed)
+        rc = engine_replay_answer(a.replay, answer, e);
+    else if (!rc) {
+        *answer = a.answer;
+        a.answer = NULL;
+        k->status = 202;
+    }
+    json_decref(a.answer);
+    free(a.replay);
+    return rc;
+}
+
+/* ---- the thread ------------------------------------------------------------------- */
+
+struct hsub {
+    struct store_subscription x;
+    json_t *events;
+};
+
+struct hooks {
+    struct engine *g;
+    struct hsub *subs;
+    size_t nsubs;
+    int64_t list_at;
+    struct gw_client *client;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left; /* calls of the batch still in flight */
+};
+
+static void subs_clear(struct hooks *h)
+{
+    for (size_t i = 0; i < h->nsubs; i++) {
+        store_subscription_clear(&h->subs[i].x);
+        json_decref(h->subs[i].events);
+    }
+    free(h->subs);
+    h->subs = NULL;
+    h->nsubs = 0;
+}
+
+static void subs_load(struct hooks *h)
+{
+    struct store_subscription *v = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (store_subscription_list(h->g->store, NULL, &v, &n, &e)) {
+        log_warn("hooks.list_failed", "listing subscriptions: %s", e.msg);
+        return;
+    }
+    subs_clear(h);
+    h->subs = n ? xcalloc(n, sizeof *h->subs) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        h->subs[i].x = v[i];
+        json_parse(v[i].events, strlen(v[i].events), &json_stored_limits, &h->subs[i].events, NULL);
+    }
+    free(v);
+    h->nsubs = n;
+}
+
+/* Fans the feed out for one subscription; 1 when another process moved
+ * its cursor (the list is stale). */
+static int fanout(struct hooks *h, struct hsub *s, int64_t now)
+{
+    struct store *st = h->g->store;
+    for (int page = 0; page < 8; page++) {
+        struct store_event *ev = NULL;
+        size_t n = 0;
+        struct ifl_err e = {0};
+        if (store_events_list(st, s->x.workspace, s->x.cursor, FANOUT_PAGE, &ev, &n, &e)) {
+            log_warn("hooks.feed_failed", "reading the feed for %s/%s: %s", s->x.workspace,
+                     s->x.name, e.msg);
+            return 0;
+        }
+        if (n == 0)
+            return 0;
+        struct store_delivery *rows = xcalloc(n, sizeof *rows);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!wants(s->events, ev[i].type))
+                continue;
+            rows[k].event_seq = ev[i].seq;
+            memcpy(rows[k].event_id, ev[i].id, sizeof rows[k].event_id);
+            memcpy(rows[k].execution_id, ev[i].execution_id, sizeof rows[k].execution_id);
+            rows[k].aggregate_version = ev[i].aggregate_version;
+            k++;
+        }
+        int advanced = 0;
+        int rc = store_subscription_advance(st, s->x.workspace, s->x.name, s->x.cursor,
+                                            ev[n - 1].cursor, rows, k, now, &advanced, &e);
+        if (!rc && advanced) {
+            free(s->x.cursor);
+            s->x.cursor = xstrdup(ev[n - 1].cursor);
+        }
+        free(rows);
+        store_events_free(ev, n);
+        if (rc) {
+            log_warn("hooks.fanout_failed", "fanning out for %s/%s: %s", s->x.workspace, s->x.name,
+                     e.msg);
+            return 0;
+        }
+        if (!advanced)
+            return 1;
+        if (n < FANOUT_PAGE)
+            return 0;
+    }
+    return 0;
+}
+
+struct call {
+    struct hooks *h;
+    struct store_delivery *d;
+    struct gw_request req;
+    struct gw_response *resp;
+    const char *fail; /* not sent: why */
+    struct hook_settings s;
+};
+
+static void call_done(void *ctx, struct gw_response *resp)
+{
+    struct call *c = ctx;
+    pthread_mutex_lock(&c->h->mu);
+    c->resp = resp;
+    if (--c->h->left == 0)
+        pthread_cond_signal(&c->h->cv);
+    pthread_mutex_unlock(&c->h->mu);
+}
+
+/* The body: the event as the feed shows it, with a `timestamp`. */
+static char *body_of(const struct store_delivery *d)
+{
+    char ts[32];
+    clock_rfc3339(d->event_created_at, ts);
+    json_t *data = NULL;
+    if (d->data)
+        json_parse(d->data, strlen(d->data), &json_stored_limits, &data, NULL);
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(d->event_id));
+    json_object_set_new(o, "type", json_string(d->type ? d->type : ""));
+    json_object_set_new(o, "timestamp", json_string(ts));
+    json_object_set_new(o, "workspace", json_string(d->workspace));
+    json_object_set_new(o, "executionId",
+                        d->execution_id[0] ? json_string(d->execution_id) : json_null());
+    json_object_set_new(o, "aggregateVersion", json_integer(d->aggregate_version));
+    json_object_set_new(o, "data", data ? data : json_null());
+    char *s = json_to_string(o);
+    json_decref(o);
+    return s;
+}
+
+/* Builds the signed request of claimed delivery c->d; 0, or -1 with
+ * c->fail set (nothing is sent). */
+static int call_build(struct call *c, int64_t now)
+{
+    struct store_delivery *d = c->d;
+    settings_of(d->settings, &c->s);
+    char *aad = sub_aad(d->workspace, d->subscription), *secret = NULL;
+    size_t slen = 0;
+    int rc = crypto_open(c->h->g->key, aad, d->secret, &secret, &slen);
+    free(aad);
+    if (rc) {
+        c->fail = "the subscription's secret cannot be opened (another secrets key?)";
+        return -1;
+    }
+    uint8_t *key = NULL;
+    size_t klen = 0;
+    rc = whsig_secret_decode(secret, &key, &klen);
+    crypto_wipe(secret, slen);
+    free(secret);
+    if (rc) {
+        c->fail = "the subscription's secret is malformed";
+        return -1;
+    }
+    char *body = body_of(d), ts[24];
+    snprintf(ts, sizeof ts, "%" PRId64, now / 1000);
+    char *sig = whsig_standard_sign(key, klen, d->event_id, ts, body, strlen(body));
+    crypto_wipe(key, klen);
+    free(key);
+    json_t *r =
+        json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:s}}", "url", d->url, "headers", "Content-Type",
+                  "application/json", "User-Agent", "idemflow-webhooks/1", "webhook-id",
+                  d->event_id, "webhook-timestamp", ts, "webhook-signature", sig);
+    free(sig);
+    struct ifl_err e = {0};
+    rc = gw_request_build("POST", r, &c->req, &e);
+    json_decref(r);
+    if (rc) {
+        free(body);
+        c->fail = "the subscription's url is not an http(s) URL";
+        return -1;
+    }
+    free(c->req.body);
+    c->req.body = body;
+    c->req.resend_safe = 1; /* the receiver dedupes by webhook-id */
+    return 0;
+}
+
+static double rnd01(void)
+{
+    uint64_t r = 0;
+    if (crypto_random(&r, sizeof r))
+        return 0.5;
+    return (double)(r >> 11) / (double)(1ULL << 53);
+}
+
+/* The outcome of one attempt. */
+static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcome *o, char err[256])
+{
+    o->seq = c->d->seq;
+    o->epoch = c->d->epoch;
+    o->next_at = now;
+    o->last_error = NULL;
+    int64_t retry_after = 0;
+    if (c->fail) {
+        snprintf(err, 256, "%s", c->fail);
+        o->last_error = err;
+    } else if (c->resp->transport == GW_T_OK) {
+        o->last_status = (int)c->resp->status;
+        if (c->resp->status >= 200 && c->resp->status < 300) {
+            o->state = "delivered";
+            return;
+        }
+        gw_classify(c->resp, now, &retry_after);
+        snprintf(err, 256, "the receiver answered %ld", c->resp->status);
+        o->last_error = err;
+    } else {
+        snprintf(err, 256, "%s", c->resp->error[0] ? c->resp->error : "no response");
+        o->last_error = err;
+    }
+    if (c->d->attempts >= c->s.max_attempts) {
+        o->state = "dead";
+        return;
+    }
+    struct gw_policy p = {.initial_interval_ms = c->s.initial_interval_ms,
+                          .backoff_coefficient = c->s.backoff_coefficient,
+                          .max_interval_ms = c->s.max_interval_ms};
+    o->state = "pending";
+    o->next_at = now + gw_backoff_ms(&p, c->d->attempts, retry_after, rnd01());
+}
+
+/* Claims, sends and settles one batch; how many were claimed. */
+static size_t deliver(struct hooks *h)
+{
+    struct engine *g = h->g;
+    struct store_delivery *v = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (store_deliveries_claim(g->store, clock_now_ms(), CLAIM_MAX, &v, &n, &e)) {
+        log_warn("hooks.claim_failed", "claiming deliveries: %s", e.msg);
+        return 0;
+    }
+    if (n == 0)
+        return 0;
+    struct call *calls = xcalloc(n, sizeof *calls);
+    int64_t now = clock_now_ms();
+    pthread_mutex_lock(&h->mu);
+    h->left = 0;
+    pthread_mutex_unlock(&h->mu);
+    for (size_t i = 0; i < n; i++) {
+        calls[i].h = h;
+        calls[i].d = &v[i];
+        if (call_build(&calls[i], now) == 0) {
+            pthread_mutex_lock(&h->mu);
+            h->left++;
+            pthread_mutex_unlock(&h->mu);
+            gw_client_submit(h->client, &calls[i].req, calls[i].s.timeout_ms, call_done, &calls[i]);
+        }
+    }
+    pthread_mutex_lock(&h->mu);
+    while (h->left > 0)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    FAULT("webhook.after_send");
+    now = clock_now_ms();
+    struct store_delivery_outcome *o = xcalloc(n, sizeof *o);
+    char(*errs)[256] = xcalloc(n, sizeof *errs);
+    for (size_t i = 0; i < n; i++)
+        outcome_of(&calls[i], now, &o[i], errs[i]);
+    if (store_deliveries_finish(g->store, o, n, now, &e)) {
+        log_warn("hooks.finish_failed",
+                 "committing delivery outcomes: %s (their leases run out and they are sent again)",
+                 e.msg);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (!o[i].ok) {
+                atomic_fetch_add(&g->m.hooks_fenced, 1);
+                continue;
+            }
+            atomic_ullong *ctr = strcmp(o[i].state, "delivered") == 0 ? &g->m.hooks_delivered
+                                 : strcmp(o[i].state, "dead") == 0    ? &g->m.hooks_dead
+                                                                      : &g->m.hooks_retried;
+            atomic_fetch_add(ctr, 1);
+            if (strcmp(o[i].state, "dead") == 0)
+                log_warn("hooks.dead", "%s/%s: event %s dead-lettered after %d attempts: %s",
+                         v[i].workspace, v[i].subscription, v[i].event_id, v[i].attempts,
+                         o[i].last_error ? o[i].last_error : "");
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        gw_request_clear(&calls[i].req);
+        if (calls[i].resp) {
+            gw_response_clear(calls[i].resp);
+            free(calls[i].resp);
+        }
+    }
+    free(errs);
+    free(o);
+    free(calls);
+    store_deliveries_free(v, n);
+    return n;
+}
+
+void *engine_hooks_main(void *arg)
+{
+    struct engine *g = arg;
+    pthread_setname_np(pthread_self(), "hooks");
+    struct hooks h = {.g = g};
+    pthread_mutex_init(&h.mu, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    struct ifl_err e = {0};
+    if (gw_client_new(CLAIM_MAX, &h.client, &e)) {
+        log_error("hooks.start_failed", "no webhook client: %s", e.msg);
+        h.client = NULL;
+    }
+    for (;;) {
+        int64_t now = clock_now_ms();
+        int busy = 0;
+        if (h.client) {
+            if (now >= h.list_at || atomic_exchange(&g->hooks_dirty, 0)) {
+                subs_load(&h);
+                h.list_at = now + LIST_MS;
+            }
+            for (size_t i = 0; i < h.nsubs; i++)
+                if (fanout(&h, &h.subs[i], now))
+                    h.list_at = 0;
+            /* a batch that delivered may have unblocked its executions'
+             * next events: look again at once */
+            int64_t due = INT64_MAX;
+            if (h.nsubs && store_deliveries_next_due(g->store, &due, &e) == 0 && due <= now)
+                busy = deliver(&h) > 0;
+        }
+        if (engine_nap(g, busy ? 0 : POLL_MS))
+            break;
+    }
+    if (h.client)
+        gw_client_free(h.client);
+    subs_clear(&h);
+    pthread_cond_destroy(&h.cv);
+    pthread_mutex_destroy(&h.mu);
+    return NULL;
+}

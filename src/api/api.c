@@ -1318,6 +1318,82 @@ static void h_redeliver(struct call *c)
     reply_json(c->res, k.replayed ? k.status : 202, answer);
 }
 
+/* ---- workspace tokens (spec §10) ------------------------------------------------------- */
+
+static void h_token_create(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    json_t *body = NULL;
+    if (c->req->body_len > 0 && !(body = body_json(c, NULL)))
+        return;
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v)
+    {
+        if (strcmp(k, "name") != 0) {
+            char ptr[160];
+            snprintf(ptr, sizeof ptr, "/%s", k);
+            json_decref(body);
+            api_problem(c->res, 422, "validation-error", "the only member is name", ptr);
+            return;
+        }
+    }
+    json_t *name = json_object_get(body, "name");
+    if ((body && !json_is_object(body)) || (name && !json_is_string(name))) {
+        json_decref(body);
+        api_problem(c->res, 422, "validation-error", "expected {\"name\": \"…\"}",
+                    body && !json_is_object(body) ? "" : "/name");
+        return;
+    }
+    char key[256], fp[65];
+    struct engine_op_key ok;
+    if (op_key(c, body, key, fp, &ok)) {
+        json_decref(body);
+        return;
+    }
+    json_t *answer = NULL;
+    struct ifl_err e = {0};
+    int rc = engine_token_create(c->a->g, ws, json_string_value(name), &ok, &answer, &e);
+    json_decref(body);
+    if (rc) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    if (ok.replayed)
+        http_res_header(c->res, "Idempotent-Replayed", "true");
+    http_res_header(c->res, "Cache-Control", "no-store");
+    reply_json(c->res, ok.replayed ? ok.status : 201, answer);
+}
+
+static void h_token_list(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    json_t *out = NULL;
+    struct ifl_err e = {0};
+    if (engine_token_list(c->a->g, ws, &out, &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    reply_json(c->res, 200, out);
+}
+
+static void h_token_delete(struct call *c)
+{
+    const char *ws = c->seg[2];
+    if (workspace_exists(c, ws))
+        return;
+    struct ifl_err e = {0};
+    if (engine_token_delete(c->a->g, ws, c->seg[4], &e)) {
+        api_problem_err(c->res, &e);
+        return;
+    }
+    http_res_body(c->res, 204, NULL, NULL);
+}
+
 /* ---- routing ------------------------------------------------------------------------ */
 
 struct route {
@@ -1361,6 +1437,9 @@ static const struct route routes[] = {
      {"v1", "workspaces", "*", "subscriptions", "*", "deliveries", "*", "redeliver"},
      8,
      h_redeliver},
+    {"POST", {"v1", "workspaces", "*", "tokens"}, 4, h_token_create},
+    {"GET", {"v1", "workspaces", "*", "tokens"}, 4, h_token_list},
+    {"DELETE", {"v1", "workspaces", "*", "tokens", "*"}, 5, h_token_delete},
     {"POST", {"v1", "test", "clock"}, 3, h_test_clock},
 };
 
@@ -1407,7 +1486,21 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
     /* A trigger without the token may still be a signed webhook: the
      * engine answers it only for an entry point that verifies signatures
      * (engine_trigger_begin), 401 otherwise. */
-    c.unauthenticated = !auth_ok(&c);
+    int admin = auth_ok(&c);
+    if (!admin && c.nseg >= 3 && strcmp(c.seg[0], "v1") == 0 &&
+        strcmp(c.seg[1], "workspaces") == 0) {
+        /* a workspace token reaches its own workspace, tokens aside */
+        const char *h = req->header(req, "Authorization");
+        if (h && strncasecmp(h, "Bearer ", 7) == 0 &&
+            engine_token_check(a->g, c.seg[2], h + 7) == 0) {
+            if (c.nseg >= 4 && strcmp(c.seg[3], "tokens") == 0) {
+                api_problem(res, 403, "forbidden", "workspace tokens cannot manage tokens", NULL);
+                goto done;
+            }
+            admin = 1;
+        }
+    }
+    c.unauthenticated = !admin;
     int webhook_route = c.nseg == 8 && strcmp(req->method, "POST") == 0 &&
                         strcmp(c.seg[1], "workspaces") == 0 && strcmp(c.seg[3], "workflows") == 0 &&
                         strcmp(c.seg[5], "entry-points") == 0 && strcmp(c.seg[7], "trigger") == 0;

@@ -242,4 +242,18 @@ int engine_deliveries_list(struct engine *g, const char *ws, const char *name, c
 int engine_redeliver(struct engine *g, const char *ws, const char *name, const char *event_id,
                      struct engine_op_key *k, json_t **answer, struct ifl_err *e);
 
+/* ---- workspace tokens (tokens.c; spec §10) --------------------------------------- */
+/* A new token for ws: *answer = {"id","workspace","name","createdAt","token"}
+ * (new reference; the token is shown here only, and again on a replay of
+ * the same Idempotency-Key).  name may be NULL. */
+int engine_token_create(struct engine *g, const char *ws, const char *name, struct engine_op_key *k,
+                        json_t **answer, struct ifl_err *e);
+/* 0 when token is a live token of ws, -1 otherwise (malformed, another
+ * workspace's, revoked, or made under another secrets key). */
+int engine_token_check(struct engine *g, const char *ws, const char *token);
+/* {"items":[{"id","workspace","name","createdAt"}]}, oldest first. */
+int engine_token_list(struct engine *g, const char *ws, json_t **out, struct ifl_err *e);
+/* Revokes it at once; IFL_ENOTFOUND. */
+int engine_token_delete(struct engine *g, const char *ws, const char *id, struct ifl_err *e);
+
 #endif

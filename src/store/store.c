@@ -327,6 +327,21 @@ const struct store_migration store_migrations[] = {
      "CREATE INDEX deliveries_due ON deliveries (state, next_at);"
      "CREATE INDEX deliveries_order ON deliveries"
      " (workspace, subscription, execution_id, aggregate_version);"},
+    /* 8: workspace tokens (spec §10; store/tokens.c): ids only, the token
+     * itself is derived from the id under the secrets key */
+    {8,
+     "CREATE TABLE tokens ("
+     " workspace TEXT NOT NULL,"
+     " id TEXT NOT NULL,"
+     " name TEXT NOT NULL,"
+     " created_at BIGINT NOT NULL,"
+     " PRIMARY KEY (workspace, id));",
+     "CREATE TABLE tokens ("
+     " workspace TEXT COLLATE \"C\" NOT NULL,"
+     " id TEXT COLLATE \"C\" NOT NULL,"
+     " name TEXT NOT NULL,"
+     " created_at BIGINT NOT NULL,"
+     " PRIMARY KEY (workspace, id));"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

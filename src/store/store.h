@@ -535,4 +535,22 @@ int store_tx_delivery_redeliver(struct store_tx *tx, const char *ws, const char 
  * many. */
 int store_deliveries_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
 
+/* ---- workspace tokens (spec §10; store/tokens.c) ------------------------------ */
+struct store_token {
+    char id[33];
+    char *name;
+    int64_t created_at;
+};
+void store_tokens_free(struct store_token *v, size_t n);
+/* Records token id for ws inside the caller's transaction. */
+int store_tx_token_insert(struct store_tx *tx, const char *ws, const char *id, const char *name,
+                          int64_t now, struct ifl_err *e);
+/* 0 when (ws, id) is recorded (not revoked), IFL_ENOTFOUND otherwise. */
+int store_token_exists(struct store *s, const char *ws, const char *id, struct ifl_err *e);
+/* Oldest first. */
+int store_token_list(struct store *s, const char *ws, struct store_token **items, size_t *n,
+                     struct ifl_err *e);
+/* Revokes it; IFL_ENOTFOUND when absent. */
+int store_token_delete(struct store *s, const char *ws, const char *id, struct ifl_err *e);
+
 #endif

@@ -25,6 +25,8 @@ typedef int (*store_row_fn)(void *arg, const char *const *cols, int ncols);
 #define STORE_VAL_I(x) ((struct store_val){.is_int = 1, .i = (x)})
 #define STORE_VAL_S(x) ((struct store_val){.s = (x)})
 #define STORE_MAX_COLS 24
+/* A store_row_fn that counts rows into the int at arg (subs.c). */
+int store_row_count(void *arg, const char *const *cols, int nc);
 
 struct store_ops {
     const char *name;

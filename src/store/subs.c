@@ -166,7 +166,7 @@ static void copy(char *out, size_t cap, const char *t)
     out[n] = '\0';
 }
 
-static int count_row(void *arg, const char *const *cols, int nc)
+int store_row_count(void *arg, const char *const *cols, int nc)
 {
     (void)cols;
     (void)nc;
@@ -242,7 +242,7 @@ static int tx_put(struct store_tx *tx, void *arg, struct ifl_err *e)
                                  STORE_VAL_S(x->url),        STORE_VAL_S(x->events),
                                  STORE_VAL_S(x->secret),     STORE_VAL_S(x->settings),
                                  STORE_VAL_I(x->timeout_ms), STORE_VAL_I(a->now)};
-        int rc = txq(tx, &q_sub_update, up, 8, count_row, &n, e);
+        int rc = txq(tx, &q_sub_update, up, 8, store_row_count, &n, e);
         if (rc || n)
             return rc;
         if (!x->secret)
@@ -255,7 +255,7 @@ static int tx_put(struct store_tx *tx, void *arg, struct ifl_err *e)
                                  STORE_VAL_S(x->secret),     STORE_VAL_S(x->settings),
                                  STORE_VAL_I(x->timeout_ms), STORE_VAL_S(cursor ? cursor : "0"),
                                  STORE_VAL_I(a->now)};
-        rc = txq(tx, &q_sub_insert, in, 9, count_row, &n, e);
+        rc = txq(tx, &q_sub_insert, in, 9, store_row_count, &n, e);
         free(cursor);
         if (rc || n) {
             a->created = n > 0;
@@ -317,7 +317,7 @@ static int tx_delete(struct store_tx *tx, void *arg, struct ifl_err *e)
     struct del_args *a = arg;
     struct store_val p[] = {STORE_VAL_S(a->ws), STORE_VAL_S(a->name)};
     int n = 0;
-    int rc = txq(tx, &q_sub_delete, p, 2, count_row, &n, e);
+    int rc = txq(tx, &q_sub_delete, p, 2, store_row_count, &n, e);
     if (!rc && !n)
         rc = err_set(e, IFL_ENOTFOUND, "no subscription %s", a->name);
     if (!rc)
@@ -431,7 +431,7 @@ static int tx_advance(struct store_tx *tx, void *arg, struct ifl_err *e)
     struct store_val p[] = {STORE_VAL_S(a->ws), STORE_VAL_S(a->name), STORE_VAL_S(a->from),
                             STORE_VAL_S(a->to)};
     int n = 0;
-    int rc = txq(tx, &q_sub_advance, p, 4, count_row, &n, e);
+    int rc = txq(tx, &q_sub_advance, p, 4, store_row_count, &n, e);
     if (rc || !n)
         return rc;
     for (size_t i = 0; i < a->n && !rc; i++) {
@@ -524,7 +524,7 @@ static int tx_finish(struct store_tx *tx, void *arg, struct ifl_err *e)
                                 STORE_VAL_S(o->last_error),
                                 STORE_VAL_I(a->now)};
         int n = 0;
-        rc = txq(tx, &q_dlv_finish, v, 7, count_row, &n, e);
+        rc = txq(tx, &q_dlv_finish, v, 7, store_row_count, &n, e);
         o->ok = n > 0;
     }
     return rc;
@@ -612,7 +612,7 @@ static int tx_expire_dlv(struct store_tx *tx, void *arg, struct ifl_err *e)
     struct expire_args *a = arg;
     struct store_val p[] = {STORE_VAL_I(a->before), STORE_VAL_I(a->limit)};
     a->n = 0;
-    return txq(tx, &q_dlv_expire, p, 2, count_row, &a->n, e);
+    return txq(tx, &q_dlv_expire, p, 2, store_row_count, &a->n, e);
 }
 
 int store_deliveries_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e)

@@ -6,6 +6,7 @@
  * touches the engine, so a rejected request changes nothing.
  */
 #include "api/api.h"
+#include "api/sse.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -422,7 +423,29 @@ struct deferred_trigger {
     struct trigger_res out; /* the answer while its execution runs */
     int rc;                 /* of engine_trigger_end, when it ran on the writer */
     struct ifl_err e;
+    int run;         /* …/run: the answer is the execution's event stream */
+    char cursor[48]; /* …/run: the feed's end before the trigger */
 };
+
+/* The longest a …/run stream stays open (docs/api.md). */
+#define RUN_MAX_MS (10 * 60 * 1000)
+
+/* A trigger's answer: JSON, or for …/run the event stream. */
+static void answer(struct deferred_trigger *dt, struct http_res *res, int rc, struct ifl_err *e,
+                   long wait_s)
+{
+    if (!dt->run || rc) {
+        trigger_answer(dt->a, res, dt->ws, rc, e, &dt->out, wait_s);
+        return;
+    }
+    char loc[256];
+    snprintf(loc, sizeof loc, "/v1/workspaces/%s/executions/%s", dt->ws, dt->out.id);
+    http_res_header(res, "Location", loc);
+    if (!dt->out.stale)
+        atomic_fetch_add(dt->out.created ? &dt->a->triggers_created : &dt->a->triggers_deduplicated,
+                         1);
+    sse_run_stream(dt->a->g, res, dt->ws, &dt->out, dt->cursor, RUN_MAX_MS);
+}
 
 static void dt_free(struct deferred_trigger *dt)
 {
@@ -467,7 +490,7 @@ static void wait_finish(void *arg, const struct http_req *req, struct http_res *
     struct deferred_trigger *dt = arg;
     if (!dt->rc)
         engine_waiter_status(dt->a->g, dt->w, dt->out.status); /* unchanged when still running */
-    trigger_answer(dt->a, res, dt->ws, dt->rc, &dt->e, &dt->out, dt->wait_s);
+    answer(dt, res, dt->rc, &dt->e, dt->wait_s);
     count_response(dt->a, res->status);
     dt_free(dt);
 }
@@ -531,7 +554,7 @@ static void trigger_finish(void *arg, const struct http_req *req, struct http_re
     (void)req;
     int rc = engine_trigger_end(dt->op, &dt->out, &e); /* no wait: else trigger_committed_waiting */
     dt->op = NULL;
-    trigger_answer(dt->a, res, dt->ws, rc, &e, &dt->out, 0);
+    answer(dt, res, rc, &e, 0);
     count_response(dt->a, res->status);
     dt_free(dt);
 }
@@ -542,9 +565,11 @@ static const char *req_header(const void *req, const char *name)
     return r->header(r, name);
 }
 
-static void trigger(struct call *c, int test)
+/* mode: 0 the trigger, 1 a test run, 2 a streaming run (…/run) */
+static void trigger(struct call *c, int mode)
 {
     struct api *a = c->a;
+    int test = mode == 1, fresh_default = mode != 0;
     const char *ws = c->seg[2], *wf = c->seg[4], *vx = c->seg[6];
     if (check_name(c, "workspace", ws) || check_name(c, "workflow", wf) ||
         check_name(c, "vertex", vx))
@@ -552,7 +577,7 @@ static void trigger(struct call *c, int test)
     int force = query_bool(c, "forceNewExecution");
     if (force == -2)
         goto rejected;
-    if (!test && force == 1) {
+    if (mode == 0 && force == 1) {
         api_problem(c->res, 400, "force-new-not-allowed",
                     "forceNewExecution is not allowed on the production trigger: give the entry "
                     "point idempotencyFields or send a unique clientIdempotencyId",
@@ -564,21 +589,21 @@ static void trigger(struct call *c, int test)
     /* A test run is a new execution by default, unless the caller gave a
      * key: then the key decides, as on the trigger (a retried test run is
      * the same one).  A key with forceNewExecution=true says both. */
-    if (test && force == 1 && (qk || hk)) {
+    if (fresh_default && force == 1 && (qk || hk)) {
         api_problem(c->res, 400, "conflicting-idempotency-keys",
                     "forceNewExecution=true asks for a new execution, the idempotency key for "
                     "the one it names: send one of them",
                     "/forceNewExecution");
         goto rejected;
     }
-    if (test && force == -1)
+    if (fresh_default && force == -1)
         force = !(qk || hk);
     if (qk && hk && strcmp(qk, hk) != 0) {
         api_problem(c->res, 400, "conflicting-idempotency-keys",
                     "clientIdempotencyId and the Idempotency-Key header differ", NULL);
         goto rejected;
     }
-    long wait_s = http_prefer_wait(c->req->header(c->req, "Prefer"));
+    long wait_s = mode == 2 ? -1 : http_prefer_wait(c->req->header(c->req, "Prefer"));
     int64_t cap_ms = a->o.max_wait_ms > 0 ? a->o.max_wait_ms : MAX_WAIT_S * 1000;
     if (wait_s > (cap_ms + 999) / 1000)
         wait_s = (long)((cap_ms + 999) / 1000); /* what Preference-Applied says */
@@ -606,6 +631,13 @@ static void trigger(struct call *c, int test)
     dt->wait_s = wait_s;
     dt->deadline_ms = deadline_ms;
     struct ifl_err e = {0};
+    dt->run = mode == 2;
+    if (dt->run && store_events_head(engine_store(a->g), dt->cursor, &e)) {
+        json_decref(payload);
+        free(dt);
+        api_problem_err(c->res, &e);
+        goto rejected;
+    }
     struct engine_trigger_op *op = NULL;
     int rc = engine_trigger_begin(a->g, &tr, &dt->out, &op, &e);
     json_decref(payload); /* before any call starts: engine.h */
@@ -637,7 +669,7 @@ static void trigger(struct call *c, int test)
         engine_trigger_commit(op, dt->w ? trigger_committed_waiting : trigger_committed, dt);
         return;
     }
-    trigger_answer(a, c->res, ws, rc, &e, &dt->out, wait_s > 0 ? wait_s : 0);
+    answer(dt, c->res, rc, &e, wait_s > 0 ? wait_s : 0);
     dt_free(dt);
     return;
 rejected:
@@ -652,6 +684,11 @@ static void h_trigger(struct call *c)
 static void h_test_run(struct call *c)
 {
     trigger(c, 1);
+}
+
+static void h_run(struct call *c)
+{
+    trigger(c, 2);
 }
 
 static json_t *execution_json(const struct store_execution *x, int full)
@@ -1421,6 +1458,7 @@ static const struct route routes[] = {
      {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "test-runs"},
      8,
      h_test_run},
+    {"POST", {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "run"}, 8, h_run},
     {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get},
     {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list},
     {"POST", {"v1", "workspaces", "*", "executions", "*", "retry"}, 6, h_retry},

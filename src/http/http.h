@@ -47,6 +47,10 @@ struct http_res {
         char *name, *value; /* owned */
     } headers[HTTP_MAX_RES_HEADERS];
     int nheaders;
+    /* a streamed answer (http_res_stream) instead of body */
+    long (*stream_fn)(void *arg, char *buf, size_t max);
+    void (*stream_free)(void *arg);
+    void *stream_arg;
 };
 
 /* Adds a header to a response (copies both strings). Extra headers past
@@ -55,6 +59,17 @@ void http_res_header(struct http_res *res, const char *name, const char *value);
 /* Sets the body (takes ownership of body). */
 void http_res_body(struct http_res *res, int status, const char *content_type, char *body);
 void http_res_clear(struct http_res *res);
+/* A streamed answer of unknown length (chunked; e.g. text/event-stream).
+ * After the headers the server asks fn(arg, buf, max) for more: it returns
+ * the bytes it wrote to buf (> 0), 0 for "nothing yet" (asked again about
+ * every 100 ms; an event-loop thread serves other connections meanwhile),
+ * or -1 for the end.  fn runs on a server thread, one call at a time, and
+ * must not block for long.  free_fn(arg) runs exactly once: when the
+ * answer ended, the client left, or the answer was never sent.  A stopping
+ * server ends every stream (fn is not asked again). */
+typedef long (*http_stream_fn)(void *arg, char *buf, size_t max);
+void http_res_stream(struct http_res *res, int status, const char *content_type, http_stream_fn fn,
+                     void (*free_fn)(void *arg), void *arg);
 
 typedef void (*http_handler_fn)(void *ctx, const struct http_req *req, struct http_res *res);
 /* Called for the 413 the adapter answers itself (so the body is a problem

@@ -23,8 +23,25 @@ struct http_server {
     pthread_mutex_t mu; /* guards busy and deferred */
     pthread_cond_t cv;  /* signalled when either drops to 0 */
     int busy;           /* requests handed to the handler, answer not yet sent */
-    int deferred;       /* … of which suspended (http_defer), not yet resumed */
+    int deferred;       /* … of which suspended (http_defer or a parked stream) */
+    /* streams with nothing to send, suspended until the next tick of the
+     * stream timer (event loops only; under mu) */
+    struct stream *parked;
+    int stopping; /* streams end */
+    int timer_started, timer_stop;
+    pthread_t timer;
 };
+
+struct stream {
+    struct http_server *s;
+    struct MHD_Connection *conn;
+    http_stream_fn fn;
+    void (*free_fn)(void *arg);
+    void *arg;
+    struct stream *next;
+};
+
+#define STREAM_TICK_MS 100
 
 /* How long a stop waits for answers still being sent (deferred ones are
  * always waited for: MHD must not stop with suspended connections). */
@@ -116,8 +133,19 @@ void http_res_body(struct http_res *res, int status, const char *content_type, c
     res->body_len = body ? strlen(body) : 0;
 }
 
+void http_res_stream(struct http_res *res, int status, const char *content_type, http_stream_fn fn,
+                     void (*free_fn)(void *arg), void *arg)
+{
+    http_res_body(res, status, content_type, NULL);
+    res->stream_fn = fn;
+    res->stream_free = free_fn;
+    res->stream_arg = arg;
+}
+
 void http_res_clear(struct http_res *res)
 {
+    if (res->stream_free)
+        res->stream_free(res->stream_arg); /* never handed to MHD */
     free(res->body);
     for (int i = 0; i < res->nheaders; i++) {
         free(res->headers[i].name);
@@ -138,10 +166,92 @@ static const char *get_query(const struct http_req *r, const char *name)
     return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
-static enum MHD_Result send_res(struct MHD_Connection *conn, struct http_res *res)
+static int stopping(struct http_server *s)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(
-        res->body_len, res->body ? res->body : (void *)"", MHD_RESPMEM_MUST_COPY);
+    pthread_mutex_lock(&s->mu);
+    int v = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+/* Resumes the parked streams every STREAM_TICK_MS until told to stop. */
+static void *stream_timer(void *arg)
+{
+    struct http_server *s = arg;
+    pthread_setname_np(pthread_self(), "http-streams");
+    for (;;) {
+        struct timespec ts = {0, STREAM_TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&s->mu);
+        struct stream *list = s->parked;
+        s->parked = NULL;
+        int stop = s->timer_stop && !list;
+        pthread_mutex_unlock(&s->mu);
+        for (struct stream *st = list, *next; st; st = next) {
+            next = st->next;
+            MHD_resume_connection(st->conn);
+            count(s, &s->deferred, -1);
+        }
+        if (stop)
+            return NULL;
+    }
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    struct stream *st = cls;
+    struct http_server *s = st->s;
+    if (stopping(s))
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    long n = st->fn(st->arg, buf, max);
+    if (n > 0)
+        return (ssize_t)n;
+    if (n < 0)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    if (!s->o.threads) { /* this connection's own thread: wait here */
+        struct timespec ts = {0, STREAM_TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    /* suspend first: only then may the timer resume it */
+    MHD_suspend_connection(st->conn);
+    count(s, &s->deferred, 1);
+    pthread_mutex_lock(&s->mu);
+    st->next = s->parked;
+    s->parked = st;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static void stream_free(void *cls)
+{
+    struct stream *st = cls;
+    st->free_fn(st->arg);
+    free(st);
+}
+
+static enum MHD_Result send_res(struct http_server *s, struct MHD_Connection *conn,
+                                struct http_res *res)
+{
+    struct MHD_Response *r;
+    if (res->stream_fn) {
+        struct stream *st = xcalloc(1, sizeof *st);
+        st->s = s;
+        st->conn = conn;
+        st->fn = res->stream_fn;
+        st->free_fn = res->stream_free;
+        st->arg = res->stream_arg;
+        res->stream_free = NULL; /* the stream's now */
+        r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
+        if (!r) {
+            stream_free(st);
+            return MHD_NO;
+        }
+    } else {
+        r = MHD_create_response_from_buffer(res->body_len, res->body ? res->body : (void *)"",
+                                            MHD_RESPMEM_MUST_COPY);
+    }
     if (!r)
         return MHD_NO;
     if (res->body_len || res->content_type)
@@ -162,7 +272,7 @@ static enum MHD_Result toobig(struct http_server *s, struct MHD_Connection *conn
     else
         http_res_body(&res, 413, "text/plain", xstrdup("request body too large\n"));
     http_res_header(&res, "Connection", "close");
-    enum MHD_Result ret = send_res(conn, &res);
+    enum MHD_Result ret = send_res(s, conn, &res);
     http_res_clear(&res);
     return ret;
 }
@@ -229,7 +339,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_YES;
         }
     }
-    enum MHD_Result ret = send_res(conn, &res);
+    if (res.stream_fn && s->o.threads) { /* the timer that resumes parked streams */
+        pthread_mutex_lock(&s->mu);
+        if (!s->timer_started && pthread_create(&s->timer, NULL, stream_timer, s) == 0)
+            s->timer_started = 1;
+        int ok = s->timer_started;
+        pthread_mutex_unlock(&s->mu);
+        if (!ok) {
+            http_res_clear(&res);
+            http_res_body(&res, 503, "text/plain", xstrdup("cannot stream now\n"));
+        }
+    }
+    enum MHD_Result ret = send_res(s, conn, &res);
     http_res_clear(&res);
     return ret;
 }
@@ -449,6 +570,7 @@ void http_server_stop(struct http_server *s)
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += DRAIN_MS / 1000;
     pthread_mutex_lock(&s->mu);
+    s->stopping = 1; /* streams end at their next turn (the timer resumes parked ones) */
     while (s->deferred || s->busy) {
         if (s->deferred)
             pthread_cond_wait(&s->cv, &s->mu);
@@ -456,6 +578,12 @@ void http_server_stop(struct http_server *s)
             break;
     }
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->mu);
+    s->timer_stop = 1;
+    int timer = s->timer_started;
+    pthread_mutex_unlock(&s->mu);
+    if (timer)
+        pthread_join(s->timer, NULL);
     MHD_stop_daemon(s->d);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

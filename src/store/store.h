@@ -268,6 +268,10 @@ int store_dead_letters(struct store *s, const char *ws, const struct store_dead_
  * IFL_EINVAL for a malformed cursor. */
 int store_events_list(struct store *s, const char *ws, const char *after, int limit,
                       struct store_event **items, size_t *n, struct ifl_err *e);
+/* A cursor at the feed's end now: store_events_list after it lists every
+ * event committed from now on (on PostgreSQL also a few committed just
+ * before).  store/subs.c. */
+int store_events_head(struct store *s, char cursor[48], struct ifl_err *e);
 
 /* ---- transactions ----------------------------------------------------------
  * Engine logic that must commit atomically (a step outcome with its

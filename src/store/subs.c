@@ -9,6 +9,7 @@
 #include "store/store_int.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,6 +181,15 @@ static int text_row(void *arg, const char *const *cols, int nc)
     if (nc > 0 && !*out)
         *out = dup(cols[0]);
     return 0;
+}
+
+int store_events_head(struct store *s, char cursor[48], struct ifl_err *e)
+{
+    char *t = NULL;
+    int rc = query(s, &q_feed_end, NULL, 0, text_row, &t, e);
+    snprintf(cursor, 48, "%s", !rc && t ? t : "0");
+    free(t);
+    return rc;
 }
 
 /* ---- subscriptions ------------------------------------------------------------------ */

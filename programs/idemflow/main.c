@@ -40,7 +40,8 @@ static void usage(FILE *f)
     fputs("usage:\n"
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
-          "                 [--http-threads N] [--key-retention-hours H] [--test-clock]\n"
+          "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
+          "                 [--test-clock]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
           "  IDEMFLOW_WEBHOOK_SECRET=whsec_... idemflow sign-webhook ID [--timestamp T] < body\n"
@@ -461,6 +462,15 @@ static int cmd_serve(int argc, char **argv)
                 return 2;
             }
             o.run.key_retention_ms = n * 3600 * 1000;
+            i++;
+        } else if (strcmp(a, "--retention-days") == 0 && v) {
+            long long n = flag_int(v, 0, 36500);
+            if (n < 0) {
+                fputs("idemflow serve: --retention-days must be 0..36500 (0: keep forever)\n",
+                      stderr);
+                return 2;
+            }
+            o.run.retention_ms = n * 86400 * 1000;
             i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);

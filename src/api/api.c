@@ -793,6 +793,11 @@ static void h_execution_get(struct call *c)
         api_problem_err(c->res, &e);
         return;
     }
+    if (engine_gone(&x, &e)) {
+        store_execution_clear(&x);
+        api_problem_err(c->res, &e);
+        return;
+    }
     json_t *o = execution_json(&x, 1);
     store_execution_clear(&x);
     if (steps_json(c->a, id, o, &e)) {
@@ -1172,7 +1177,17 @@ static void h_metrics(struct call *c)
         "idemflow_webhook_deliveries_total{outcome=\"delivered\"} %llu\n"
         "idemflow_webhook_deliveries_total{outcome=\"retry\"} %llu\n"
         "idemflow_webhook_deliveries_total{outcome=\"dead\"} %llu\n"
-        "idemflow_webhook_deliveries_total{outcome=\"fenced\"} %llu\n",
+        "idemflow_webhook_deliveries_total{outcome=\"fenced\"} %llu\n"
+        "# HELP idemflow_retention_total Retention: executions purged, tombstones deleted after "
+        "their dedup window, events deleted.\n"
+        "# TYPE idemflow_retention_total counter\n"
+        "idemflow_retention_total{what=\"purged_executions\"} %llu\n"
+        "idemflow_retention_total{what=\"expired_tombstones\"} %llu\n"
+        "idemflow_retention_total{what=\"expired_events\"} %llu\n"
+        "# HELP idemflow_retention_sweeps_total Retention sweeps run (one a minute of engine "
+        "time).\n"
+        "# TYPE idemflow_retention_sweeps_total counter\n"
+        "idemflow_retention_sweeps_total %llu\n",
         (unsigned long long)atomic_load(&a->requests),
         (unsigned long long)atomic_load(&a->responses_4xx),
         (unsigned long long)atomic_load(&a->responses_5xx),
@@ -1200,7 +1215,11 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->hooks_delivered),
         (unsigned long long)atomic_load(&m->hooks_retried),
         (unsigned long long)atomic_load(&m->hooks_dead),
-        (unsigned long long)atomic_load(&m->hooks_fenced));
+        (unsigned long long)atomic_load(&m->hooks_fenced),
+        (unsigned long long)atomic_load(&m->purged_executions),
+        (unsigned long long)atomic_load(&m->expired_tombstones),
+        (unsigned long long)atomic_load(&m->expired_events),
+        (unsigned long long)atomic_load(&m->retention_sweeps));
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
 

@@ -75,6 +75,7 @@ static const struct {
     {IFL_EINTERNAL, "EINTERNAL", 500, "internal-error"},
     {IFL_EUNAUTH, "EUNAUTH", 401, "unauthorized"},
     {IFL_EEXPR, "EEXPR", 422, "expression-error"},
+    {IFL_EGONE, "EGONE", 410, "gone"},
 };
 
 static int find(int code)

@@ -31,6 +31,7 @@ enum ifl_code {
     IFL_EINTERNAL = -12,    /* bug (500)                                    */
     IFL_EUNAUTH = -13,      /* missing/invalid credentials (401)            */
     IFL_EEXPR = -14,        /* expression compile or evaluation error      */
+    IFL_EGONE = -15,        /* existed, purged by retention (410)          */
 };
 
 #define IFL_ERR_MSG_MAX 512

@@ -1126,7 +1126,21 @@ static int execution_and_workflow(struct engine *g, const char *ws, const char *
     int version = 0;
     int rc = store_execution_get(g->store, ws, id, x, e);
     if (!rc)
+        rc = engine_gone(x, e);
+    if (!rc)
         rc = engine_workflow_get(g, ws, x->workflow, x->workflow_version, w, &version, e);
+    return rc;
+}
+
+int engine_gone(const struct store_execution *x, struct ifl_err *e)
+{
+    if (strcmp(x->status, "purged") != 0)
+        return 0;
+    int rc = err_set(e, IFL_EGONE,
+                     "execution %s finished and was purged by retention; its id still "
+                     "deduplicates triggers until its entry point's dedupWindow has passed",
+                     x->id);
+    err_slug(e, "execution-purged");
     return rc;
 }
 
@@ -1442,6 +1456,10 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     int rc = store_execution_get(g->store, ws, id, &old, e);
     if (rc)
         return rc;
+    if ((rc = engine_gone(&old, e))) {
+        store_execution_clear(&old);
+        return rc;
+    }
     const struct wf *w = NULL;
     int version = 0;
     json_t *payload = NULL, *identity = NULL;

@@ -39,6 +39,9 @@ struct engine_metrics {
     /* outgoing webhooks: attempts that delivered, will be retried, were
      * dead-lettered, or were fenced (their lease was taken over) */
     atomic_ullong hooks_delivered, hooks_retried, hooks_dead, hooks_fenced;
+    /* retention: executions purged (kept as tombstones or deleted),
+     * tombstones deleted after their dedup window, events deleted */
+    atomic_ullong purged_executions, expired_tombstones, expired_events, retention_sweeps;
 };
 
 /* *out owned by the caller (engine_free).  Borrows s. */
@@ -169,6 +172,10 @@ struct engine_run_opts {
     /* How long the API's Idempotency-Key records are kept (spec §7);
      * default 24 h.  Read by the operator actions even before engine_start. */
     int64_t key_retention_ms;
+    /* Retention (spec §4): finished executions, events and deliveries older
+     * than this are purged (0: never, the default); a purged execution's
+     * id deduplicates until its entry point's dedupWindow has passed. */
+    int64_t retention_ms;
     int batch;     /* steps claimed per round trip; default 16 */
     int no_inline; /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
     /* Where crashed processes left their crash markers (base/crashmark.h;
@@ -202,6 +209,10 @@ struct engine_op_key {
     int replayed;            /* out: the answer is the first one's */
     int status;              /* out: its HTTP status, when replayed */
 };
+
+/* IFL_EGONE (slug execution-purged) when x was purged by retention (spec
+ * §4: only its identity is left), else 0. */
+int engine_gone(const struct store_execution *x, struct ifl_err *e);
 
 /* FAILED and REQUIRES_RECONCILIATION steps back to DISPATCHED with a new
  * epoch.  *answer (new reference) = {"executionId", "retriedSteps",

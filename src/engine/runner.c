@@ -655,6 +655,68 @@ static int recover(struct engine *g, int64_t now)
 /* Deletes the Idempotency-Key records past their retention and old
  * schedule ticks, a bounded number per round (an expired key is claimed
  * anew when it comes back, so this only reclaims space). */
+/* Retention (spec §4): purges finished executions older than the
+ * retention — each a tombstone until its entry point's dedupWindow has
+ * passed since it was created, else deleted — then old events and
+ * deliveries, and tombstones whose window has passed.  Bounded rounds;
+ * what is left waits for the next minute. */
+static void purge_old(struct engine *g, int64_t now)
+{
+    enum { BATCH = 200, ROUNDS = 10 };
+    struct ifl_err e = {0};
+    int64_t cutoff = now - g->run.retention_ms;
+    for (int round = 0; g->run.retention_ms > 0 && round < ROUNDS; round++) {
+        struct store_purge *v = NULL;
+        size_t n = 0;
+        if (store_purge_candidates(g->store, cutoff, BATCH, &v, &n, &e)) {
+            log_warn("retention.scan_failed", "finding executions to purge: %s", e.msg);
+            break;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const struct wf *w = NULL;
+            int64_t window = WF_DEDUP_WINDOW_DEFAULT_MS;
+            struct ifl_err we = {0};
+            int version = 0;
+            if (engine_workflow_get(g, v[i].workspace, v[i].workflow, v[i].workflow_version, &w,
+                                    &version, &we) == 0) {
+                long vi = wf_vertex_index(w, v[i].entry_point);
+                if (vi >= 0)
+                    window = w->v[vi].dedup_window_ms;
+            }
+            v[i].dedup_until = v[i].created_at + window;
+        }
+        int rc = n ? store_purge(g->store, v, n, now, &e) : 0;
+        unsigned long k = 0;
+        for (size_t i = 0; !rc && i < n; i++)
+            k += (unsigned long)v[i].purged;
+        atomic_fetch_add(&g->m.purged_executions, k);
+        store_purges_free(v, n);
+        if (rc) {
+            log_warn("retention.purge_failed", "purging executions: %s", e.msg);
+            break;
+        }
+        if (n < BATCH)
+            break;
+    }
+    int k = 1000;
+    for (int round = 0; g->run.retention_ms > 0 && round < ROUNDS && k == 1000; round++) {
+        if (store_events_expire(g->store, cutoff, 1000, &k, &e)) {
+            log_warn("retention.events_failed", "expiring events: %s", e.msg);
+            break;
+        }
+        atomic_fetch_add(&g->m.expired_events, (unsigned long)k);
+    }
+    k = 1000;
+    for (int round = 0; round < ROUNDS && k == 1000; round++) {
+        if (store_tombstones_expire(g->store, now, 1000, &k, &e)) {
+            log_warn("retention.tombstones_failed", "expiring tombstones: %s", e.msg);
+            break;
+        }
+        atomic_fetch_add(&g->m.expired_tombstones, (unsigned long)k);
+    }
+    atomic_fetch_add(&g->m.retention_sweeps, 1);
+}
+
 static void expire_records(struct engine *g, int64_t now)
 {
     enum { BATCH = 1000, ROUNDS = 10 };
@@ -677,6 +739,7 @@ static void expire_records(struct engine *g, int64_t now)
             log_warn("hooks.expire_failed", "expiring delivered webhooks: %s", e.msg);
             break;
         }
+    purge_old(g, now);
 }
 
 static void *sweeper_main(void *arg)
@@ -784,6 +847,11 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         struct ifl_err re = {0};
         if (store_deliveries_release(g->store, &re))
             log_warn("hooks.release_failed", "releasing deliveries left sending: %s", re.msg);
+    }
+    if (g->run.retention_ms > 0) {
+        struct ifl_err pe = {0};
+        if (store_retention_prepare(g->store, &pe))
+            log_warn("retention.prepare_failed", "creating the purge index: %s", pe.msg);
     }
     g->stopping = 0;
     g->calls_done = 0;

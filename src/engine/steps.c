@@ -531,6 +531,8 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     int rc = store_tx_execution_load(tx, a->workspace, a->execution_id, &x, &rows, &n, e);
     if (rc)
         return rc;
+    if (strcmp(x.status, "purged") == 0) /* purged since the caller looked */
+        rc = err_set(e, IFL_EGONE, "execution %s was purged by retention", a->execution_id);
     for (size_t i = 0; !rc && i < n; i++) {
         struct store_step *st = &rows[i];
         enum step_state was = st->state;

@@ -103,6 +103,31 @@ static const char *expr_text(const char *s)
 }
 
 /* An HTTP header name (an RFC 9110 token), 1–64 characters. */
+int wf_duration_parse(const char *s, int64_t *ms)
+{
+    if (!s || !*s)
+        return -1;
+    int64_t n = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        n = n * 10 + (*p - '0');
+        if (n > 3650LL * 86400 * 1000)
+            return -1;
+    }
+    if (p == s)
+        return -1;
+    int64_t unit = strcmp(p, "ms") == 0  ? 1
+                   : strcmp(p, "s") == 0 ? 1000
+                   : strcmp(p, "m") == 0 ? 60000
+                   : strcmp(p, "h") == 0 ? 3600000
+                   : strcmp(p, "d") == 0 ? 86400000
+                                         : 0;
+    if (!unit || n == 0 || n > 3650LL * 86400 * 1000 / unit)
+        return -1;
+    *ms = n * unit;
+    return 0;
+}
+
 static int header_name_ok(const char *s)
 {
     size_t n = strlen(s);
@@ -319,6 +344,15 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
                             "no version");
         v->schedule_text = json_string_value(sched);
         v->has_schedule = 1;
+    }
+    v->dedup_window_ms = WF_DEDUP_WINDOW_DEFAULT_MS;
+    json_t *dw = json_object_get(cfg, "dedupWindow");
+    if (dw) {
+        vptr(p, sizeof p, v->id, "/config/dedupWindow");
+        if (wf_duration_parse(json_string_value(dw), &v->dedup_window_ms))
+            return err_setp(e, IFL_EVALIDATION, p,
+                            "dedupWindow must be a duration such as \"7d\", \"36h\", \"90m\" "
+                            "or \"3600s\" (at most 3650 days)");
     }
     json_t *f = json_object_get(cfg, "idempotencyFields");
     if (f) {

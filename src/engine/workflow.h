@@ -50,11 +50,13 @@ struct wf_vertex {
     int has_schedule;                      /* ENTRY_POINT: "schedule" present (spec §9) */
     struct cron schedule;                  /* … compiled */
     const char *schedule_text;             /* … as written (borrowed from config) */
-    struct tmpl *output;                   /* TRANSFORM: compiled "output" template */
-    struct tmpl *request;                  /* GATEWAY: compiled {url, headers, query, body} */
-    const char *method;                    /* GATEWAY: borrowed from config, or NULL */
-    struct gw_policy policy;               /* GATEWAY: timeouts, retries, outcome policies */
-    struct tmpl *verify; /* GATEWAY: compiled verify {url, headers, query}, or NULL */
+    int64_t dedup_window_ms; /* ENTRY_POINT: "dedupWindow" (default 7 days): how long a
+                                purged execution's identity still deduplicates */
+    struct tmpl *output;     /* TRANSFORM: compiled "output" template */
+    struct tmpl *request;    /* GATEWAY: compiled {url, headers, query, body} */
+    const char *method;      /* GATEWAY: borrowed from config, or NULL */
+    struct gw_policy policy; /* GATEWAY: timeouts, retries, outcome policies */
+    struct tmpl *verify;     /* GATEWAY: compiled verify {url, headers, query}, or NULL */
     const char *verify_method;
     struct expr *done_when; /* GATEWAY: verify's doneWhen */
     size_t *in, n_in;       /* indexes of incoming edges */
@@ -87,5 +89,9 @@ const char *wf_type_name(enum wf_vertex_type t);
 
 /* A vertex / workflow / workspace name: 1–128 of [A-Za-z0-9_.-]. */
 int wf_name_valid(const char *s);
+/* A duration "N" + ms|s|m|h|d (N >= 1, at most 3650 days) into *ms; 0 or
+ * -1 (NULL, malformed, out of range). */
+int wf_duration_parse(const char *s, int64_t *ms);
+#define WF_DEDUP_WINDOW_DEFAULT_MS (7LL * 86400 * 1000)
 
 #endif

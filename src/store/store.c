@@ -342,6 +342,15 @@ const struct store_migration store_migrations[] = {
      " name TEXT NOT NULL,"
      " created_at BIGINT NOT NULL,"
      " PRIMARY KEY (workspace, id));"},
+    /* 9: retention (spec §4; store/retention.c): a purged execution keeps
+     * its row — status 'purged', payload dropped, steps and attempts gone —
+     * until dedup_until, so its id still deduplicates through the unique
+     * key; only such rows are in the index */
+    {9,
+     "ALTER TABLE executions ADD COLUMN dedup_until BIGINT;"
+     "CREATE INDEX executions_tombstones ON executions (dedup_until)"
+     " WHERE dedup_until IS NOT NULL;",
+     NULL},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

@@ -557,4 +557,37 @@ int store_token_list(struct store *s, const char *ws, struct store_token **items
 /* Revokes it; IFL_ENOTFOUND when absent. */
 int store_token_delete(struct store *s, const char *ws, const char *id, struct ifl_err *e);
 
+/* ---- retention (spec §4; store/retention.c) -------------------------------------
+ * A finished execution older than the retention is purged: its steps and
+ * attempts are deleted and its row becomes a tombstone (status "purged",
+ * payload null) until dedup_until — its id, identity and payload hash still
+ * deduplicate triggers through the unique key, with no cost to them — or is
+ * deleted at once when that time has passed.  Events and deliveries older
+ * than the retention are deleted by age. */
+/* Creates the index the purge scans (finished executions by creation
+ * time); only processes that purge pay for it.  Idempotent. */
+int store_retention_prepare(struct store *s, struct ifl_err *e);
+struct store_purge {
+    int64_t seq;
+    char id[65];
+    char *workspace, *workflow, *entry_point;
+    int workflow_version;
+    int64_t created_at;
+    int64_t dedup_until; /* set by the caller: tombstone until then; <= now: delete */
+    int purged;          /* out */
+};
+void store_purges_free(struct store_purge *v, size_t n);
+/* Finished (completed, failed, stale) executions created before `before`,
+ * oldest first. */
+int store_purge_candidates(struct store *s, int64_t before, int limit, struct store_purge **items,
+                           size_t *n, struct ifl_err *e);
+/* Purges v[0..n) in one transaction, each only if it is still finished
+ * (an operator retry may have moved it meanwhile): purged = 1. */
+int store_purge(struct store *s, struct store_purge *v, size_t n, int64_t now, struct ifl_err *e);
+/* Deletes at most `limit` events, and as many deliveries, created before
+ * `before`; *n = how many events. */
+int store_events_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
+/* Deletes at most `limit` tombstones whose dedup_until is before `now`. */
+int store_tombstones_expire(struct store *s, int64_t now, int limit, int *n, struct ifl_err *e);
+
 #endif

@@ -161,7 +161,8 @@ static const struct {
     [S_EXEC_GET_LOCK] = {"ifl_exec_get_lock", "SELECT " EXEC_COLS " FROM executions"
                                               " WHERE id = $1 AND workspace = $2"
                                               " FOR NO KEY UPDATE"},
-    [S_EXEC_LIST] = {"ifl_exec_list", "SELECT " EXEC_COLS " FROM executions WHERE workspace = $1"
+    [S_EXEC_LIST] = {"ifl_exec_list", "SELECT " EXEC_COLS
+                                      " FROM executions WHERE workspace = $1 AND status <> 'purged'"
                                       " AND (created_at, id) < ($2::bigint, $3::text)"
                                       " ORDER BY created_at DESC, id DESC LIMIT $4"},
     [S_EXEC_INSERT] = {"ifl_exec_insert",

@@ -974,9 +974,10 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
                              size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
-    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?"
-                              " AND (created_at, id) < (?, ?)"
-                              " ORDER BY created_at DESC, id DESC LIMIT ?";
+    static const char sql[] =
+        "SELECT " EXEC_COLS " FROM executions WHERE workspace = ? AND status <> 'purged'"
+        " AND (created_at, id) < (?, ?)"
+        " ORDER BY created_at DESC, id DESC LIMIT ?";
     struct conn *c;
     sqlite3_stmt *st = read_begin(s, sql, &c, e);
     if (!st)

@@ -95,6 +95,11 @@ static const struct store_sql q_dlv_load = {
     " JOIN events e ON e.seq = d.event_seq JOIN subscriptions s ON s.workspace = d.workspace"
     " AND s.name = d.subscription WHERE d.seq = ?1",
     NULL};
+static const struct store_sql q_dlv_orphan = {
+    "dlv_orphan",
+    "UPDATE deliveries SET state = 'dead', last_error = 'its event or subscription is gone',"
+    " lease_until = 0 WHERE seq = ?1",
+    NULL};
 static const struct store_sql q_dlv_finish = {
     "dlv_finish",
     "UPDATE deliveries SET state = ?3, next_at = ?4, last_status = ?5, last_error = ?6,"
@@ -495,7 +500,11 @@ static int tx_claim(struct store_tx *tx, void *arg, struct ifl_err *e)
     int rc = txq(tx, &q_dlv_claim, p, 2, seq_row, &got, e);
     for (int i = 0; i < got.n && !rc; i++) {
         struct store_val v[] = {STORE_VAL_I(got.seq[i])};
+        size_t before = a->rows.n;
         rc = txq(tx, &q_dlv_load, v, 1, dlv_row, &a->rows, e);
+        /* its event was purged by retention: nothing to send, ever */
+        if (!rc && a->rows.n == before)
+            rc = txq(tx, &q_dlv_orphan, v, 1, NULL, NULL, e);
     }
     return rc;
 }

@@ -1,0 +1,192 @@
+/*
+ * retention — purging old executions, events and deliveries (see store.h,
+ * "retention"), as portable statements (store_sql; subs.c explains them).
+ */
+#include "base/mem.h"
+#include "store/store_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FINISHED "('completed', 'failed', 'stale')"
+
+static const struct store_sql q_prepare = {
+    "retention_prepare",
+    "CREATE INDEX IF NOT EXISTS executions_purgeable ON executions (created_at)"
+    " WHERE status IN " FINISHED,
+    NULL};
+static const struct store_sql q_candidates = {
+    "purge_candidates",
+    "SELECT seq, id, workspace, workflow, workflow_version, entry_point, created_at"
+    " FROM executions WHERE status IN " FINISHED " AND created_at < ?1"
+    " ORDER BY created_at LIMIT ?2",
+    NULL};
+static const struct store_sql q_tombstone = {
+    "purge_tombstone",
+    "UPDATE executions SET status = 'purged', payload = 'null', dedup_until = ?2,"
+    " updated_at = ?3 WHERE seq = ?1 AND status IN " FINISHED " RETURNING 1",
+    NULL};
+static const struct store_sql q_delete = {
+    "purge_delete", "DELETE FROM executions WHERE seq = ?1 AND status IN " FINISHED " RETURNING 1",
+    NULL};
+static const struct store_sql q_steps = {"purge_steps",
+                                         "DELETE FROM steps WHERE execution_seq = ?1", NULL};
+static const struct store_sql q_attempts = {
+    "purge_attempts", "DELETE FROM step_attempts WHERE execution_seq = ?1", NULL};
+/* Oldest first in seq order, which is (about) creation order: the scan
+ * stops after `limit` old rows. */
+static const struct store_sql q_events = {
+    "expire_events",
+    "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE created_at < ?1"
+    " ORDER BY seq LIMIT ?2) RETURNING 1",
+    NULL};
+static const struct store_sql q_deliveries = {
+    "expire_deliveries",
+    "DELETE FROM deliveries WHERE seq IN (SELECT seq FROM deliveries WHERE created_at < ?1"
+    " ORDER BY seq LIMIT ?2)",
+    NULL};
+static const struct store_sql q_tombstones = {
+    "expire_tombstones",
+    "DELETE FROM executions WHERE seq IN (SELECT seq FROM executions WHERE dedup_until < ?1"
+    " LIMIT ?2) RETURNING 1",
+    NULL};
+
+static int tx_prepare(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    (void)arg;
+    return tx->s->ops->tx_query(tx, &q_prepare, NULL, 0, NULL, NULL, e);
+}
+
+int store_retention_prepare(struct store *s, struct ifl_err *e)
+{
+    return store_tx_run(s, tx_prepare, NULL, e);
+}
+
+void store_purges_free(struct store_purge *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].workspace);
+        free(v[i].workflow);
+        free(v[i].entry_point);
+    }
+    free(v);
+}
+
+struct purge_rows {
+    struct store_purge *items;
+    size_t n, cap;
+};
+
+static int purge_row(void *arg, const char *const *c, int nc)
+{
+    struct purge_rows *r = arg;
+    if (nc < 7)
+        return 0;
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->items = xrealloc(r->items, r->cap * sizeof *r->items);
+    }
+    struct store_purge *p = &r->items[r->n++];
+    memset(p, 0, sizeof *p);
+    p->seq = c[0] ? strtoll(c[0], NULL, 10) : 0;
+    snprintf(p->id, sizeof p->id, "%s", c[1] ? c[1] : "");
+    p->workspace = xstrdup(c[2] ? c[2] : "");
+    p->workflow = xstrdup(c[3] ? c[3] : "");
+    p->workflow_version = c[4] ? atoi(c[4]) : 0;
+    p->entry_point = xstrdup(c[5] ? c[5] : "");
+    p->created_at = c[6] ? strtoll(c[6], NULL, 10) : 0;
+    return 0;
+}
+
+int store_purge_candidates(struct store *s, int64_t before, int limit, struct store_purge **items,
+                           size_t *n, struct ifl_err *e)
+{
+    struct purge_rows r = {0};
+    struct store_val p[] = {STORE_VAL_I(before), STORE_VAL_I(limit)};
+    int rc = s->ops->query(s, &q_candidates, p, 2, purge_row, &r, e);
+    if (rc) {
+        store_purges_free(r.items, r.n);
+        r = (struct purge_rows){0};
+    }
+    *items = r.items;
+    *n = r.n;
+    return rc;
+}
+
+struct purge_args {
+    struct store_purge *v;
+    size_t n;
+    int64_t now;
+};
+
+static int tx_purge(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct purge_args *a = arg;
+    int rc = 0;
+    for (size_t i = 0; i < a->n && !rc; i++) {
+        struct store_purge *p = &a->v[i];
+        int n = 0;
+        if (p->dedup_until > a->now) {
+            struct store_val v[] = {STORE_VAL_I(p->seq), STORE_VAL_I(p->dedup_until),
+                                    STORE_VAL_I(a->now)};
+            rc = tx->s->ops->tx_query(tx, &q_tombstone, v, 3, store_row_count, &n, e);
+        } else {
+            struct store_val v[] = {STORE_VAL_I(p->seq)};
+            rc = tx->s->ops->tx_query(tx, &q_delete, v, 1, store_row_count, &n, e);
+        }
+        p->purged = n > 0;
+        struct store_val k[] = {STORE_VAL_I(p->seq)};
+        if (!rc && n)
+            rc = tx->s->ops->tx_query(tx, &q_attempts, k, 1, NULL, NULL, e);
+        if (!rc && n)
+            rc = tx->s->ops->tx_query(tx, &q_steps, k, 1, NULL, NULL, e);
+    }
+    return rc;
+}
+
+int store_purge(struct store *s, struct store_purge *v, size_t n, int64_t now, struct ifl_err *e)
+{
+    struct purge_args a = {v, n, now};
+    int rc = store_tx_run(s, tx_purge, &a, e);
+    if (rc)
+        for (size_t i = 0; i < n; i++)
+            v[i].purged = 0;
+    return rc;
+}
+
+struct age_args {
+    const struct store_sql *counted, *plain;
+    int64_t before;
+    int limit, n;
+};
+
+static int tx_age(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct age_args *a = arg;
+    struct store_val p[] = {STORE_VAL_I(a->before), STORE_VAL_I(a->limit)};
+    a->n = 0;
+    int rc = tx->s->ops->tx_query(tx, a->counted, p, 2, store_row_count, &a->n, e);
+    if (!rc && a->plain)
+        rc = tx->s->ops->tx_query(tx, a->plain, p, 2, NULL, NULL, e);
+    return rc;
+}
+
+static int age(struct store *s, struct age_args *a, int *n, struct ifl_err *e)
+{
+    int rc = store_tx_run(s, tx_age, a, e);
+    *n = rc ? 0 : a->n;
+    return rc;
+}
+
+int store_events_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e)
+{
+    struct age_args a = {&q_events, &q_deliveries, before, limit, 0};
+    return age(s, &a, n, e);
+}
+
+int store_tombstones_expire(struct store *s, int64_t now, int limit, int *n, struct ifl_err *e)
+{
+    struct age_args a = {&q_tombstones, NULL, now, limit, 0};
+    return age(s, &a, n, e);
+}

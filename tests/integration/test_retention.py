@@ -1,0 +1,115 @@
+"""Retention (spec §4) over real HTTP, in engine time (--test-clock): a
+finished execution older than --retention-days is purged, its id still
+deduplicates until its entry point's dedupWindow has passed (a tombstone:
+same id, same payload check), then it may run again; events go with the
+retention; running executions stay."""
+import pytest
+
+from test_engine import WS, metric, put_workflow, wait_for
+from test_gateway import Mock, charge_flow, mock  # noqa: F401 (fixture)
+
+DAY = 86400 * 1000
+FLOW = {"vertices": {
+    "keep3d": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "id", "dedupWindow": "3d"}},
+    "short": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "id", "dedupWindow": "1h"}},
+    "t": {"type": "TRANSFORM", "config": {"output": "= payload.id"}}},
+    "edges": [{"from": "keep3d", "to": "t"}, {"from": "short", "to": "t"}]}
+
+
+def trig(s, entry, payload, query=""):
+    return s.post(f"{WS}/workflows/ret/entry-points/{entry}/trigger{query}", payload)
+
+
+def advance(s, ms):
+    r = s.post("/v1/test/clock", {"advanceMs": ms})
+    assert r.status == 200, r
+
+
+def sweep(s, ms):
+    """Advances the clock by ms and waits for a whole retention sweep after it."""
+    before = metric(s, "idemflow_retention_sweeps_total")
+    advance(s, ms)
+    wait_for(lambda: metric(s, "idemflow_retention_sweeps_total") >= before + 1)
+
+
+def purged(s):
+    return metric(s, 'idemflow_retention_total{what="purged_executions"}')
+
+
+def test_purge_keeps_identity_for_the_dedup_window(make_server):
+    s = make_server(extra=["--test-clock", "--retention-days", "1"])
+    s.start()
+    put_workflow(s, "ret", FLOW)
+    a = trig(s, "keep3d", {"id": "a", "amount": 1})
+    b = trig(s, "short", {"id": "b"})
+    assert a.status == 201 and b.status == 201
+    xa, xb = a.json["executionId"], b.json["executionId"]
+    assert s.get(f"{WS}/events?limit=1000").json["items"]
+    # a day and a bit later: both purged at the next sweep
+    sweep(s, DAY + 120000)
+    assert purged(s) == 2
+    # a: a tombstone — gone from reads and lists, but its id deduplicates
+    r = s.get(f"{WS}/executions/{xa}")
+    assert r.status == 410 and r.json["type"] == "/problems/execution-purged", r
+    assert s.get(f"{WS}/executions").json["items"] == []
+    assert s.get(f"{WS}/events?limit=1000").json["items"] == []
+    again = trig(s, "keep3d", {"id": "a", "amount": 1})
+    assert again.status == 200 and again.json == {
+        "executionId": xa, "deduplicated": True, "samePayload": True, "status": "purged"}
+    other = trig(s, "keep3d", {"id": "a", "amount": 2})
+    assert other.status == 200 and other.json["samePayload"] is False
+    # operator actions on it are refused: nothing is left to act on
+    for path in (f"{WS}/executions/{xa}/retry", f"{WS}/executions/{xa}/steps/t/resolve"):
+        r = s.post(path, {"outcome": "failed"})
+        assert r.status == 410, (path, r)
+    r = s.post(f"{WS}/executions/{xa}/start-over", None, headers={"Idempotency-Key": "so-1"})
+    assert r.status == 410, r
+    # b: its 1 h window had passed at the purge — deleted, so it runs again
+    rb = trig(s, "short", {"id": "b"})
+    assert rb.status == 201 and rb.json["executionId"] == xb
+    # three days after a was created its tombstone goes, and a runs again
+    sweep(s, 2 * DAY)
+    assert metric(s, 'idemflow_retention_total{what="expired_tombstones"}') == 1
+    ra = trig(s, "keep3d", {"id": "a", "amount": 1})
+    assert ra.status == 201 and ra.json["executionId"] == xa
+    assert s.get(f"{WS}/executions/{xa}").json["status"] == "completed"
+
+
+def test_running_executions_and_recent_ones_stay(make_server, mock):
+    s = make_server(extra=["--test-clock", "--retention-days", "1"])
+    s.start()
+    put_workflow(s, "ret", FLOW)
+    # a GATEWAY that parks its execution (the provider keeps refusing)
+    put_workflow(s, "pay", charge_flow(mock, retry={"maxAttempts": 1}, ambiguous="reconcile"))
+    assert s.put(f"{WS}/secrets/PAY_KEY", {"value": "sk_test_x"}).status == 204
+    mock.faults("status=500:after_commit")
+    r = s.post(f"{WS}/workflows/pay/entry-points/order/trigger",
+               {"order": {"id": "o-r1", "amount": 5}})
+    xp = r.json["executionId"]
+    wait_for(lambda: s.get(f"{WS}/executions/{xp}").json["status"] == "requires_reconciliation")
+    old = trig(s, "keep3d", {"id": "old"}).json["executionId"]
+    sweep(s, DAY + 120000)
+    assert purged(s) == 1
+    young = trig(s, "keep3d", {"id": "young"}).json["executionId"]
+    sweep(s, 120000)  # young is minutes old
+    assert purged(s) == 1
+    assert s.get(f"{WS}/executions/{old}").status == 410
+    assert s.get(f"{WS}/executions/{young}").json["status"] == "completed"
+    x = s.get(f"{WS}/executions/{xp}").json
+    assert x["status"] == "requires_reconciliation" and x["steps"], x
+    ids = [i["id"] for i in s.get(f"{WS}/executions").json["items"]]
+    assert set(ids) == {young, xp}
+
+
+def test_dedup_window_is_validated(server):
+    for bad in ("7", "0d", "3651d", "1w", 5, "d"):
+        flow = {"vertices": {"e": {"type": "ENTRY_POINT", "config": {"dedupWindow": bad}}},
+                "edges": []}
+        server.put(WS, {})
+        r = server.put(f"{WS}/workflows/dw", flow)
+        assert r.status == 422 and r.json["pointer"] == "/vertices/e/config/dedupWindow", (bad, r)
+
+
+def test_retention_days_is_validated(make_server):
+    s = make_server(extra=["--retention-days", "-1"])
+    assert s.start(expect_fail=True) == 2

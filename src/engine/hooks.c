@@ -58,10 +58,12 @@ static int int_member(json_t *o, const char *k, long lo, long hi, long *out, con
     json_t *v = json_object_get(o, k);
     if (!v)
         return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+    /* the API's parser reads every number as a double (json.c) */
+    double d = json_number_value(v);
+    if (!json_is_number(v) || !(d >= (double)lo && d <= (double)hi) || d != (double)(long)d)
         return err_setp(e, IFL_EVALIDATION, ptr, "%s must be an integer from %ld to %ld", k, lo,
                         hi);
-    *out = (long)json_integer_value(v);
+    *out = (long)d;
     return 0;
 }
 

@@ -1,0 +1,781 @@
+"""Subscriptions (spec §7): outgoing webhooks over real HTTP, to a receiver
+in this process.  Every event committed after a subscription exists reaches
+it signed per Standard Webhooks, at least once (exactly once without faults),
+in aggregateVersion order per execution; failures are retried with backoff,
+Retry-After is honoured (in engine time: serve --test-clock), and a bounded
+schedule ends in a dead delivery that an operator can redeliver."""
+import base64
+import email.utils
+import hashlib
+import hmac
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import BACKEND
+
+WSNAME = "subs"
+WS = f"/v1/workspaces/{WSNAME}"
+WF = {"vertices": {"start": {"type": "ENTRY_POINT"},
+                   "t": {"type": "TRANSFORM", "config": {"output": "= payload.n"}}},
+      "edges": [{"from": "start", "to": "t"}]}
+KEY = os.urandom(32)
+KEY_B64 = base64.b64encode(KEY).decode()
+SECRET = "whsec_" + KEY_B64
+DEFAULT_RETRY = {"maxAttempts": 12, "initialIntervalMs": 10000, "backoffCoefficient": 2,
+                 "maxIntervalMs": 14400000}
+
+
+# ---------------------------------------------------------------- the receiver
+
+class Request:
+    def __init__(self, method, path, headers, body):
+        self.method = method
+        self.path = path
+        self.headers = headers          # names lowercased
+        self.body = body                # raw bytes
+        self.at = time.time()           # wall clock at arrival
+        self.seq = None                 # arrival index
+        try:
+            self.json = json.loads(body) if body else None
+        except ValueError:
+            self.json = None
+
+    @property
+    def id(self):
+        return self.headers.get("webhook-id")
+
+    def __repr__(self):
+        return f"<#{self.seq} {self.method} {self.path} id={self.id} {self.body[:200]!r}>"
+
+
+class Receiver:
+    """A webhook receiver on a free loopback port.  Records every request
+    (under a lock, in arrival order) before answering it with
+    self.respond(request), which returns a status or (status, headers[, body]);
+    the default answer is 204."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = []
+        self.respond = lambda req: 204
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                receiver._handle(self)
+
+            do_GET = do_PUT = do_PATCH = do_DELETE = do_POST
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path="/hook"):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _read_body(self, h):
+        if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
+            out = b""
+            while True:
+                size = int(h.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while h.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += h.rfile.read(size)
+                h.rfile.readline()
+        n = int(h.headers.get("Content-Length") or 0)
+        return h.rfile.read(n) if n else b""
+
+    def _handle(self, h):
+        body = self._read_body(h)
+        req = Request(h.command, h.path, {k.lower(): v for k, v in h.headers.items()}, body)
+        with self.lock:
+            req.seq = len(self.requests)
+            self.requests.append(req)
+        try:
+            out = self.respond(req)
+        except Exception as exc:  # a broken responder must show, not hang the engine
+            out = (599, {}, repr(exc).encode())
+        if isinstance(out, int):
+            out = (out,)
+        status, headers, payload = (tuple(out) + ({}, b""))[:3]
+        try:
+            h.send_response(status)
+            for k, v in headers.items():
+                h.send_header(k, v)
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            if payload:
+                h.wfile.write(payload)
+        except OSError:
+            pass  # the engine gave up on us (a timeout test)
+
+    def received(self, path=None):
+        with self.lock:
+            return [r for r in self.requests if path is None or r.path == path]
+
+    def by_id(self, path=None):
+        out = {}
+        for r in self.received(path):
+            out.setdefault(r.id, []).append(r)
+        return out
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def signature_ok(req, key=KEY):
+    """Standard Webhooks: any v1 signature in the header list is the base64
+    HMAC-SHA256 of "{id}.{timestamp}.{body}" under the key."""
+    msg_id = req.headers.get("webhook-id")
+    ts = req.headers.get("webhook-timestamp")
+    sigs = req.headers.get("webhook-signature")
+    if not (msg_id and ts and sigs):
+        return False
+    want = base64.b64encode(
+        hmac.new(key, f"{msg_id}.{ts}.".encode() + req.body, hashlib.sha256).digest()).decode()
+    return any(s.startswith("v1,") and hmac.compare_digest(s[3:].encode(), want.encode())
+               for s in sigs.split())
+
+
+# ---------------------------------------------------------------- helpers
+
+def wait_for(fn, timeout=20, interval=0.02, what="condition"):
+    """Polls fn() until it returns a truthy value; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout} s; last value: {v!r}")
+        time.sleep(interval)
+
+
+def stays(fn, seconds):
+    """Asserts fn() stays truthy for `seconds` (a poll window for "nothing
+    else arrives"); returns its last value."""
+    deadline = time.monotonic() + seconds
+    while True:
+        v = fn()
+        assert v, "condition broke during the observation window"
+        if time.monotonic() > deadline:
+            return v
+        time.sleep(0.02)
+
+
+def ts(text):
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def prepare(s):
+    assert s.put(WS, {}).status in (200, 201)
+    r = s.put(f"{WS}/workflows/w", WF)
+    assert r.status == 201, r
+
+
+def trigger(s, n=0):
+    """A new execution (a fresh payload: the identity is the payload)."""
+    r = s.post(f"{WS}/workflows/w/entry-points/start/trigger", {"n": n, "nonce": uuid.uuid4().hex})
+    assert r.status == 201, r
+    return r.json["executionId"]
+
+
+def finished(s, xid):
+    def check():
+        x = s.get(f"{WS}/executions/{xid}").json
+        return x if x["status"] != "running" else None
+    return wait_for(check, what=f"execution {xid} finished")
+
+
+def feed(s):
+    items, cur = [], None
+    while True:
+        r = s.get(f"{WS}/events?limit=1000" + (f"&after={cur}" if cur else ""))
+        assert r.status == 200, r
+        if not r.json["items"]:
+            return items
+        items += r.json["items"]
+        cur = r.json["next"]
+
+
+def feed_events(s, xids):
+    """xid -> its events in the feed, by aggregateVersion, once the execution
+    has finished and the feed shows all of them (one per version; on
+    PostgreSQL the feed may lag a committed transaction a little)."""
+    want = {xid: finished(s, xid)["version"] for xid in xids}
+
+    def complete():
+        got = {xid: [] for xid in xids}
+        for e in feed(s):
+            if e["executionId"] in got:
+                got[e["executionId"]].append(e)
+        if all(len(got[x]) >= want[x] for x in xids):
+            return {x: sorted(evs, key=lambda e: e["aggregateVersion"]) for x, evs in got.items()}
+        return None
+    return wait_for(complete, what="all events in the feed")
+
+
+def sub_path(name):
+    return f"{WS}/subscriptions/{name}"
+
+
+def subscribe(s, name, url, events=("*",), **extra):
+    body = dict({"url": url, "events": list(events), "secret": SECRET}, **extra)
+    r = s.put(sub_path(name), body)
+    assert r.status == 201, r
+    assert SECRET not in r.raw.decode() and KEY_B64 not in r.raw.decode()
+    return r.json
+
+
+def deliveries(s, name, state=None, limit=100):
+    items, cur = [], None
+    while True:
+        q = f"?limit={limit}" + (f"&state={state}" if state else "") + (f"&after={cur}" if cur else "")
+        r = s.get(f"{sub_path(name)}/deliveries{q}")
+        assert r.status == 200, r
+        items += r.json["items"]
+        if r.json["next"] is None:
+            return items
+        assert r.json["items"], r  # a page that points on is not empty
+        cur = r.json["next"]
+
+
+def delivery_states(s, name):
+    return {d["eventId"]: d for d in deliveries(s, name)}
+
+
+def webhook_total(s, outcome):
+    """idemflow_webhook_deliveries_total{outcome=...}, summed over any other
+    labels; 0 while the series does not exist yet."""
+    total = 0.0
+    for line in s.get("/metrics").raw.decode().splitlines():
+        if line.startswith("idemflow_webhook_deliveries_total{") and f'outcome="{outcome}"' in line:
+            total += float(line.split()[-1])
+    return total
+
+
+def check_delivery(req, ev, key=KEY, path="/hook", wall_clock=True):
+    """The request is event `ev` of the feed, signed, with the fields of §7."""
+    assert req.method == "POST", req
+    assert req.path == path, req
+    assert req.headers.get("content-type", "").split(";")[0].strip() == "application/json", req.headers
+    assert signature_ok(req, key), (req, req.headers)
+    assert req.id == ev["id"], (req, ev)
+    stamp = int(req.headers["webhook-timestamp"])
+    if wall_clock:
+        assert abs(stamp - req.at) < 60, (stamp, req.at)
+    body = req.json
+    assert body is not None, req
+    assert body["id"] == ev["id"]
+    assert body["type"] == ev["type"]
+    assert body["timestamp"] == ev["createdAt"]
+    assert body["workspace"] == WSNAME
+    assert body["executionId"] == ev["executionId"]
+    assert body["aggregateVersion"] == ev["aggregateVersion"]
+    assert body["data"] == ev["data"]
+
+
+def all_arrived(rcv, ids, path=None):
+    got = rcv.by_id(path)
+    return all(i in got for i in ids)
+
+
+def versions_in_arrival_order(rcv, xid, path=None):
+    return [r.json["aggregateVersion"] for r in rcv.received(path)
+            if r.json and r.json.get("executionId") == xid]
+
+
+def secret_not_logged(*servers):
+    for s in servers:
+        logs = s.logs()
+        assert SECRET not in logs and KEY_B64 not in logs, s.log_path
+
+
+# ---------------------------------------------------------------- tests
+
+def test_subscriptions_are_validated_and_never_show_their_secret(server):
+    prepare(server)
+    url = "http://127.0.0.1:9/hook"
+    good = {"url": url, "events": ["*"], "secret": SECRET}
+    short = "whsec_" + base64.b64encode(os.urandom(16)).decode()
+    long_ = "whsec_" + base64.b64encode(os.urandom(65)).decode()
+
+    def without(k):
+        return {x: v for x, v in good.items() if x != k}
+    bad = [
+        (without("url"), "/url"),
+        (dict(good, url="ftp://example.com/x"), "/url"),
+        (dict(good, url="not a url"), "/url"),
+        (dict(good, url=5), "/url"),
+        (without("events"), "/events"),
+        (dict(good, events="*"), "/events"),
+        (dict(good, events=[]), "/events"),
+        (dict(good, events=["*", "bogus"]), "/events/1"),
+        (dict(good, events=["execution.COMPLETED"]), "/events/0"),
+        (dict(good, events=["workflow.created"]), "/events/0"),
+        (dict(good, events=["step.completed", 5]), "/events/1"),
+        (without("secret"), "/secret"),
+        (dict(good, secret=KEY_B64), "/secret"),
+        (dict(good, secret="whsec_!!!not-base64!!!"), "/secret"),
+        (dict(good, secret=short), "/secret"),
+        (dict(good, secret=long_), "/secret"),
+        (dict(good, secret=5), "/secret"),
+        (dict(good, timeoutMs=99), "/timeoutMs"),
+        (dict(good, timeoutMs=60001), "/timeoutMs"),
+        (dict(good, timeoutMs="1000"), "/timeoutMs"),
+        (dict(good, retry="fast"), "/retry"),
+        (dict(good, retry={"maxAttempts": 0}), "/retry/maxAttempts"),
+        (dict(good, retry={"maxAttempts": 101}), "/retry/maxAttempts"),
+        (dict(good, retry={"initialIntervalMs": 9}), "/retry/initialIntervalMs"),
+        (dict(good, retry={"initialIntervalMs": 86400001}), "/retry/initialIntervalMs"),
+        (dict(good, retry={"backoffCoefficient": 0.5}), "/retry/backoffCoefficient"),
+        (dict(good, retry={"backoffCoefficient": 11}), "/retry/backoffCoefficient"),
+        (dict(good, retry={"initialIntervalMs": 1000, "maxIntervalMs": 999}), "/retry/maxIntervalMs"),
+        (dict(good, retry={"maxIntervalMs": 86400001}), "/retry/maxIntervalMs"),
+        (dict(good, color="red"), "/color"),
+    ]
+    for body, ptr in bad:
+        r = server.put(sub_path("s1"), body)
+        assert r.status == 422 and r.json and r.json.get("pointer") == ptr, (body, ptr, r)
+        assert r.headers.get("content-type", "").startswith("application/problem+json"), r.headers
+        assert SECRET not in r.raw.decode() and KEY_B64 not in r.raw.decode(), r
+        assert server.get(sub_path("s1")).status == 404, body
+    listed = server.get(f"{WS}/subscriptions")
+    assert listed.status == 200 and listed.json["items"] == [], listed
+
+    # created: 201 with the view, defaults filled in, the secret masked
+    r = server.put(sub_path("s1"), good)
+    assert r.status == 201, r
+    view = r.json
+    assert view["name"] == "s1" and view["url"] == url and view["events"] == ["*"], view
+    assert view["secret"] == "****" and view["timeoutMs"] == 10000, view
+    assert view["retry"] == DEFAULT_RETRY, view
+    assert view["deliveries"] == {"pending": 0, "sending": 0, "delivered": 0, "dead": 0}, view
+    assert view["createdAt"] and view["updatedAt"], view
+    for raw in (r.raw, server.get(sub_path("s1")).raw, server.get(f"{WS}/subscriptions").raw):
+        assert SECRET not in raw.decode() and KEY_B64 not in raw.decode()
+    got = server.get(sub_path("s1"))
+    assert got.status == 200 and got.json == view, (got, view)
+
+    # a rejected update changes nothing
+    for body, ptr in ((dict(good, timeoutMs=5), "/timeoutMs"),
+                      (dict(good, url="gopher://x", timeoutMs=2000), "/url"),
+                      (dict(good, secret="whsec_", timeoutMs=2000), "/secret"),
+                      (dict(good, retry={"maxAttempts": 3, "backoffCoefficient": 0}),
+                       "/retry/backoffCoefficient")):
+        r = server.put(sub_path("s1"), body)
+        assert r.status == 422 and r.json.get("pointer") == ptr, (body, r)
+        assert server.get(sub_path("s1")).json == view
+    # an update: 200, without the secret (kept), other values replaced
+    retry = {"maxAttempts": 3, "initialIntervalMs": 100, "backoffCoefficient": 1.5,
+             "maxIntervalMs": 1000}
+    r = server.put(sub_path("s1"), {"url": "https://example.com/h", "events": ["execution.*", "step.completed"],
+                                    "timeoutMs": 2000, "retry": retry})
+    assert r.status == 200, r
+    upd = r.json
+    assert upd["url"] == "https://example.com/h" and upd["events"] == ["execution.*", "step.completed"]
+    assert upd["timeoutMs"] == 2000 and upd["retry"] == retry and upd["secret"] == "****", upd
+    assert upd["createdAt"] == view["createdAt"] and ts(upd["updatedAt"]) >= ts(view["updatedAt"]), upd
+    assert server.get(sub_path("s1")).json == upd
+    # a second one, then the list has both
+    assert server.put(sub_path("s2"), dict(good, events=["step.*"])).status == 201
+    items = server.get(f"{WS}/subscriptions").json["items"]
+    assert sorted(i["name"] for i in items) == ["s1", "s2"], items
+    assert all(i["secret"] == "****" for i in items)
+    # unknown things
+    assert server.get(sub_path("nope")).status == 404
+    assert server.put("/v1/workspaces/nope/subscriptions/s1", good).status == 404
+    assert server.get("/v1/workspaces/nope/subscriptions/s1").status == 404
+    assert server.get("/v1/workspaces/nope/subscriptions").status == 404
+    r = server.get(f"{sub_path('s1')}/deliveries?state=bogus")
+    assert r.status == 400 and r.json["pointer"] == "/state", r
+    secret_not_logged(server)
+
+
+def test_every_later_event_is_delivered_once_signed_and_in_order(server, receiver):
+    prepare(server)
+    old = trigger(server, -1)
+    old_events = feed_events(server, [old])[old]
+    assert old_events
+    subscribe(server, "all", receiver.url())
+    xids = [trigger(server, n) for n in range(5)]
+    events = feed_events(server, xids)
+    by_id = {e["id"]: e for evs in events.values() for e in evs}
+    types = {e["type"] for e in by_id.values()}
+    assert {"execution.created", "execution.completed"} <= types, types
+    wait_for(lambda: all_arrived(receiver, by_id), what="every event delivered")
+    # deliveries are marked delivered once their answer is committed
+    wait_for(lambda: len(deliveries(server, "all", "delivered")) == len(by_id),
+             what="deliveries committed as delivered")
+    stays(lambda: len(receiver.received()) == len(by_id), 0.5)  # and nothing else comes
+    got = receiver.by_id()
+    assert set(got) == set(by_id), (set(got) ^ set(by_id))
+    for eid, reqs in got.items():
+        assert len(reqs) == 1, reqs
+        check_delivery(reqs[0], by_id[eid])
+    for xid, evs in events.items():
+        assert versions_in_arrival_order(receiver, xid) == [e["aggregateVersion"] for e in evs]
+    assert not {e["id"] for e in old_events} & set(got)
+
+    # the delivery records
+    ds = deliveries(server, "all")
+    assert ds == deliveries(server, "all", limit=4)  # paging gives the same list
+    assert {d["eventId"] for d in ds} == set(by_id) and len(ds) == len(by_id), ds
+    for d in ds:
+        ev = by_id[d["eventId"]]
+        assert d["state"] == "delivered" and d["attempts"] == 1 and d["lastStatus"] == 204, d
+        assert (d["type"], d["executionId"], d["aggregateVersion"]) == \
+            (ev["type"], ev["executionId"], ev["aggregateVersion"]), d
+    for xid in xids:  # oldest first
+        assert [d["aggregateVersion"] for d in ds if d["executionId"] == xid] == \
+            [e["aggregateVersion"] for e in events[xid]]
+    assert deliveries(server, "all", "pending") == [] and deliveries(server, "all", "dead") == []
+    view = server.get(sub_path("all")).json
+    assert view["deliveries"] == {"pending": 0, "sending": 0, "delivered": len(by_id), "dead": 0}, view
+    assert webhook_total(server, "delivered") >= len(by_id)
+    assert webhook_total(server, "retry") == 0 and webhook_total(server, "dead") == 0
+    secret_not_logged(server)
+
+
+def test_only_matching_event_types_are_delivered(server, receiver):
+    prepare(server)
+    subscribe(server, "done", receiver.url("/done"), ["execution.completed"])
+    subscribe(server, "mix", receiver.url("/mix"), ["step.*", "execution.created"])
+    subscribe(server, "witness", receiver.url("/all"), ["*"])
+    xids = [trigger(server, n) for n in range(3)]
+    events = feed_events(server, xids)
+    allev = {e["id"]: e for evs in events.values() for e in evs}
+    done = {i for i, e in allev.items() if e["type"] == "execution.completed"}
+    mix = {i for i, e in allev.items() if e["type"].startswith("step.") or e["type"] == "execution.created"}
+    assert len(done) == 3 and mix and not done & mix
+    wait_for(lambda: all_arrived(receiver, allev, "/all") and all_arrived(receiver, done, "/done")
+             and all_arrived(receiver, mix, "/mix"), what="deliveries")
+    stays(lambda: len(receiver.received()) == len(allev) + len(done) + len(mix), 0.5)
+    assert set(receiver.by_id("/done")) == done
+    assert set(receiver.by_id("/mix")) == mix
+    for path, ids in (("/done", done), ("/mix", mix)):
+        for r in receiver.received(path):
+            check_delivery(r, allev[r.id], path=path)
+
+    # a rejected update changes nothing; an update without a secret keeps it
+    r = server.put(sub_path("done"), {"url": receiver.url("/done"), "events": ["execution.*"],
+                                      "secret": "whsec_" + base64.b64encode(b"short").decode()})
+    assert r.status == 422 and r.json["pointer"] == "/secret", r
+    r = server.put(sub_path("done"), {"url": receiver.url("/done"), "events": ["execution.*"]})
+    assert r.status == 200 and r.json["events"] == ["execution.*"], r
+    x = trigger(server, 9)
+    evs = feed_events(server, [x])[x]
+    want = {e["id"] for e in evs if e["type"].startswith("execution.")}
+    assert {e["type"] for e in evs if e["id"] in want} >= {"execution.created", "execution.completed"}
+    wait_for(lambda: all_arrived(receiver, want, "/done") and
+             all_arrived(receiver, {e["id"] for e in evs}, "/all"), what="deliveries after the update")
+    stays(lambda: len(receiver.received("/done")) == len(done) + len(want), 0.3)
+    for r in receiver.received("/done"):
+        if r.id in want:
+            check_delivery(r, {e["id"]: e for e in evs}[r.id], path="/done")  # the old key
+
+
+def test_failures_are_retried_and_hold_back_later_events(server, receiver):
+    prepare(server)
+    lock = threading.Lock()
+    state = {"failed": 0, "x": None, "slow": None}
+
+    def respond(req):
+        with lock:
+            xid, version = req.json["executionId"], req.json["aggregateVersion"]
+            if state["x"] is None:
+                state["x"] = xid                  # x is triggered alone, first
+            if xid == state["x"] and version == 1 and state["failed"] < 2:
+                state["failed"] += 1
+                return 503
+            # later, another execution's first event: answered after timeoutMs
+            slow = xid != state["x"] and version == 1 and state["slow"] is None
+            if slow:
+                state["slow"] = req.id
+        if slow:
+            time.sleep(1.5)
+        return 204
+    receiver.respond = respond
+    subscribe(server, "s", receiver.url(), timeoutMs=400,
+              retry={"initialIntervalMs": 50, "maxIntervalMs": 200})
+    x = trigger(server, 1)
+    evs = feed_events(server, [x])[x]
+    ids = [e["id"] for e in evs]
+    wait_for(lambda: all_arrived(receiver, ids), what="every event of x")
+    assert state["x"] == x, state
+    reqs = [r for r in receiver.received() if r.json["executionId"] == x]
+    assert [r.id for r in reqs[:3]] == [ids[0]] * 3, reqs
+    # nothing later was sent before the third attempt (the first 2xx)
+    assert all(r.seq > reqs[2].seq for r in reqs[3:]), reqs
+    assert [r.id for r in reqs[3:]] == ids[1:], reqs
+    for r in reqs:
+        check_delivery(r, {e["id"]: e for e in evs}[r.id])
+    wait_for(lambda: [d["state"] for d in deliveries(server, "s")] == ["delivered"] * len(evs),
+             what="committed")
+    d = delivery_states(server, "s")
+    assert d[ids[0]]["attempts"] == 3 and d[ids[0]]["lastStatus"] == 204, d[ids[0]]
+    assert all(d[i]["attempts"] == 1 for i in ids[1:]), d
+    assert webhook_total(server, "retry") >= 2
+    assert webhook_total(server, "delivered") >= len(evs)
+
+    # a timeout is a failure too: retried, and the rest waits for it
+    y = trigger(server, 2)
+    yevs = feed_events(server, [y])[y]
+    yids = [e["id"] for e in yevs]
+    wait_for(lambda: all_arrived(receiver, yids), what="every event of y")
+    assert state["slow"] == yids[0], state
+    yreqs = [r for r in receiver.received() if r.json["executionId"] == y]
+    assert [r.id for r in yreqs[:2]] == [yids[0]] * 2, yreqs
+    assert [r.id for r in yreqs[2:]] == yids[1:], yreqs
+    wait_for(lambda: all(delivery_states(server, "s")[i]["state"] == "delivered" for i in yids),
+             what="y committed")
+    dy = delivery_states(server, "s")[yids[0]]
+    assert dy["attempts"] >= 2 and dy["lastStatus"] == 204, dy
+    assert webhook_total(server, "retry") >= 3
+    assert webhook_total(server, "delivered") >= len(evs) + len(yevs)
+
+
+def test_retry_after_is_honoured_in_engine_time(make_server, receiver):
+    s = make_server(extra=["--test-clock"])
+    s.start()
+    prepare(s)
+    lock = threading.Lock()
+    state = {"retry_after": None, "answered": set()}
+
+    def respond(req):
+        with lock:
+            xid = req.json["executionId"]
+            if req.json["aggregateVersion"] == 1 and xid not in state["answered"]:
+                state["answered"].add(xid)       # once per execution
+                return 429, {"Retry-After": state["retry_after"]}
+        return 204
+    receiver.respond = respond
+    subscribe(s, "s", receiver.url())
+
+    def run(retry_after, wait_s, advance_ms):
+        now0 = ts(s.post("/v1/test/clock", {"advanceMs": 1}).json["now"])
+        with lock:
+            state["retry_after"] = retry_after(now0)
+        xid = trigger(s, uuid.uuid4().hex)
+        evs = feed_events(s, [xid])[xid]
+        first = evs[0]["id"]
+        wait_for(lambda: first in receiver.by_id(), what="first attempt")
+
+        def parked():
+            d = delivery_states(s, "s").get(first)
+            return d if d and d["state"] == "pending" and d["attempts"] == 1 else None
+        d = wait_for(parked, what="parked after the 429")
+        assert d["lastStatus"] == 429 and d["nextAttemptAt"] is not None, d
+        nxt = ts(d["nextAttemptAt"])
+        assert now0 + wait_s - 1.5 <= nxt <= now0 + wait_s + 120, (d, now0, wait_s)
+        # nothing more within a short window: neither the event nor the later ones
+        stays(lambda: len([r for r in receiver.received() if r.json["executionId"] == xid]) == 1, 1.5)
+        assert delivery_states(s, "s")[first]["state"] == "pending"
+        r = s.post("/v1/test/clock", {"advanceMs": advance_ms})
+        assert r.status == 200, r
+        wait_for(lambda: all_arrived(receiver, [e["id"] for e in evs]), what="delivered after the wait")
+        reqs = [r for r in receiver.received() if r.json["executionId"] == xid]
+        assert [r.id for r in reqs] == [first] + [e["id"] for e in evs], reqs
+        for q in reqs:
+            check_delivery(q, {e["id"]: e for e in evs}[q.id], wall_clock=False)
+        wait_for(lambda: delivery_states(s, "s")[first]["state"] == "delivered", what="committed")
+        d = delivery_states(s, "s")[first]
+        assert d["attempts"] == 2 and d["lastStatus"] == 204, d
+
+    # an HTTP-date two hours on (first, while the engine's clock is the real one)
+    run(lambda now0: email.utils.formatdate(now0 + 7200, usegmt=True), 7200, 7200 * 1000)
+    # delay-seconds
+    run(lambda now0: "3600", 3600, 3600 * 1000)
+    assert webhook_total(s, "retry") >= 2
+    assert webhook_total(s, "delivered") >= 6
+
+
+def test_exhausted_deliveries_are_dead_do_not_block_and_can_be_redelivered(server, receiver):
+    prepare(server)
+    lock = threading.Lock()
+    state = {"x": None, "fixed": False}
+
+    def respond(req):
+        with lock:
+            if state["x"] is None:
+                state["x"] = req.json["executionId"]   # the first execution triggered
+            if req.json["executionId"] == state["x"] and req.json["aggregateVersion"] <= 2 \
+                    and not state["fixed"]:
+                return 500, {}, b"down"
+        return 204
+    receiver.respond = respond
+    subscribe(server, "s", receiver.url(),
+              retry={"maxAttempts": 2, "initialIntervalMs": 20, "maxIntervalMs": 50})
+    x = trigger(server, 1)
+    wait_for(lambda: receiver.received(), what="x's first attempt")  # before y exists
+    xevs = feed_events(server, [x])[x]
+    assert len(xevs) >= 3, xevs
+    assert state["x"] == x, state
+    y = trigger(server, 2)
+    yevs = feed_events(server, [y])[y]
+    wait_for(lambda: all_arrived(receiver, [e["id"] for e in xevs + yevs]), what="every event tried")
+    wait_for(lambda: len(deliveries(server, "s", "dead")) == 2, what="two dead deliveries")
+    dead = deliveries(server, "s", "dead")
+    assert [d["eventId"] for d in dead] == [xevs[0]["id"], xevs[1]["id"]], dead
+    for d in dead:
+        assert d["state"] == "dead" and d["attempts"] == 2 and d["lastStatus"] == 500, d
+    got = receiver.by_id()
+    assert [len(got[e["id"]]) for e in xevs[:2]] == [2, 2], got
+    # each event of x is sent only after the one before is dead / delivered
+    xreqs = [r for r in receiver.received() if r.json["executionId"] == x]
+    assert [r.json["aggregateVersion"] for r in xreqs] == \
+        [1, 1, 2, 2] + [e["aggregateVersion"] for e in xevs[2:]], xreqs
+    wait_for(lambda: len(deliveries(server, "s", "delivered")) == len(xevs) - 2 + len(yevs),
+             what="the rest delivered")
+    assert webhook_total(server, "dead") >= 2 and webhook_total(server, "retry") >= 2
+    view = server.get(sub_path("s")).json
+    assert view["deliveries"]["dead"] == 2 and view["deliveries"]["delivered"] == len(xevs) - 2 + len(yevs)
+
+    # an operator redelivers the first, once the receiver is fixed
+    with lock:
+        state["fixed"] = True
+    path = f"{sub_path('s')}/deliveries/{xevs[0]['id']}/redeliver"
+    a = server.post(path, headers={"Idempotency-Key": '"redo-1"'})
+    assert a.status == 202, a
+    assert a.headers.get("idempotent-replayed") is None
+    assert a.json["eventId"] == xevs[0]["id"] and a.json["state"] == "pending" and a.json["attempts"] == 0, a
+    wait_for(lambda: len(receiver.by_id().get(xevs[0]["id"], [])) == 3, what="redelivered")
+    again = receiver.by_id()[xevs[0]["id"]][2]
+    check_delivery(again, xevs[0])
+    wait_for(lambda: delivery_states(server, "s")[xevs[0]["id"]]["state"] == "delivered", what="committed")
+    d = delivery_states(server, "s")[xevs[0]["id"]]
+    assert d["attempts"] == 1 and d["lastStatus"] == 204, d
+    # the same request again replays the first answer and sends nothing
+    b = server.post(path, headers={"Idempotency-Key": '"redo-1"'})
+    assert b.status == 202 and b.headers.get("idempotent-replayed") == "true", b
+    assert b.json == a.json, (a, b)
+    # the key with another request is refused, and that one stays dead
+    c = server.post(f"{sub_path('s')}/deliveries/{xevs[1]['id']}/redeliver",
+                    headers={"Idempotency-Key": '"redo-1"'})
+    assert c.status == 422, c
+    stays(lambda: len(receiver.by_id().get(xevs[0]["id"], [])) == 3
+          and len(receiver.by_id().get(xevs[1]["id"], [])) == 2, 1.0)
+    assert delivery_states(server, "s")[xevs[1]["id"]]["state"] == "dead"
+    assert delivery_states(server, "s")[xevs[0]["id"]]["state"] == "delivered"
+    r = server.post(f"{sub_path('s')}/deliveries/{'0' * 64}/redeliver")
+    assert r.status == 404, r
+    r = server.post(f"{sub_path('nope')}/deliveries/{xevs[1]['id']}/redeliver")
+    assert r.status == 404, r
+
+
+def test_a_deleted_subscription_gets_nothing_more(server, receiver):
+    prepare(server)
+
+    def respond(req):   # /gone refuses for a while; the witness takes all
+        return (503, {"Retry-After": "2"}) if req.path == "/gone" else 204
+    receiver.respond = respond
+    subscribe(server, "gone", receiver.url("/gone"),
+              retry={"initialIntervalMs": 1000, "maxIntervalMs": 2000})
+    subscribe(server, "witness", receiver.url("/witness"))
+    x1 = trigger(server, 1)
+    e1 = feed_events(server, [x1])[x1]
+    wait_for(lambda: all_arrived(receiver, [e["id"] for e in e1], "/witness"), what="witness")
+    wait_for(lambda: receiver.received("/gone"), what="a first attempt to /gone")
+    first_try = receiver.received("/gone")[0].at
+    view = wait_for(lambda: (v := server.get(sub_path("gone")).json)["deliveries"]["pending"] >= 1 and v,
+                    what="a pending delivery")
+    assert view["deliveries"]["delivered"] == 0, view
+    r = server.request("DELETE", sub_path("gone"))
+    assert r.status == 204, r
+    assert server.get(sub_path("gone")).status == 404
+    assert [i["name"] for i in server.get(f"{WS}/subscriptions").json["items"]] == ["witness"]
+    n_gone = len(receiver.received("/gone"))
+    x2 = trigger(server, 2)
+    e2 = feed_events(server, [x2])[x2]
+    wait_for(lambda: all_arrived(receiver, [e["id"] for e in e2], "/witness"), what="witness")
+    # past the Retry-After of the pending one, and a little more
+    deadline = first_try + 3.5
+    stays(lambda: len(receiver.received("/gone")) == n_gone, max(0.5, deadline - time.time()))
+    assert server.request("DELETE", sub_path("gone")).status == 404
+
+
+def test_a_kill_after_send_delivers_again_with_the_same_id(make_server, receiver):
+    first = make_server(env={"IDEMFLOW_FAULT": "webhook.after_send"})
+    first.start()
+    prepare(first)
+    subscribe(first, "s", receiver.url(), timeoutMs=1000)
+    payload = {"n": 7, "nonce": uuid.uuid4().hex}
+    path = f"{WS}/workflows/w/entry-points/start/trigger"
+    try:
+        first.post(path, payload, timeout=10)
+    except OSError:
+        pass  # killed before answering: retried below
+    wait_for(lambda: first.proc.poll() is not None, what="the fault killed the process")
+    assert first.proc.returncode == -signal.SIGKILL, first.proc.returncode
+    assert "webhook.after_send" in first.logs(), first.logs(3000)
+    before = receiver.received()
+    assert len(before) == 1, before   # one send (per execution, one at a time)
+    assert signature_ok(before[0])
+
+    second = make_server(db=first.db)
+    second.start()
+    r = second.post(path, payload)      # the same trigger: deduplicated
+    assert r.status in (200, 201), r
+    xid = r.json["executionId"]
+    evs = feed_events(second, [xid])[xid]
+    assert before[0].id == evs[0]["id"]
+    wait_for(lambda: len(receiver.by_id().get(evs[0]["id"], [])) >= 2, timeout=30,
+             what="the event sent again")
+    again = receiver.by_id()[evs[0]["id"]][1]
+    check_delivery(again, evs[0])
+    check_delivery(before[0], evs[0])
+    wait_for(lambda: all_arrived(receiver, [e["id"] for e in evs]), timeout=30, what="every event")
+    wait_for(lambda: len(deliveries(second, "s", "delivered")) == len(evs), what="committed")
+    vs = versions_in_arrival_order(receiver, xid)
+    assert vs == sorted(vs) and sorted(set(vs)) == [e["aggregateVersion"] for e in evs], vs
+    secret_not_logged(first, second)
+
+
+@pytest.mark.skipif(BACKEND != "postgres", reason="several processes need the PostgreSQL backend")
+def test_two_processes_deliver_each_event_once_in_order(make_server, receiver):
+    a = make_server()
+    a.start()
+    b = make_server(db=a.db)
+    b.start()
+    prepare(a)
+    subscribe(a, "s", receiver.url())
+    xids = [trigger((a, b)[k % 2], k) for k in range(10)]
+    events = feed_events(b, xids)
+    by_id = {e["id"]: e for evs in events.values() for e in evs}
+    wait_for(lambda: all_arrived(receiver, by_id), what="every event")
+    wait_for(lambda: len(deliveries(a, "s", "delivered")) == len(by_id), what="committed")
+    stays(lambda: len(receiver.received()) == len(by_id), 0.5)
+    got = receiver.by_id()
+    assert set(got) == set(by_id)
+    for eid, reqs in got.items():
+        assert len(reqs) == 1, reqs
+        check_delivery(reqs[0], by_id[eid])
+    for xid, evs in events.items():
+        assert versions_in_arrival_order(receiver, xid) == [e["aggregateVersion"] for e in evs]
+    assert all(d["attempts"] == 1 for d in deliveries(b, "s"))
+    secret_not_logged(a, b)

@@ -30,6 +30,10 @@ From another terminal:
   curl -s -X POST $U/charge/entry-points/order_received/trigger \\
        -H 'Content-Type: application/json' -d '{"order":{"id":"ord-2","items":[{"price":10,"qty":1}]}}'
 
+  # watch a run: its events stream as they commit (text/event-stream), until it ends
+  curl -sN -X POST $U/charge/entry-points/order_received/run \\
+       -H 'Content-Type: application/json' -d '{"order":{"id":"ord-3","items":[{"price":5,"qty":2}]}}'
+
   # 4xx as data: route on the lookup's 404
   curl -s -X POST $U/refund_lookup/entry-points/refund_requested/trigger \\
        -H 'Content-Type: application/json' --data @examples/refund.json

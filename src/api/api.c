@@ -1397,10 +1397,11 @@ static void h_token_create(struct call *c)
         }
     }
     json_t *name = json_object_get(body, "name");
-    if ((body && !json_is_object(body)) || (name && !json_is_string(name))) {
+    int not_object = body && !json_is_object(body);
+    if (not_object || (name && !json_is_string(name))) {
         json_decref(body);
         api_problem(c->res, 422, "validation-error", "expected {\"name\": \"…\"}",
-                    body && !json_is_object(body) ? "" : "/name");
+                    not_object ? "" : "/name");
         return;
     }
     char key[256], fp[65];

@@ -86,7 +86,7 @@ def test_create_with_an_idempotency_key_replays_the_same_token(make_server):
 def test_bad_create_bodies_change_nothing(make_server):
     s = admin_server(make_server)
     for body, ptr in (({"name": 5}, "/name"), ({"nom": "x"}, "/nom"),
-                      ({"name": "x" * 129}, "/name"), ({"name": "a\nb"}, "/name")):
+                      ({"name": "x" * 129}, "/name"), ({"name": "a\nb"}, "/name"), (["x"], "")):
         r = s.post("/v1/workspaces/a/tokens", body, headers=A)
         assert r.status == 422 and r.json["pointer"] == ptr, (body, r)
     assert s.post("/v1/workspaces/nope/tokens", {}, headers=A).status == 404

@@ -39,6 +39,7 @@
 #define LIST_MS 1000
 #define FANOUT_PAGE 256
 #define CLAIM_MAX 32
+#define RETRY_AFTER_CAP_MS (24LL * 3600 * 1000)
 
 /* ---- settings ------------------------------------------------------------------ */
 
@@ -461,7 +462,18 @@ int engine_redeliver(struct engine *g, const char *ws, const char *name, const c
 
 struct hsub {
     struct store_subscription x;
-    json_t *events;
+};
+
+/* One delivery being sent: a slot of struct hooks. */
+struct call {
+    struct hooks *h;
+    int used;
+    int done; /* its call ended (under h->mu) */
+    struct store_delivery d;
+    struct gw_request req;
+    struct gw_response *resp;
+    const char *fail; /* not sent: why */
+    struct hook_settings s;
 };
 
 struct hooks {
@@ -471,15 +483,16 @@ struct hooks {
     int64_t list_at;
     struct gw_client *client;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int left; /* calls of the batch still in flight */
+    pthread_cond_t cv; /* a call ended */
+    int ndone;         /* calls ended, not yet settled (under mu) */
+    int inflight;      /* slots in use */
+    struct call slot[CLAIM_MAX];
 };
 
 static void subs_clear(struct hooks *h)
 {
     for (size_t i = 0; i < h->nsubs; i++) {
         store_subscription_clear(&h->subs[i].x);
-        json_decref(h->subs[i].events);
     }
     free(h->subs);
     h->subs = NULL;
@@ -499,10 +512,29 @@ static void subs_load(struct hooks *h)
     h->subs = n ? xcalloc(n, sizeof *h->subs) : NULL;
     for (size_t i = 0; i < n; i++) {
         h->subs[i].x = v[i];
-        json_parse(v[i].events, strlen(v[i].events), &json_stored_limits, &h->subs[i].events, NULL);
     }
     free(v);
     h->nsubs = n;
+}
+
+/* store_wants_fn: the event types come from the subscription's row in the
+ * fan-out's own transaction; parsed once per distinct text. */
+struct wants_cache {
+    char *text;
+    json_t *events;
+};
+
+static int wants_text(void *ctx, const char *events, const char *type)
+{
+    struct wants_cache *c = ctx;
+    if (!c->text || strcmp(c->text, events) != 0) {
+        free(c->text);
+        json_decref(c->events);
+        c->text = xstrdup(events);
+        c->events = NULL;
+        json_parse(events, strlen(events), &json_stored_limits, &c->events, NULL);
+    }
+    return wants(c->events, type);
 }
 
 /* Fans the feed out for one subscription; 1 when another process moved
@@ -510,6 +542,8 @@ static void subs_load(struct hooks *h)
 static int fanout(struct hooks *h, struct hsub *s, int64_t now)
 {
     struct store *st = h->g->store;
+    struct wants_cache cache = {0};
+    int stale = 0;
     for (int page = 0; page < 8; page++) {
         struct store_event *ev = NULL;
         size_t n = 0;
@@ -517,24 +551,24 @@ static int fanout(struct hooks *h, struct hsub *s, int64_t now)
         if (store_events_list(st, s->x.workspace, s->x.cursor, FANOUT_PAGE, &ev, &n, &e)) {
             log_warn("hooks.feed_failed", "reading the feed for %s/%s: %s", s->x.workspace,
                      s->x.name, e.msg);
-            return 0;
+            break;
         }
         if (n == 0)
-            return 0;
+            break;
+        /* every event is a candidate; the transaction filters them by the
+         * subscription's types as they are then */
         struct store_delivery *rows = xcalloc(n, sizeof *rows);
-        size_t k = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!wants(s->events, ev[i].type))
-                continue;
-            rows[k].event_seq = ev[i].seq;
-            memcpy(rows[k].event_id, ev[i].id, sizeof rows[k].event_id);
-            memcpy(rows[k].execution_id, ev[i].execution_id, sizeof rows[k].execution_id);
-            rows[k].aggregate_version = ev[i].aggregate_version;
-            k++;
+            rows[i].event_seq = ev[i].seq;
+            memcpy(rows[i].event_id, ev[i].id, sizeof rows[i].event_id);
+            memcpy(rows[i].execution_id, ev[i].execution_id, sizeof rows[i].execution_id);
+            rows[i].aggregate_version = ev[i].aggregate_version;
+            rows[i].type = ev[i].type;
         }
         int advanced = 0;
-        int rc = store_subscription_advance(st, s->x.workspace, s->x.name, s->x.cursor,
-                                            ev[n - 1].cursor, rows, k, now, &advanced, &e);
+        int rc =
+            store_subscription_advance(st, s->x.workspace, s->x.name, s->x.cursor, ev[n - 1].cursor,
+                                       rows, n, wants_text, &cache, now, &advanced, &e);
         if (!rc && advanced) {
             free(s->x.cursor);
             s->x.cursor = xstrdup(ev[n - 1].cursor);
@@ -544,32 +578,28 @@ static int fanout(struct hooks *h, struct hsub *s, int64_t now)
         if (rc) {
             log_warn("hooks.fanout_failed", "fanning out for %s/%s: %s", s->x.workspace, s->x.name,
                      e.msg);
-            return 0;
+            break;
         }
-        if (!advanced)
-            return 1;
+        if (!advanced) {
+            stale = 1;
+            break;
+        }
         if (n < FANOUT_PAGE)
-            return 0;
+            break;
     }
-    return 0;
+    free(cache.text);
+    json_decref(cache.events);
+    return stale;
 }
-
-struct call {
-    struct hooks *h;
-    struct store_delivery *d;
-    struct gw_request req;
-    struct gw_response *resp;
-    const char *fail; /* not sent: why */
-    struct hook_settings s;
-};
 
 static void call_done(void *ctx, struct gw_response *resp)
 {
     struct call *c = ctx;
     pthread_mutex_lock(&c->h->mu);
     c->resp = resp;
-    if (--c->h->left == 0)
-        pthread_cond_signal(&c->h->cv);
+    c->done = 1;
+    c->h->ndone++;
+    pthread_cond_signal(&c->h->cv);
     pthread_mutex_unlock(&c->h->mu);
 }
 
@@ -599,7 +629,7 @@ static char *body_of(const struct store_delivery *d)
  * c->fail set (nothing is sent). */
 static int call_build(struct call *c, int64_t now)
 {
-    struct store_delivery *d = c->d;
+    struct store_delivery *d = &c->d;
     settings_of(d->settings, &c->s);
     char *aad = sub_aad(d->workspace, d->subscription), *secret = NULL;
     size_t slen = 0;
@@ -653,8 +683,8 @@ static double rnd01(void)
 /* The outcome of one attempt. */
 static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcome *o, char err[256])
 {
-    o->seq = c->d->seq;
-    o->epoch = c->d->epoch;
+    o->seq = c->d.seq;
+    o->epoch = c->d.epoch;
     o->next_at = now;
     o->last_error = NULL;
     int64_t retry_after = 0;
@@ -667,14 +697,18 @@ static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcom
             o->state = "delivered";
             return;
         }
-        gw_classify(c->resp, now, &retry_after);
+        /* any refusal may say when to come back; a day at most, so the
+         * schedule stays bounded */
+        retry_after = gw_retry_after_ms(c->resp, now);
+        if (retry_after > RETRY_AFTER_CAP_MS)
+            retry_after = RETRY_AFTER_CAP_MS;
         snprintf(err, 256, "the receiver answered %ld", c->resp->status);
         o->last_error = err;
     } else {
         snprintf(err, 256, "%s", c->resp->error[0] ? c->resp->error : "no response");
         o->last_error = err;
     }
-    if (c->d->attempts >= c->s.max_attempts) {
+    if (c->d.attempts >= c->s.max_attempts) {
         o->state = "dead";
         return;
     }
@@ -682,47 +716,68 @@ static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcom
                           .backoff_coefficient = c->s.backoff_coefficient,
                           .max_interval_ms = c->s.max_interval_ms};
     o->state = "pending";
-    o->next_at = now + gw_backoff_ms(&p, c->d->attempts, retry_after, rnd01());
+    o->next_at = now + gw_backoff_ms(&p, c->d.attempts, retry_after, rnd01());
 }
 
-/* Claims, sends and settles one batch; how many were claimed. */
-static size_t deliver(struct hooks *h)
+/* Claims as many due deliveries as there are free slots and starts their
+ * calls; how many were claimed. */
+static size_t launch(struct hooks *h)
 {
-    struct engine *g = h->g;
+    int free_slots = CLAIM_MAX - h->inflight;
+    if (free_slots <= 0)
+        return 0;
     struct store_delivery *v = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
-    if (store_deliveries_claim(g->store, clock_now_ms(), CLAIM_MAX, &v, &n, &e)) {
+    if (store_deliveries_claim(h->g->store, clock_now_ms(), free_slots, &v, &n, &e)) {
         log_warn("hooks.claim_failed", "claiming deliveries: %s", e.msg);
         return 0;
     }
-    if (n == 0)
-        return 0;
-    struct call *calls = xcalloc(n, sizeof *calls);
     int64_t now = clock_now_ms();
-    pthread_mutex_lock(&h->mu);
-    h->left = 0;
-    pthread_mutex_unlock(&h->mu);
-    for (size_t i = 0; i < n; i++) {
-        calls[i].h = h;
-        calls[i].d = &v[i];
-        if (call_build(&calls[i], now) == 0) {
+    size_t k = 0;
+    for (int i = 0; i < CLAIM_MAX && k < n; i++) {
+        struct call *c = &h->slot[i];
+        if (c->used)
+            continue;
+        *c = (struct call){.h = h, .used = 1, .d = v[k++]};
+        h->inflight++;
+        if (call_build(c, now) == 0) {
+            gw_client_submit(h->client, &c->req, c->s.timeout_ms, call_done, c);
+        } else { /* nothing to send: settled as a failed attempt */
             pthread_mutex_lock(&h->mu);
-            h->left++;
+            c->done = 1;
+            h->ndone++;
             pthread_mutex_unlock(&h->mu);
-            gw_client_submit(h->client, &calls[i].req, calls[i].s.timeout_ms, call_done, &calls[i]);
         }
     }
+    free(v); /* the rows' strings moved to the slots */
+    return n;
+}
+
+/* Commits the outcomes of the calls that ended, each as soon as it ended
+ * (so a slow receiver holds up only its own slot, and no lease runs out
+ * while others wait); how many. */
+static size_t settle(struct hooks *h)
+{
+    struct engine *g = h->g;
+    struct call *ended[CLAIM_MAX];
+    size_t n = 0;
     pthread_mutex_lock(&h->mu);
-    while (h->left > 0)
-        pthread_cond_wait(&h->cv, &h->mu);
+    for (int i = 0; i < CLAIM_MAX; i++)
+        if (h->slot[i].used && h->slot[i].done)
+            ended[n++] = &h->slot[i];
+    h->ndone = 0;
     pthread_mutex_unlock(&h->mu);
+    if (n == 0)
+        return 0;
     FAULT("webhook.after_send");
-    now = clock_now_ms();
-    struct store_delivery_outcome *o = xcalloc(n, sizeof *o);
-    char(*errs)[256] = xcalloc(n, sizeof *errs);
+    int64_t now = clock_now_ms();
+    struct store_delivery_outcome o[CLAIM_MAX];
+    char errs[CLAIM_MAX][256];
+    memset(o, 0, sizeof o);
     for (size_t i = 0; i < n; i++)
-        outcome_of(&calls[i], now, &o[i], errs[i]);
+        outcome_of(ended[i], now, &o[i], errs[i]);
+    struct ifl_err e = {0};
     if (store_deliveries_finish(g->store, o, n, now, &e)) {
         log_warn("hooks.finish_failed",
                  "committing delivery outcomes: %s (their leases run out and they are sent again)",
@@ -739,22 +794,34 @@ static size_t deliver(struct hooks *h)
             atomic_fetch_add(ctr, 1);
             if (strcmp(o[i].state, "dead") == 0)
                 log_warn("hooks.dead", "%s/%s: event %s dead-lettered after %d attempts: %s",
-                         v[i].workspace, v[i].subscription, v[i].event_id, v[i].attempts,
-                         o[i].last_error ? o[i].last_error : "");
+                         ended[i]->d.workspace, ended[i]->d.subscription, ended[i]->d.event_id,
+                         ended[i]->d.attempts, o[i].last_error ? o[i].last_error : "");
         }
     }
     for (size_t i = 0; i < n; i++) {
-        gw_request_clear(&calls[i].req);
-        if (calls[i].resp) {
-            gw_response_clear(calls[i].resp);
-            free(calls[i].resp);
+        struct call *c = ended[i];
+        gw_request_clear(&c->req);
+        if (c->resp) {
+            gw_response_clear(c->resp);
+            free(c->resp);
         }
+        store_delivery_clear(&c->d);
+        *c = (struct call){0};
+        h->inflight--;
     }
-    free(errs);
-    free(o);
-    free(calls);
-    store_deliveries_free(v, n);
     return n;
+}
+
+/* Waits up to ms for a call to end; 1 once the engine stops. */
+static int hooks_wait(struct hooks *h, int64_t ms)
+{
+    struct timespec ts;
+    clock_abstime(clock_now_ms() + ms, &ts);
+    pthread_mutex_lock(&h->mu);
+    if (h->ndone == 0 && ms > 0)
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    pthread_mutex_unlock(&h->mu);
+    return engine_nap(h->g, 0);
 }
 
 void *engine_hooks_main(void *arg)
@@ -780,17 +847,20 @@ void *engine_hooks_main(void *arg)
             for (size_t i = 0; i < h.nsubs; i++)
                 if (fanout(&h, &h.subs[i], now))
                     h.list_at = 0;
-            /* a batch that delivered may have unblocked its executions'
-             * next events: look again at once */
+            /* a settled delivery may have unblocked its execution's next
+             * event: look again at once */
+            busy = settle(&h) > 0;
             int64_t due = INT64_MAX;
-            if (h.nsubs && store_deliveries_next_due(g->store, &due, &e) == 0 && due <= now)
-                busy = deliver(&h) > 0;
+            if (h.nsubs && h.inflight < CLAIM_MAX &&
+                store_deliveries_next_due(g->store, &due, &e) == 0 && due <= now)
+                busy |= launch(&h) > 0 && h.inflight < CLAIM_MAX;
         }
-        if (engine_nap(g, busy ? 0 : POLL_MS))
+        if (hooks_wait(&h, busy ? 0 : POLL_MS))
             break;
     }
-    if (h.client)
+    if (h.client) /* calls still out end now ("shutdown"); their outcomes are kept */
         gw_client_free(h.client);
+    settle(&h);
     subs_clear(&h);
     pthread_cond_destroy(&h.cv);
     pthread_mutex_destroy(&h.mu);

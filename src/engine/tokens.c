@@ -2,13 +2,12 @@
  * tokens — workspace tokens (spec §10).
  *
  * A token is "ifw_" + its id (32 hex digits) + "_" + the hex HMAC-SHA256,
- * under the engine's secrets key, of "idemflow-token/v1/" + workspace + "/"
- * + id.  The store keeps only ids: the token is checked by computing its
- * MAC again (constant-time compare) and finding its id still recorded, so
- * a database dump holds no usable token, a revoked id stops working at
- * once, and a repeated create (same Idempotency-Key) can hand back the same
- * token without it ever being stored.  Changing the secrets key voids every
- * token, as it voids every sealed secret.
+ * under a key derived from the engine's secrets key (HMAC of a label), of
+ * "idemflow-token/v1/" + workspace + "/" + id.  The store keeps only ids: the token is checked by
+ * computing its MAC again (constant-time compare) and finding its id still recorded, so a database
+ * dump holds no usable token, a revoked id stops working at once, and a repeated create (same
+ * Idempotency-Key) can hand back the same token without it ever being stored.  Changing the secrets
+ * key voids every token, as it voids every sealed secret.
  */
 #include "base/clock.h"
 #include "base/mem.h"
@@ -27,9 +26,14 @@
 static void token_of(const struct engine *g, const char *ws, const char *id,
                      char out[TOKEN_LEN + 1])
 {
+    /* a key of its own, derived from the secrets key (which also seals) */
+    static const char label[] = "idemflow-token-key/v1";
+    uint8_t key[CRYPTO_SHA256_LEN];
+    crypto_hmac_sha256(g->key, CRYPTO_KEY_LEN, label, sizeof label - 1, key);
     char *msg = xasprintf("idemflow-token/v1/%s/%s", ws, id);
     uint8_t mac[CRYPTO_SHA256_LEN];
-    crypto_hmac_sha256(g->key, CRYPTO_KEY_LEN, msg, strlen(msg), mac);
+    crypto_hmac_sha256(key, sizeof key, msg, strlen(msg), mac);
+    crypto_wipe(key, sizeof key);
     free(msg);
     char hex[2 * CRYPTO_SHA256_LEN + 1];
     crypto_hex(mac, sizeof mac, hex);
@@ -131,6 +135,13 @@ int engine_token_create(struct engine *g, const char *ws, const char *name, stru
     if (rc)
         return rc;
     const char *id = json_string_value(json_object_get(out, "id"));
+    /* a replay hands the token out again only while it is live */
+    if (k->replayed && (!id || store_token_exists(g->store, ws, id, e) != 0)) {
+        json_decref(out);
+        rc = err_set(e, IFL_EGONE, "the token made under this Idempotency-Key was revoked");
+        err_slug(e, "token-revoked");
+        return rc;
+    }
     if (id && strlen(id) == ID_HEX) {
         char token[TOKEN_LEN + 1];
         token_of(g, ws, id, token);

@@ -497,7 +497,7 @@ int64_t gw_http_date_ms(const char *s)
  * instead of overflowing or being ignored. */
 #define RETRY_AFTER_MAX_MS (86400000LL * 365)
 
-static int64_t retry_after(const struct gw_response *r, int64_t now_ms)
+int64_t gw_retry_after_ms(const struct gw_response *r, int64_t now_ms)
 {
     const char *h = json_string_value(json_object_get(r->headers, "retry-after"));
     if (!h)
@@ -536,7 +536,7 @@ enum gw_class gw_classify(const struct gw_response *r, int64_t now_ms, int64_t *
     if (s >= 200 && s < 400)
         return GW_SUCCESS;
     if (s == 408 || s == 429 || s == 503) {
-        *retry_after_ms = retry_after(r, now_ms);
+        *retry_after_ms = gw_retry_after_ms(r, now_ms);
         return GW_RETRY;
     }
     if (s == 409)

@@ -139,6 +139,10 @@ enum gw_class {
  * (seconds or HTTP-date, relative to now_ms) or 0. */
 enum gw_class gw_classify(const struct gw_response *r, int64_t now_ms, int64_t *retry_after_ms);
 const char *gw_class_name(enum gw_class c);
+/* The response's Retry-After (delta-seconds or HTTP-date, relative to
+ * now_ms) in ms, capped at a year; 0 when absent or malformed.
+ * gw_classify reads it only for the classes that retry. */
+int64_t gw_retry_after_ms(const struct gw_response *r, int64_t now_ms);
 
 /* The output of a step: {status, headers, body} with JSON bodies parsed
  * (new reference). */

@@ -35,16 +35,19 @@ static const struct store_sql q_steps = {"purge_steps",
 static const struct store_sql q_attempts = {
     "purge_attempts", "DELETE FROM step_attempts WHERE execution_seq = ?1", NULL};
 /* Oldest first in seq order, which is (about) creation order: the scan
- * stops after `limit` old rows. */
+ * stops after `limit` old rows.  The newest row always stays: SQLite hands
+ * out max(seq) + 1 for a new one, so deleting the newest would give the
+ * next event a seq at or below cursors already handed out (the feed's,
+ * the subscriptions'), and they would skip it. */
 static const struct store_sql q_events = {
     "expire_events",
     "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE created_at < ?1"
-    " ORDER BY seq LIMIT ?2) RETURNING 1",
+    " AND seq < (SELECT MAX(seq) FROM events) ORDER BY seq LIMIT ?2) RETURNING 1",
     NULL};
 static const struct store_sql q_deliveries = {
     "expire_deliveries",
     "DELETE FROM deliveries WHERE seq IN (SELECT seq FROM deliveries WHERE created_at < ?1"
-    " ORDER BY seq LIMIT ?2)",
+    " AND seq < (SELECT MAX(seq) FROM deliveries) ORDER BY seq LIMIT ?2)",
     NULL};
 static const struct store_sql q_tombstones = {
     "expire_tombstones",

@@ -492,12 +492,17 @@ void store_delivery_clear(struct store_delivery *d);
 void store_deliveries_free(struct store_delivery *v, size_t n);
 /* Fan-out: moves the subscription's cursor from `from` to `to` and inserts
  * a pending delivery due at `now` for each of rows[0..n) (their event_seq,
- * event_id, execution_id, aggregate_version), in one transaction — only if
- * the cursor still is `from` (*advanced = 1): a process that moved it
- * first did the same work. */
+ * event_id, execution_id, aggregate_version, type) that
+ * wants(ctx, events, type) accepts — `events` being the subscription's
+ * event types as they are in this transaction, not as a cached copy says
+ * (another process may just have changed them) — in one transaction, and
+ * only if the cursor still is `from` (*advanced = 1): a process that moved
+ * it first did the same work. */
+typedef int (*store_wants_fn)(void *ctx, const char *events, const char *type);
 int store_subscription_advance(struct store *s, const char *ws, const char *name, const char *from,
                                const char *to, const struct store_delivery *rows, size_t n,
-                               int64_t now, int *advanced, struct ifl_err *e);
+                               store_wants_fn wants, void *ctx, int64_t now, int *advanced,
+                               struct ifl_err *e);
 /* Claims up to `limit` deliveries: pending ones due at `now` and sending
  * ones whose lease ran out, each only while no earlier event (lower
  * aggregate version) of its execution is pending or sending for its

@@ -60,7 +60,7 @@ static const struct store_sql q_sub_counts = {
 static const struct store_sql q_sub_advance = {
     "sub_advance",
     "UPDATE subscriptions SET cursor = ?4 WHERE workspace = ?1 AND name = ?2 AND cursor = ?3"
-    " RETURNING 1",
+    " RETURNING events",
     NULL};
 static const struct store_sql q_dlv_insert = {
     "dlv_insert",
@@ -135,7 +135,7 @@ static const struct store_sql q_dlv_redeliver = {
 static const struct store_sql q_dlv_expire = {
     "dlv_expire",
     "DELETE FROM deliveries WHERE seq IN (SELECT seq FROM deliveries WHERE state = 'delivered'"
-    " AND updated_at < ?1 LIMIT ?2) RETURNING 1",
+    " AND updated_at < ?1 AND seq < (SELECT MAX(seq) FROM deliveries) LIMIT ?2) RETURNING 1",
     NULL};
 
 /* ---- helpers ---------------------------------------------------------------------- */
@@ -435,6 +435,8 @@ struct advance_args {
     const char *ws, *name, *from, *to;
     const struct store_delivery *rows;
     size_t n;
+    store_wants_fn wants;
+    void *ctx;
     int64_t now;
     int advanced;
 };
@@ -445,27 +447,33 @@ static int tx_advance(struct store_tx *tx, void *arg, struct ifl_err *e)
     a->advanced = 0;
     struct store_val p[] = {STORE_VAL_S(a->ws), STORE_VAL_S(a->name), STORE_VAL_S(a->from),
                             STORE_VAL_S(a->to)};
-    int n = 0;
-    int rc = txq(tx, &q_sub_advance, p, 4, store_row_count, &n, e);
-    if (rc || !n)
+    char *events = NULL; /* as of this transaction: the row is locked now */
+    int rc = txq(tx, &q_sub_advance, p, 4, text_row, &events, e);
+    if (rc || !events) {
+        free(events);
         return rc;
+    }
     for (size_t i = 0; i < a->n && !rc; i++) {
         const struct store_delivery *d = &a->rows[i];
+        if (!a->wants(a->ctx, events, d->type ? d->type : ""))
+            continue;
         struct store_val v[] = {STORE_VAL_S(a->ws),           STORE_VAL_S(a->name),
                                 STORE_VAL_I(d->event_seq),    STORE_VAL_S(d->event_id),
                                 STORE_VAL_S(d->execution_id), STORE_VAL_I(d->aggregate_version),
                                 STORE_VAL_I(a->now)};
         rc = txq(tx, &q_dlv_insert, v, 7, NULL, NULL, e);
     }
+    free(events);
     a->advanced = !rc;
     return rc;
 }
 
 int store_subscription_advance(struct store *s, const char *ws, const char *name, const char *from,
                                const char *to, const struct store_delivery *rows, size_t n,
-                               int64_t now, int *advanced, struct ifl_err *e)
+                               store_wants_fn wants, void *ctx, int64_t now, int *advanced,
+                               struct ifl_err *e)
 {
-    struct advance_args a = {ws, name, from, to, rows, n, now, 0};
+    struct advance_args a = {ws, name, from, to, rows, n, wants, ctx, now, 0};
     int rc = store_tx_run(s, tx_advance, &a, e);
     *advanced = rc ? 0 : a.advanced;
     return rc;

@@ -44,7 +44,10 @@ def test_purge_keeps_identity_for_the_dedup_window(make_server):
     b = trig(s, "short", {"id": "b"})
     assert a.status == 201 and b.status == 201
     xa, xb = a.json["executionId"], b.json["executionId"]
-    assert s.get(f"{WS}/events?limit=1000").json["items"]
+    feed = s.get(f"{WS}/events?limit=1000").json
+    b_events = [e for e in feed["items"] if e["executionId"] == xb]
+    assert b_events and len(b_events) < len(feed["items"])
+    cursor = feed["next"]  # where a feed reader stands
     # a day and a bit later: both purged at the next sweep
     sweep(s, DAY + 120000)
     assert purged(s) == 2
@@ -52,7 +55,10 @@ def test_purge_keeps_identity_for_the_dedup_window(make_server):
     r = s.get(f"{WS}/executions/{xa}")
     assert r.status == 410 and r.json["type"] == "/problems/execution-purged", r
     assert s.get(f"{WS}/executions").json["items"] == []
-    assert s.get(f"{WS}/events?limit=1000").json["items"] == []
+    # the events go too, all but the newest: it stays so that event
+    # positions only ever grow (SQLite would hand out its seq again)
+    left = s.get(f"{WS}/events?limit=1000").json["items"]
+    assert [e["id"] for e in left] == [feed["items"][-1]["id"]]
     again = trig(s, "keep3d", {"id": "a", "amount": 1})
     assert again.status == 200 and again.json == {
         "executionId": xa, "deduplicated": True, "samePayload": True, "status": "purged"}
@@ -67,6 +73,9 @@ def test_purge_keeps_identity_for_the_dedup_window(make_server):
     # b: its 1 h window had passed at the purge — deleted, so it runs again
     rb = trig(s, "short", {"id": "b"})
     assert rb.status == 201 and rb.json["executionId"] == xb
+    # a reader resuming after its old position sees the new events
+    after = s.get(f"{WS}/events?limit=1000&after={cursor}").json["items"]
+    assert {e["executionId"] for e in after} == {xb} and len(after) == len(b_events), after
     # three days after a was created its tombstone goes, and a runs again
     sweep(s, 2 * DAY)
     assert metric(s, 'idemflow_retention_total{what="expired_tombstones"}') == 1

@@ -779,3 +779,84 @@ def test_two_processes_deliver_each_event_once_in_order(make_server, receiver):
         assert versions_in_arrival_order(receiver, xid) == [e["aggregateVersion"] for e in evs]
     assert all(d["attempts"] == 1 for d in deliveries(b, "s"))
     secret_not_logged(a, b)
+
+
+def test_a_slow_receiver_holds_up_only_its_own_deliveries(server, receiver):
+    """One receiver that takes 3 s per answer, one that answers at once: the
+    fast one's events arrive while the slow calls are still out, each once
+    (no lease runs out on a delivery that was answered)."""
+    prepare(server)
+
+    def respond(req):
+        if req.path == "/slow":
+            time.sleep(3)
+        return 204
+    receiver.respond = respond
+    subscribe(server, "slow", receiver.url("/slow"), timeoutMs=10000)
+    subscribe(server, "fast", receiver.url("/fast"), timeoutMs=100)
+    t0 = time.monotonic()
+    xid = trigger(server, 1)
+    evs = feed_events(server, [xid])[xid]
+    ids = [e["id"] for e in evs]
+    wait_for(lambda: all_arrived(receiver, ids, "/fast"), what="the fast receiver's events")
+    assert time.monotonic() - t0 < 2.5, time.monotonic() - t0
+    wait_for(lambda: all_arrived(receiver, ids, "/slow"), timeout=30, what="the slow receiver's")
+    wait_for(lambda: len(deliveries(server, "slow", "delivered")) == len(ids), timeout=30,
+             what="slow ones committed")
+    for path in ("/fast", "/slow"):
+        assert all(len(v) == 1 for v in receiver.by_id(path).values()), receiver.by_id(path)
+    assert all(d["attempts"] == 1 for d in deliveries(server, "fast"))
+
+
+def test_retry_after_counts_on_any_refusal_and_is_capped_at_a_day(make_server, receiver):
+    s = make_server(extra=["--test-clock"])
+    s.start()
+    prepare(s)
+    answers = {"first": None}
+
+    def respond(req):
+        if req.json["aggregateVersion"] == 1 and answers["first"] is None:
+            answers["first"] = req.id
+            return 500, {"Retry-After": "999999999"}
+        return 204
+    receiver.respond = respond
+    subscribe(s, "s", receiver.url(), retry={"maxAttempts": 3, "initialIntervalMs": 10,
+                                             "maxIntervalMs": 20})
+    now0 = ts(s.post("/v1/test/clock", {"advanceMs": 1}).json["now"])
+    xid = trigger(s, 1)
+    wait_for(lambda: answers["first"], what="the first attempt")
+
+    def parked():
+        d = delivery_states(s, "s").get(answers["first"])
+        return d if d and d["state"] == "pending" and d["attempts"] == 1 else None
+    d = wait_for(parked, what="parked after the 500")
+    nxt = ts(d["nextAttemptAt"])
+    # a 500 with Retry-After waits for it (not the 20 ms backoff) — but a day at most
+    assert now0 + 86400 - 120 <= nxt <= now0 + 86400 + 120, (d, now0)
+    stays(lambda: len(receiver.by_id()[answers["first"]]) == 1, 1.0)
+    assert s.post("/v1/test/clock", {"advanceMs": 86400 * 1000 + 60000}).status == 200
+    evs = feed_events(s, [xid])[xid]
+    wait_for(lambda: all_arrived(receiver, [e["id"] for e in evs]), what="delivered after a day")
+
+
+@pytest.mark.skipif(BACKEND != "postgres", reason="several processes need the PostgreSQL backend")
+def test_a_changed_event_filter_holds_at_once_in_every_process(make_server, receiver):
+    """The event types are read in the fan-out's own transaction: a process
+    whose list of subscriptions is up to a second old still applies a PUT
+    that another process answered."""
+    a = make_server()
+    a.start()
+    b = make_server(db=a.db)
+    b.start()
+    prepare(a)
+    subscribe(a, "s", receiver.url(), events=("execution.completed",))
+    for k in range(6):
+        events = ["*"] if k % 2 == 0 else ["execution.completed"]
+        r = b.put(sub_path("s"), {"url": receiver.url(), "events": events})
+        assert r.status == 200, r
+        xid = trigger(a, 100 + k)
+        evs = feed_events(a, [xid])[xid]
+        want = [e["id"] for e in evs if events == ["*"] or e["type"] == "execution.completed"]
+        wait_for(lambda: all_arrived(receiver, want), what=f"trial {k}: {events}")
+        stays(lambda: {r.id for r in receiver.received()
+                       if r.json["executionId"] == xid} == set(want), 0.5)

@@ -81,6 +81,12 @@ def test_create_with_an_idempotency_key_replays_the_same_token(make_server):
     assert r4.status == 201 and r4.json["token"] != r1.json["token"] and r4.json["name"] == ""
     # a token of workspace a presented on b's path is refused, even by id
     assert s.get("/v1/workspaces/b", headers=bearer(r4.json["token"])).status == 401
+    # once revoked, a replay does not hand the dead token out again
+    tid = r1.json["id"]
+    assert s.request("DELETE", f"/v1/workspaces/a/tokens/{tid}", headers=A).status == 204
+    r5 = s.post("/v1/workspaces/a/tokens", {"name": "deploy"}, headers=h)
+    assert r5.status == 410 and r5.json["type"] == "/problems/token-revoked", r5
+    assert r1.json["token"] not in r5.raw.decode()
 
 
 def test_bad_create_bodies_change_nothing(make_server):

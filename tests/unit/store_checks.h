@@ -238,6 +238,15 @@ static int sub_redeliver(struct store_tx *tx, void *arg, struct ifl_err *e)
     return 0;
 }
 
+/* Takes every event; checks it is handed the subscription's event types as
+ * stored. */
+static int sub_wants(void *ctx, const char *events, const char *type)
+{
+    (void)ctx;
+    assert_string_equal(events, "[\"*\"]");
+    return strcmp(type, "execution.created") == 0;
+}
+
 static void check_subscriptions(struct store *s)
 {
     int created = 0;
@@ -290,16 +299,19 @@ static void check_subscriptions(struct store *s)
         memcpy(rows[i].event_id, ev[i].id, sizeof rows[i].event_id);
         memcpy(rows[i].execution_id, ev[i].execution_id, sizeof rows[i].execution_id);
         rows[i].aggregate_version = ev[i].aggregate_version;
+        rows[i].type = ev[i].type;
     }
     /* the cursor moves by compare-and-set: a second fan-out from the same
      * place does nothing */
     int advanced = 0;
     assert_int_equal(
-        store_subscription_advance(s, "ws", "s", c0, ev[3].cursor, rows, 4, 3000, &advanced, NULL),
+        store_subscription_advance(s, "ws", "s", c0, ev[3].cursor, rows, 4, sub_wants, NULL, 3000,
+                                   &advanced, NULL),
         0);
     assert_int_equal(advanced, 1);
     assert_int_equal(
-        store_subscription_advance(s, "ws", "s", c0, ev[3].cursor, rows, 4, 3000, &advanced, NULL),
+        store_subscription_advance(s, "ws", "s", c0, ev[3].cursor, rows, 4, sub_wants, NULL, 3000,
+                                   &advanced, NULL),
         0);
     assert_int_equal(advanced, 0);
     store_events_free(ev, n);

@@ -1235,6 +1235,44 @@ int engine_replay_answer(const char *text, json_t **answer, struct ifl_err *e)
     return err_set(e, IFL_ESTORE, "the stored answer of this Idempotency-Key is damaged");
 }
 
+/* An action on a purged execution (engine_gone): a repeat of one answered
+ * before the purge still replays that answer (k->replayed, *answer);
+ * anything else is the 410 already in *e.  The key's claim is rolled back
+ * when there is nothing to replay. */
+struct gone_args {
+    struct engine *g;
+    const char *ws, *scope;
+    struct engine_op_key *k;
+    char *replay;
+};
+
+static int tx_gone(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct gone_args *a = arg;
+    struct ifl_err scratch = {0};
+    int rc = engine_op_key_claim(a->g, tx, a->ws, a->scope, a->k, &a->replay, &scratch);
+    if (rc || !a->k->replayed)
+        return IFL_EGONE; /* rolls the claim back; *e keeps the 410 */
+    (void)e;
+    return 0;
+}
+
+static int gone_or_replay(struct engine *g, const char *ws, const char *scope,
+                          struct engine_op_key *k, json_t **answer, struct ifl_err *e)
+{
+    if (!k || !k->key)
+        return e->code;
+    struct ifl_err gone = *e;
+    struct gone_args a = {g, ws, scope, k, NULL};
+    int rc = store_tx_run(g->store, tx_gone, &a, e);
+    if (!rc && k->replayed)
+        rc = engine_replay_answer(a.replay, answer, e);
+    else
+        *e = gone;
+    free(a.replay);
+    return rc ? (rc == IFL_EGONE ? gone.code : rc) : 0;
+}
+
 struct retry_args {
     struct engine *g;
     struct steps_retry r;
@@ -1275,6 +1313,8 @@ int engine_retry(struct engine *g, const char *ws, const char *id, struct engine
     const struct wf *w = NULL;
     int rc = execution_and_workflow(g, ws, id, &x, &w, e);
     store_execution_clear(&x);
+    if (rc == IFL_EGONE)
+        return gone_or_replay(g, ws, "retry", k, answer, e);
     if (rc)
         return rc;
     struct retry_args a = {
@@ -1356,7 +1396,9 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
     struct ifl_err refuse = {0};
     struct resolve_args a = {.g = g, .k = k};
     int rc = execution_and_workflow(g, ws, id, &x, &w, e);
-    if (rc)
+    if (rc == IFL_EGONE)
+        rc = gone_or_replay(g, ws, "resolve", k, answer, e);
+    if (rc || k->replayed)
         goto out;
     long vi = wf_vertex_index(w, vertex);
     if (vi < 0) {
@@ -1452,12 +1494,27 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
                       char new_id[65], int *replayed, struct ifl_err *e)
 {
     *replayed = 0;
+    /* Start-over takes no body: its fingerprint is where it points (kept
+     * as it was before the other actions took keys, so that records
+     * written by earlier versions still replay). */
+    char fp[65];
+    char *fps = xasprintf("start-over\n%s\n%s", ws, id);
+    crypto_sha256_hex(fps, strlen(fps), fp);
+    free(fps);
     struct store_execution old;
     int rc = store_execution_get(g->store, ws, id, &old, e);
     if (rc)
         return rc;
     if ((rc = engine_gone(&old, e))) {
         store_execution_clear(&old);
+        struct engine_op_key k = {.key = key, .fingerprint = fp};
+        json_t *r = NULL;
+        if ((rc = gone_or_replay(g, ws, "start-over", &k, &r, e)) == 0) {
+            const char *rid = json_string_value(json_object_get(r, "executionId"));
+            snprintf(new_id, 65, "%s", rid ? rid : "");
+            *replayed = 1;
+        }
+        json_decref(r);
         return rc;
     }
     const struct wf *w = NULL;
@@ -1494,13 +1551,6 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     a.ca.x = &nx;
     a.ca.existing = &existing;
     a.ws = ws;
-    /* Start-over takes no body: its fingerprint is where it points (kept
-     * as it was before the other actions took keys, so that records
-     * written by earlier versions still replay). */
-    char fp[65];
-    char *fps = xasprintf("start-over\n%s\n%s", ws, id);
-    crypto_sha256_hex(fps, strlen(fps), fp);
-    free(fps);
     a.k = (struct engine_op_key){.key = key, .fingerprint = fp};
     a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
     if (!a.refuse) {

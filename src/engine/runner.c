@@ -655,69 +655,109 @@ static int recover(struct engine *g, int64_t now)
 /* Deletes the Idempotency-Key records past their retention and old
  * schedule ticks, a bounded number per round (an expired key is claimed
  * anew when it comes back, so this only reclaims space). */
-/* Retention (spec §4): purges finished executions older than the
+/* The dedup window of an execution's entry point: the longer of its own
+ * workflow version's and the latest version's (a window lengthened since
+ * holds for it too).  -1 when its version cannot be read: not purged now. */
+static int64_t dedup_window(struct engine *g, const struct store_purge *p)
+{
+    int64_t window = -1;
+    for (int latest = 0; latest < 2; latest++) {
+        const struct wf *w = NULL;
+        int version = 0;
+        struct ifl_err we = {0};
+        if (engine_workflow_get(g, p->workspace, p->workflow, latest ? 0 : p->workflow_version, &w,
+                                &version, &we) != 0) {
+            if (!latest)
+                return -1;
+            continue;
+        }
+        long vi = wf_vertex_index(w, p->entry_point);
+        int64_t v = vi >= 0 ? w->v[vi].dedup_window_ms : WF_DEDUP_WINDOW_DEFAULT_MS;
+        if (v > window)
+            window = v;
+    }
+    return window;
+}
+
+#define PURGE_BUDGET_MS 1000
+
+/* Retention (spec §4): purges executions that finished longer ago than the
  * retention — each a tombstone until its entry point's dedupWindow has
  * passed since it was created, else deleted — then old events and
- * deliveries, and tombstones whose window has passed.  Bounded rounds;
- * what is left waits for the next minute. */
-static void purge_old(struct engine *g, int64_t now)
+ * deliveries, and tombstones whose window has passed.  Batches of their
+ * own transactions (the writer is free between them) for up to
+ * PURGE_BUDGET_MS; 1 when work is left (the sweeper comes back in a
+ * second rather than a minute, so a backlog drains). */
+static int purge_old(struct engine *g, int64_t now)
 {
-    enum { BATCH = 200, ROUNDS = 10 };
+    enum { BATCH = 200, EV_BATCH = 1000 };
     struct ifl_err e = {0};
-    int64_t cutoff = now - g->run.retention_ms;
-    for (int round = 0; g->run.retention_ms > 0 && round < ROUNDS; round++) {
+    int64_t cutoff = now - g->run.retention_ms, until = clock_mono_ms() + PURGE_BUDGET_MS;
+    int more = 0;
+    while (g->run.retention_ms > 0) {
         struct store_purge *v = NULL;
         size_t n = 0;
         if (store_purge_candidates(g->store, cutoff, BATCH, &v, &n, &e)) {
             log_warn("retention.scan_failed", "finding executions to purge: %s", e.msg);
             break;
         }
+        size_t keep = 0;
         for (size_t i = 0; i < n; i++) {
-            const struct wf *w = NULL;
-            int64_t window = WF_DEDUP_WINDOW_DEFAULT_MS;
-            struct ifl_err we = {0};
-            int version = 0;
-            if (engine_workflow_get(g, v[i].workspace, v[i].workflow, v[i].workflow_version, &w,
-                                    &version, &we) == 0) {
-                long vi = wf_vertex_index(w, v[i].entry_point);
-                if (vi >= 0)
-                    window = w->v[vi].dedup_window_ms;
+            int64_t window = dedup_window(g, &v[i]);
+            if (window < 0) { /* unreadable workflow: left for a later sweep */
+                store_purge_clear(&v[i]);
+                continue;
             }
-            v[i].dedup_until = v[i].created_at + window;
+            v[keep] = v[i];
+            v[keep++].dedup_until = v[i].created_at + window;
         }
-        int rc = n ? store_purge(g->store, v, n, now, &e) : 0;
+        int rc = keep ? store_purge(g->store, v, keep, now, &e) : 0;
         unsigned long k = 0;
-        for (size_t i = 0; !rc && i < n; i++)
+        for (size_t i = 0; !rc && i < keep; i++)
             k += (unsigned long)v[i].purged;
         atomic_fetch_add(&g->m.purged_executions, k);
-        store_purges_free(v, n);
+        store_purges_free(v, keep);
         if (rc) {
             log_warn("retention.purge_failed", "purging executions: %s", e.msg);
             break;
         }
         if (n < BATCH)
             break;
+        if (clock_mono_ms() >= until) {
+            more = 1;
+            break;
+        }
     }
-    int k = 1000;
-    for (int round = 0; g->run.retention_ms > 0 && round < ROUNDS && k == 1000; round++) {
-        if (store_events_expire(g->store, cutoff, 1000, &k, &e)) {
+    int k = EV_BATCH;
+    while (g->run.retention_ms > 0 && k == EV_BATCH) {
+        if (clock_mono_ms() >= until) {
+            more = 1;
+            break;
+        }
+        if (store_events_expire(g->store, cutoff, EV_BATCH, &k, &e)) {
             log_warn("retention.events_failed", "expiring events: %s", e.msg);
             break;
         }
         atomic_fetch_add(&g->m.expired_events, (unsigned long)k);
     }
-    k = 1000;
-    for (int round = 0; round < ROUNDS && k == 1000; round++) {
-        if (store_tombstones_expire(g->store, now, 1000, &k, &e)) {
+    k = EV_BATCH;
+    while (k == EV_BATCH) {
+        if (clock_mono_ms() >= until) {
+            more = 1;
+            break;
+        }
+        if (store_tombstones_expire(g->store, now, EV_BATCH, &k, &e)) {
             log_warn("retention.tombstones_failed", "expiring tombstones: %s", e.msg);
             break;
         }
         atomic_fetch_add(&g->m.expired_tombstones, (unsigned long)k);
     }
     atomic_fetch_add(&g->m.retention_sweeps, 1);
+    return more;
 }
 
-static void expire_records(struct engine *g, int64_t now)
+/* 1 when retention work is left for the next second. */
+static int expire_records(struct engine *g, int64_t now)
 {
     enum { BATCH = 1000, ROUNDS = 10 };
     int n = BATCH;
@@ -739,7 +779,7 @@ static void expire_records(struct engine *g, int64_t now)
             log_warn("hooks.expire_failed", "expiring delivered webhooks: %s", e.msg);
             break;
         }
-    purge_old(g, now);
+    return purge_old(g, now);
 }
 
 static void *sweeper_main(void *arg)
@@ -776,8 +816,7 @@ static void *sweeper_main(void *arg)
         int64_t now = clock_now_ms();
         recover(g, now);
         if (now >= keys_due) {
-            expire_records(g, now);
-            keys_due = now + 60000;
+            keys_due = now + (expire_records(g, now) ? 1000 : 60000);
         }
     }
     return NULL;

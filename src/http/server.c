@@ -214,10 +214,16 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         nanosleep(&ts, NULL);
         return 0;
     }
-    /* suspend first: only then may the timer resume it */
-    MHD_suspend_connection(st->conn);
-    count(s, &s->deferred, 1);
+    /* Suspend first (only then may the timer resume it), and park under
+     * the lock the timer takes: once timer_stop is set nothing parks, so
+     * no connection is left suspended when the timer is gone. */
     pthread_mutex_lock(&s->mu);
+    if (s->timer_stop || !s->timer_started) {
+        pthread_mutex_unlock(&s->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    MHD_suspend_connection(st->conn);
+    s->deferred++;
     st->next = s->parked;
     s->parked = st;
     pthread_mutex_unlock(&s->mu);
@@ -341,7 +347,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (res.stream_fn && s->o.threads) { /* the timer that resumes parked streams */
         pthread_mutex_lock(&s->mu);
-        if (!s->timer_started && pthread_create(&s->timer, NULL, stream_timer, s) == 0)
+        /* not once a stop began: nobody would join it */
+        if (!s->timer_started && !s->stopping &&
+            pthread_create(&s->timer, NULL, stream_timer, s) == 0)
             s->timer_started = 1;
         int ok = s->timer_started;
         pthread_mutex_unlock(&s->mu);

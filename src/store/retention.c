@@ -11,16 +11,30 @@
 
 #define FINISHED "('completed', 'failed', 'stale')"
 
+/* By the time an execution finished (its last update): a long-running one
+ * is kept D days after it ended, not purged as it ends. */
 static const struct store_sql q_prepare = {
     "retention_prepare",
-    "CREATE INDEX IF NOT EXISTS executions_purgeable ON executions (created_at)"
+    "CREATE INDEX IF NOT EXISTS executions_purgeable ON executions (updated_at)"
     " WHERE status IN " FINISHED,
+    /* PostgreSQL: without blocking other processes' writes meanwhile (run
+     * outside a transaction) */
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS executions_purgeable ON executions (updated_at)"
+    " WHERE status IN " FINISHED};
+/* A build of it that was interrupted leaves an invalid index behind, which
+ * IF NOT EXISTS would keep: it is dropped and built again. */
+static const struct store_sql q_invalid = {
+    "retention_invalid",
+    "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+    " WHERE c.relname = 'executions_purgeable' AND NOT i.indisvalid",
     NULL};
+static const struct store_sql q_drop = {
+    "retention_drop", "DROP INDEX CONCURRENTLY IF EXISTS executions_purgeable", NULL};
 static const struct store_sql q_candidates = {
     "purge_candidates",
     "SELECT seq, id, workspace, workflow, workflow_version, entry_point, created_at"
-    " FROM executions WHERE status IN " FINISHED " AND created_at < ?1"
-    " ORDER BY created_at LIMIT ?2",
+    " FROM executions WHERE status IN " FINISHED " AND updated_at < ?1"
+    " ORDER BY updated_at LIMIT ?2",
     NULL};
 static const struct store_sql q_tombstone = {
     "purge_tombstone",
@@ -35,19 +49,23 @@ static const struct store_sql q_steps = {"purge_steps",
 static const struct store_sql q_attempts = {
     "purge_attempts", "DELETE FROM step_attempts WHERE execution_seq = ?1", NULL};
 /* Oldest first in seq order, which is (about) creation order: the scan
- * stops after `limit` old rows.  The newest row always stays: SQLite hands
- * out max(seq) + 1 for a new one, so deleting the newest would give the
- * next event a seq at or below cursors already handed out (the feed's,
- * the subscriptions'), and they would skip it. */
+ * reads `limit` rows from the start of the table and deletes the old ones
+ * among them, so it stays bounded however large the table is.  The newest
+ * row always stays: SQLite hands out max(seq) + 1 for a new one, so
+ * deleting the newest would give the next event a seq at or below cursors
+ * already handed out (the feed's, the subscriptions'), and they would skip
+ * it. */
 static const struct store_sql q_events = {
     "expire_events",
-    "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE created_at < ?1"
-    " AND seq < (SELECT MAX(seq) FROM events) ORDER BY seq LIMIT ?2) RETURNING 1",
+    "DELETE FROM events WHERE seq IN (SELECT o.seq FROM (SELECT seq, created_at FROM events"
+    " ORDER BY seq LIMIT ?2) AS o WHERE o.created_at < ?1"
+    " AND o.seq < (SELECT MAX(seq) FROM events)) RETURNING 1",
     NULL};
 static const struct store_sql q_deliveries = {
     "expire_deliveries",
-    "DELETE FROM deliveries WHERE seq IN (SELECT seq FROM deliveries WHERE created_at < ?1"
-    " AND seq < (SELECT MAX(seq) FROM deliveries) ORDER BY seq LIMIT ?2)",
+    "DELETE FROM deliveries WHERE seq IN (SELECT o.seq FROM (SELECT seq, created_at FROM"
+    " deliveries ORDER BY seq LIMIT ?2) AS o WHERE o.created_at < ?1"
+    " AND o.seq < (SELECT MAX(seq) FROM deliveries))",
     NULL};
 static const struct store_sql q_tombstones = {
     "expire_tombstones",
@@ -63,16 +81,27 @@ static int tx_prepare(struct store_tx *tx, void *arg, struct ifl_err *e)
 
 int store_retention_prepare(struct store *s, struct ifl_err *e)
 {
-    return store_tx_run(s, tx_prepare, NULL, e);
+    if (strcmp(store_backend(s), "postgres") != 0)
+        return store_tx_run(s, tx_prepare, NULL, e);
+    int invalid = 0;
+    int rc = s->ops->query(s, &q_invalid, NULL, 0, store_row_count, &invalid, e);
+    if (!rc && invalid)
+        rc = s->ops->query(s, &q_drop, NULL, 0, NULL, NULL, e);
+    return rc ? rc : s->ops->query(s, &q_prepare, NULL, 0, NULL, NULL, e);
+}
+
+void store_purge_clear(struct store_purge *p)
+{
+    free(p->workspace);
+    free(p->workflow);
+    free(p->entry_point);
+    memset(p, 0, sizeof *p);
 }
 
 void store_purges_free(struct store_purge *v, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        free(v[i].workspace);
-        free(v[i].workflow);
-        free(v[i].entry_point);
-    }
+    for (size_t i = 0; i < n; i++)
+        store_purge_clear(&v[i]);
     free(v);
 }
 

@@ -569,8 +569,9 @@ int store_token_delete(struct store *s, const char *ws, const char *id, struct i
  * deduplicate triggers through the unique key, with no cost to them — or is
  * deleted at once when that time has passed.  Events and deliveries older
  * than the retention are deleted by age. */
-/* Creates the index the purge scans (finished executions by creation
- * time); only processes that purge pay for it.  Idempotent. */
+/* Creates the index the purge scans (finished executions by the time they
+ * finished); only processes that purge pay for it.  Idempotent; on
+ * PostgreSQL built concurrently, without blocking writes. */
 int store_retention_prepare(struct store *s, struct ifl_err *e);
 struct store_purge {
     int64_t seq;
@@ -581,16 +582,18 @@ struct store_purge {
     int64_t dedup_until; /* set by the caller: tombstone until then; <= now: delete */
     int purged;          /* out */
 };
+void store_purge_clear(struct store_purge *p);
 void store_purges_free(struct store_purge *v, size_t n);
-/* Finished (completed, failed, stale) executions created before `before`,
- * oldest first. */
+/* Executions that finished (completed, failed, stale: their last update)
+ * before `before`, oldest first. */
 int store_purge_candidates(struct store *s, int64_t before, int limit, struct store_purge **items,
                            size_t *n, struct ifl_err *e);
 /* Purges v[0..n) in one transaction, each only if it is still finished
  * (an operator retry may have moved it meanwhile): purged = 1. */
 int store_purge(struct store *s, struct store_purge *v, size_t n, int64_t now, struct ifl_err *e);
-/* Deletes at most `limit` events, and as many deliveries, created before
- * `before`; *n = how many events. */
+/* Deletes events, and deliveries, created before `before` among the
+ * `limit` oldest rows of each; *n = how many events (so 0 may leave old
+ * rows further on only if younger ones came first). */
 int store_events_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
 /* Deletes at most `limit` tombstones whose dedup_until is before `now`. */
 int store_tombstones_expire(struct store *s, int64_t now, int limit, int *n, struct ifl_err *e);

@@ -122,3 +122,53 @@ def test_dedup_window_is_validated(server):
 def test_retention_days_is_validated(make_server):
     s = make_server(extra=["--retention-days", "-1"])
     assert s.start(expect_fail=True) == 2
+
+
+def test_repeated_actions_replay_after_the_purge(make_server):
+    """An operator action repeated with its Idempotency-Key after the purge
+    gets its first answer again (the client may have lost it), as long as the
+    key is kept (here 48 h, longer than the retention); a new key gets the
+    410."""
+    s = make_server(extra=["--test-clock", "--retention-days", "1", "--key-retention-hours", "48"])
+    s.start()
+    bad = {"vertices": {"start": {"type": "ENTRY_POINT"},
+                        "t": {"type": "TRANSFORM", "config": {"output": "= $error('boom')"}}},
+           "edges": [{"from": "start", "to": "t"}]}
+    put_workflow(s, "bad", bad)
+    x = s.post(f"{WS}/workflows/bad/entry-points/start/trigger", {"n": 1}).json["executionId"]
+    wait_for(lambda: s.get(f"{WS}/executions/{x}").json["status"] == "failed")
+    r1 = s.post(f"{WS}/executions/{x}/retry", None, headers={"Idempotency-Key": "rt-1"})
+    assert r1.status == 200, r1
+    wait_for(lambda: s.get(f"{WS}/executions/{x}").json["status"] == "failed")
+    so = s.post(f"{WS}/executions/{x}/start-over", None, headers={"Idempotency-Key": "so-1"})
+    assert so.status == 201, so
+    wait_for(lambda: s.get(f"{WS}/executions/{so.json['executionId']}").json["status"] == "failed")
+    sweep(s, DAY + 120000)
+    assert purged(s) == 2
+    r2 = s.post(f"{WS}/executions/{x}/retry", None, headers={"Idempotency-Key": "rt-1"})
+    assert r2.status == 200 and r2.headers.get("idempotent-replayed") == "true", r2
+    assert r2.json == r1.json
+    so2 = s.post(f"{WS}/executions/{x}/start-over", None, headers={"Idempotency-Key": "so-1"})
+    assert so2.status == 201 and so2.json["executionId"] == so.json["executionId"], so2
+    for path, key in ((f"{WS}/executions/{x}/retry", "rt-2"),
+                      (f"{WS}/executions/{x}/start-over", "so-2")):
+        r = s.post(path, None, headers={"Idempotency-Key": key})
+        assert r.status == 410 and r.json["type"] == "/problems/execution-purged", (path, r)
+    # the refused keys were not kept: nothing to replay, still 410
+    r = s.post(f"{WS}/executions/{x}/retry", None, headers={"Idempotency-Key": "rt-2"})
+    assert r.status == 410, r
+
+
+def test_a_lengthened_dedup_window_holds_for_older_executions(make_server):
+    s = make_server(extra=["--test-clock", "--retention-days", "1"])
+    s.start()
+    put_workflow(s, "ret", FLOW)
+    a = trig(s, "short", {"id": "w1"}).json["executionId"]
+    # a new version gives the entry point a longer window
+    longer = {**FLOW, "vertices": {**FLOW["vertices"], "short": {
+        "type": "ENTRY_POINT", "config": {"idempotencyFields": "id", "dedupWindow": "5d"}}}}
+    put_workflow(s, "ret", longer)
+    sweep(s, DAY + 120000)
+    assert purged(s) == 1
+    r = trig(s, "short", {"id": "w1"})
+    assert r.status == 200 and r.json["executionId"] == a and r.json["status"] == "purged", r

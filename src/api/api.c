@@ -1255,6 +1255,18 @@ static void h_test_clock(struct call *c)
 
 /* ---- subscriptions (outgoing webhooks, spec §7) ---------------------------------------- */
 
+/* The answer of a read or delete: the problem of a failed rc, else out
+ * with status (NULL out: an empty 204). */
+static void answer_of(struct call *c, int rc, const struct ifl_err *e, int status, json_t *out)
+{
+    if (rc)
+        api_problem_err(c->res, e);
+    else if (out)
+        reply_json(c->res, status, out);
+    else
+        http_res_body(c->res, 204, NULL, NULL);
+}
+
 static void h_sub_put(struct call *c)
 {
     const char *ws = c->seg[2], *name = c->seg[4];
@@ -1285,11 +1297,8 @@ static void h_sub_get(struct call *c)
         return;
     json_t *view = NULL;
     struct ifl_err e = {0};
-    if (engine_subscription_get(c->a->g, ws, name, &view, &e)) {
-        api_problem_err(c->res, &e);
-        return;
-    }
-    reply_json(c->res, 200, view);
+    int rc = engine_subscription_get(c->a->g, ws, name, &view, &e);
+    answer_of(c, rc, &e, 200, view);
 }
 
 static void h_sub_list(struct call *c)
@@ -1299,11 +1308,8 @@ static void h_sub_list(struct call *c)
         return;
     json_t *out = NULL;
     struct ifl_err e = {0};
-    if (engine_subscription_list(c->a->g, ws, &out, &e)) {
-        api_problem_err(c->res, &e);
-        return;
-    }
-    reply_json(c->res, 200, out);
+    int rc = engine_subscription_list(c->a->g, ws, &out, &e);
+    answer_of(c, rc, &e, 200, out);
 }
 
 static void h_sub_delete(struct call *c)
@@ -1312,11 +1318,7 @@ static void h_sub_delete(struct call *c)
     if (workspace_exists(c, ws) || check_name(c, "subscription", name))
         return;
     struct ifl_err e = {0};
-    if (engine_subscription_delete(c->a->g, ws, name, &e)) {
-        api_problem_err(c->res, &e);
-        return;
-    }
-    http_res_body(c->res, 204, NULL, NULL);
+    answer_of(c, engine_subscription_delete(c->a->g, ws, name, &e), &e, 204, NULL);
 }
 
 static void h_deliveries(struct call *c)
@@ -1347,11 +1349,8 @@ static void h_deliveries(struct call *c)
     }
     json_t *out = NULL;
     struct ifl_err e = {0};
-    if (engine_deliveries_list(c->a->g, ws, name, state, after, limit, &out, &e)) {
-        api_problem_err(c->res, &e);
-        return;
-    }
-    reply_json(c->res, 200, out);
+    int rc = engine_deliveries_list(c->a->g, ws, name, state, after, limit, &out, &e);
+    answer_of(c, rc, &e, 200, out);
 }
 
 static void h_redeliver(struct call *c)
@@ -1431,11 +1430,8 @@ static void h_token_list(struct call *c)
         return;
     json_t *out = NULL;
     struct ifl_err e = {0};
-    if (engine_token_list(c->a->g, ws, &out, &e)) {
-        api_problem_err(c->res, &e);
-        return;
-    }
-    reply_json(c->res, 200, out);
+    int rc = engine_token_list(c->a->g, ws, &out, &e);
+    answer_of(c, rc, &e, 200, out);
 }
 
 static void h_token_delete(struct call *c)
@@ -1444,11 +1440,7 @@ static void h_token_delete(struct call *c)
     if (workspace_exists(c, ws))
         return;
     struct ifl_err e = {0};
-    if (engine_token_delete(c->a->g, ws, c->seg[4], &e)) {
-        api_problem_err(c->res, &e);
-        return;
-    }
-    http_res_body(c->res, 204, NULL, NULL);
+    answer_of(c, engine_token_delete(c->a->g, ws, c->seg[4], &e), &e, 204, NULL);
 }
 
 /* ---- routing ------------------------------------------------------------------------ */

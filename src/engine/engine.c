@@ -641,17 +641,24 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
             return tx_insert_stale(tx, a, e);
         a->gap = a->had_last && a->ord->version > a->last + 1;
     }
-    rc = store_tx_execution_insert(tx, x, &a->created, e);
+    /* Twice at most: the row this insert ran into may be a tombstone that
+     * retention deleted meanwhile (PostgreSQL), and then the id is free. */
+    for (int round = 0;; round++) {
+        rc = store_tx_execution_insert(tx, x, &a->created, e);
+        if (rc || a->created)
+            break;
+        rc = store_tx_execution_get(tx, x->workspace, x->id, a->existing, e);
+        if (rc != IFL_ENOTFOUND || round == 1) {
+            /* a duplicate (or a reused key's 422): it admitted nothing, so
+             * the key's version goes back */
+            if (!rc && a->ord)
+                rc = store_tx_ordering_reset(tx, a->ord, a->had_last, a->last, e);
+            a->gap = 0;
+            return rc;
+        }
+    }
     if (rc)
         return rc;
-    if (!a->created) {
-        /* a duplicate (or a reused key's 422): it admitted nothing, so
-         * the key's version goes back */
-        if (a->ord && (rc = store_tx_ordering_reset(tx, a->ord, a->had_last, a->last, e)))
-            return rc;
-        a->gap = 0;
-        return store_tx_execution_get(tx, x->workspace, x->id, a->existing, e);
-    }
     rc = store_tx_steps_insert(tx, a->rows, a->nrows, e);
     for (size_t k = 0; !rc && k < a->nearly; k++) {
         const struct store_step *r = &a->rows[a->early[k].row];

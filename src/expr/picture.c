@@ -616,6 +616,12 @@ val *expr_format_datetime(struct ctx *c, double ms, val *picture, val *tz)
         memcpy(t, tz->u.s, l);
         t[l] = 0;
         long off = strtol(t, NULL, 10);
+        /* "±HHMM": anything longer is nonsense; kept in range so the hour
+         * fits an int */
+        if (off > 9999)
+            off = 9999;
+        if (off < -9999)
+            off = -9999;
         offh = (int)floor((double)off / 100);
         offm = (int)(off % 100);
     }

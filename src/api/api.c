@@ -29,6 +29,7 @@ struct api {
     atomic_ullong requests, responses_4xx, responses_5xx;
     atomic_ullong triggers_created, triggers_deduplicated, triggers_rejected;
     int64_t started_ms;
+    uint8_t admin_digest[CRYPTO_SHA256_LEN]; /* SHA-256 of o.admin_token, when set */
 };
 
 struct call {
@@ -862,12 +863,12 @@ static int op_key(struct call *c, const json_t *body, char key[256], char fp[65]
     return 0;
 }
 
-/* An operator action's answer: 200, or the first answer replayed. */
-static void reply_action(struct call *c, const struct engine_op_key *k, json_t *answer)
+/* An operator action's answer: `status`, or the first answer replayed. */
+static void reply_action(struct call *c, const struct engine_op_key *k, int status, json_t *answer)
 {
     if (k->replayed)
         http_res_header(c->res, "Idempotent-Replayed", "true");
-    reply_json(c->res, k->replayed ? k->status : 200, answer);
+    reply_json(c->res, k->replayed ? k->status : status, answer);
 }
 
 static void h_retry(struct call *c)
@@ -885,7 +886,7 @@ static void h_retry(struct call *c)
         api_problem_err(c->res, &e);
         return;
     }
-    reply_action(c, &k, answer);
+    reply_action(c, &k, 200, answer);
 }
 
 static void h_resolve(struct call *c)
@@ -921,7 +922,7 @@ static void h_resolve(struct call *c)
         api_problem_err(c->res, &e);
         return;
     }
-    reply_action(c, &k, answer);
+    reply_action(c, &k, 200, answer);
 }
 
 static void h_start_over(struct call *c)
@@ -1049,17 +1050,8 @@ static void h_events(struct call *c)
         return;
     }
     json_t *items = json_array();
-    for (size_t i = 0; i < n; i++) {
-        json_t *o = json_object();
-        json_object_set_new(o, "id", json_string(ev[i].id));
-        json_object_set_new(o, "type", json_string(ev[i].type));
-        json_object_set_new(o, "executionId",
-                            ev[i].execution_id[0] ? json_string(ev[i].execution_id) : json_null());
-        json_object_set_new(o, "aggregateVersion", json_integer(ev[i].aggregate_version));
-        json_object_set_new(o, "createdAt", ts_json(ev[i].created_at));
-        json_object_set_new(o, "data", text_json(ev[i].data));
-        json_array_append_new(items, o);
-    }
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(items, api_event_json(&ev[i]));
     json_t *o = json_object();
     json_object_set_new(o, "items", items);
     if (n > 0) {
@@ -1368,9 +1360,7 @@ static void h_redeliver(struct call *c)
         api_problem_err(c->res, &e);
         return;
     }
-    if (k.replayed)
-        http_res_header(c->res, "Idempotent-Replayed", "true");
-    reply_json(c->res, k.replayed ? k.status : 202, answer);
+    reply_action(c, &k, 202, answer);
 }
 
 /* ---- workspace tokens (spec §10) ------------------------------------------------------- */
@@ -1417,10 +1407,8 @@ static void h_token_create(struct call *c)
         api_problem_err(c->res, &e);
         return;
     }
-    if (ok.replayed)
-        http_res_header(c->res, "Idempotent-Replayed", "true");
     http_res_header(c->res, "Cache-Control", "no-store");
-    reply_json(c->res, ok.replayed ? ok.status : 201, answer);
+    reply_action(c, &ok, 201, answer);
 }
 
 static void h_token_list(struct call *c)
@@ -1523,10 +1511,9 @@ static int auth_ok(struct call *c)
         return 0;
     /* digests of equal length: the comparison tells nothing, not even the
      * token's length */
-    uint8_t want[CRYPTO_SHA256_LEN], got[CRYPTO_SHA256_LEN];
-    crypto_sha256(tok, strlen(tok), want);
+    uint8_t got[CRYPTO_SHA256_LEN];
     crypto_sha256(h + 7, strlen(h + 7), got);
-    return crypto_equal(want, sizeof want, got, sizeof got);
+    return crypto_equal(c->a->admin_digest, sizeof got, got, sizeof got);
 }
 
 void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
@@ -1602,6 +1589,8 @@ struct api *api_new(struct engine *g, const struct api_opts *o)
     if (!a->o.max_depth)
         a->o.max_depth = JSON_DEFAULT_MAX_DEPTH;
     a->started_ms = clock_mono_ms();
+    if (a->o.admin_token)
+        crypto_sha256(a->o.admin_token, strlen(a->o.admin_token), a->admin_digest);
     return a;
 }
 

@@ -44,6 +44,24 @@ static void sse_event(struct sse *s, const char *id, const char *type, json_t *d
     s->last_write = clock_mono_ms();
 }
 
+json_t *api_event_json(const struct store_event *ev)
+{
+    char ts[32];
+    clock_rfc3339(ev->created_at, ts);
+    json_t *data = NULL;
+    if (ev->data && json_parse(ev->data, strlen(ev->data), &json_stored_limits, &data, NULL))
+        data = json_string(ev->data);
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(ev->id));
+    json_object_set_new(o, "type", json_string(ev->type));
+    json_object_set_new(o, "executionId",
+                        ev->execution_id[0] ? json_string(ev->execution_id) : json_null());
+    json_object_set_new(o, "aggregateVersion", json_integer(ev->aggregate_version));
+    json_object_set_new(o, "createdAt", json_string(ts));
+    json_object_set_new(o, "data", data ? data : json_null());
+    return o;
+}
+
 static int terminal(const char *type)
 {
     return strcmp(type, "execution.completed") == 0 || strcmp(type, "execution.failed") == 0 ||
@@ -71,14 +89,7 @@ static void poll_feed(struct sse *s)
             snprintf(s->cursor, sizeof s->cursor, "%s", ev[i].cursor);
             if (strcmp(ev[i].execution_id, s->xid) != 0)
                 continue;
-            json_t *data = NULL;
-            json_parse(ev[i].data, strlen(ev[i].data), &json_stored_limits, &data, NULL);
-            char ts[32];
-            clock_rfc3339(ev[i].created_at, ts);
-            json_t *item = json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "id", ev[i].id, "type",
-                                     ev[i].type, "executionId", ev[i].execution_id,
-                                     "aggregateVersion", (json_int_t)ev[i].aggregate_version,
-                                     "createdAt", ts, "data", data ? data : json_null());
+            json_t *item = api_event_json(&ev[i]);
             sse_event(s, ev[i].id, ev[i].type, item);
             json_decref(item);
             if (terminal(ev[i].type))

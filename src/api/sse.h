@@ -6,6 +6,7 @@
 #define IFL_API_SSE_H
 
 #include "engine/engine.h"
+#include "store/store.h"
 #include "http/http.h"
 
 /* Fills res with the stream of execution out->id of workspace ws: first an
@@ -15,6 +16,11 @@
  * `data: <the feed's item>`, then `end` with the final status once the
  * execution completed, failed or was stale — or `timeout` after
  * max_ms.  A comment line keeps idle connections alive every 15 s. */
+/* An event as the feed shows it (GET …/events, and each event of a stream):
+ * {"id","type","executionId","aggregateVersion","createdAt","data"}, a new
+ * reference. */
+json_t *api_event_json(const struct store_event *ev);
+
 void sse_run_stream(struct engine *g, struct http_res *res, const char *ws,
                     const struct trigger_res *out, const char *cursor, int64_t max_ms);
 

@@ -441,14 +441,6 @@ static void note_clear(struct gw_job *j)
     engine_note_attempts(j->g, &v, 1);
 }
 
-static double rnd01(void)
-{
-    uint64_t r = 0;
-    if (crypto_random(&r, sizeof r))
-        return 0.5;
-    return (double)(r >> 11) / (double)(1ULL << 53);
-}
-
 /* The step's error after response r to the request this phase sent (the
  * verify request in phase 1); `note` (may be NULL) is appended to its
  * message. */
@@ -502,7 +494,7 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
         o->attempt_outcome = "attempts_exhausted";
         return;
     }
-    int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, rnd01());
+    int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, gw_rnd01());
     if (now + wait > j->first_attempt_ms + p->deadline_ms) {
         o->to = STEP_FAILED;
         *err_text = class_error_note("deadline_exceeded", j, r, verify_next, note);

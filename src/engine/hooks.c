@@ -672,14 +672,6 @@ static int call_build(struct call *c, int64_t now)
     return 0;
 }
 
-static double rnd01(void)
-{
-    uint64_t r = 0;
-    if (crypto_random(&r, sizeof r))
-        return 0.5;
-    return (double)(r >> 11) / (double)(1ULL << 53);
-}
-
 /* The outcome of one attempt. */
 static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcome *o, char err[256])
 {
@@ -716,7 +708,7 @@ static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcom
                           .backoff_coefficient = c->s.backoff_coefficient,
                           .max_interval_ms = c->s.max_interval_ms};
     o->state = "pending";
-    o->next_at = now + gw_backoff_ms(&p, c->d.attempts, retry_after, rnd01());
+    o->next_at = now + gw_backoff_ms(&p, c->d.attempts, retry_after, gw_rnd01());
 }
 
 /* Claims as many due deliveries as there are free slots and starts their

@@ -569,6 +569,14 @@ json_t *gw_output(const struct gw_response *r)
     return o;
 }
 
+double gw_rnd01(void)
+{
+    uint64_t r = 0;
+    if (crypto_random(&r, sizeof r))
+        return 0.5;
+    return (double)(r >> 11) / (double)(1ULL << 53);
+}
+
 int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retry_after_ms,
                       double rnd)
 {

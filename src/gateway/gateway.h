@@ -154,6 +154,10 @@ json_t *gw_output(const struct gw_response *r);
 int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retry_after_ms,
                       double rnd);
 
+/* A uniform random number in [0, 1) from the CSPRNG (0.5 if it fails): the
+ * `rnd` of gw_backoff_ms. */
+double gw_rnd01(void);
+
 /* Parses an HTTP-date (IMF-fixdate, RFC 850, asctime) to Unix ms; -1 if
  * malformed. */
 int64_t gw_http_date_ms(const char *s);

@@ -115,10 +115,7 @@ static int purge_row(void *arg, const char *const *c, int nc)
     struct purge_rows *r = arg;
     if (nc < 7)
         return 0;
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 64;
-        r->items = xrealloc(r->items, r->cap * sizeof *r->items);
-    }
+    r->items = store_grow(r->items, r->n, &r->cap, sizeof *r->items);
     struct store_purge *p = &r->items[r->n++];
     memset(p, 0, sizeof *p);
     p->seq = c[0] ? strtoll(c[0], NULL, 10) : 0;

@@ -354,6 +354,14 @@ const struct store_migration store_migrations[] = {
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
+void *store_grow(void *items, size_t n, size_t *cap, size_t size)
+{
+    if (n < *cap)
+        return items;
+    *cap = *cap ? *cap * 2 : 8;
+    return xrealloc(items, *cap * size);
+}
+
 int store_url_is_sqlite(const char *url)
 {
     return !(strncmp(url, "postgres://", 11) == 0 || strncmp(url, "postgresql://", 13) == 0 ||

@@ -25,6 +25,8 @@ typedef int (*store_row_fn)(void *arg, const char *const *cols, int ncols);
 #define STORE_VAL_I(x) ((struct store_val){.is_int = 1, .i = (x)})
 #define STORE_VAL_S(x) ((struct store_val){.s = (x)})
 #define STORE_MAX_COLS 24
+/* Makes room for one more element in a doubling heap array (store.c). */
+void *store_grow(void *items, size_t n, size_t *cap, size_t size);
 /* A store_row_fn that counts rows into the int at arg (subs.c). */
 int store_row_count(void *arg, const char *const *cols, int nc);
 

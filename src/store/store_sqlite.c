@@ -240,13 +240,6 @@ static void read_end(struct sq *s, struct conn *c, sqlite3_stmt *st)
 }
 
 /* Makes room for one more element in a doubling heap array. */
-static void *grow(void *items, size_t n, size_t *cap, size_t size)
-{
-    if (n < *cap)
-        return items;
-    *cap = *cap ? *cap * 2 : 8;
-    return xrealloc(items, *cap * size);
-}
 
 /* ---- the writer thread (group commit) ------------------------------------- */
 
@@ -897,7 +890,7 @@ static int op_secret_list(struct store *base, const char *ws, char ***names, siz
     size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        *names = grow(*names, *n, &cap, sizeof **names);
+        *names = store_grow(*names, *n, &cap, sizeof **names);
         (*names)[(*n)++] = col_str(st, 0);
     }
     int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "secret_list");
@@ -1242,7 +1235,7 @@ static int collect_steps(struct conn *c, sqlite3_stmt *st, struct store_step **i
     size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        *items = grow(*items, *n, &cap, sizeof **items);
+        *items = store_grow(*items, *n, &cap, sizeof **items);
         memset(&(*items)[*n], 0, sizeof **items);
         read_step(st, &(*items)[(*n)++]);
     }
@@ -1842,7 +1835,7 @@ static int op_attempts_get(struct store *base, const char *execution_id,
     size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        *items = grow(*items, *n, &cap, sizeof **items);
+        *items = store_grow(*items, *n, &cap, sizeof **items);
         struct store_attempt *a = &(*items)[(*n)++];
         memset(a, 0, sizeof *a);
         col_copy(st, 0, a->execution_id, sizeof a->execution_id);
@@ -2069,7 +2062,7 @@ static int op_events_list(struct store *base, const char *ws, const char *after,
     size_t cap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        *items = grow(*items, *n, &cap, sizeof **items);
+        *items = store_grow(*items, *n, &cap, sizeof **items);
         struct store_event *ev = &(*items)[(*n)++];
         memset(ev, 0, sizeof *ev);
         ev->seq = sqlite3_column_int64(st, 0);

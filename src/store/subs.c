@@ -228,10 +228,7 @@ static int sub_row(void *arg, const char *const *c, int nc)
     struct subs_rows *r = arg;
     if (nc < 10)
         return 0;
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 8;
-        r->items = xrealloc(r->items, r->cap * sizeof *r->items);
-    }
+    r->items = store_grow(r->items, r->n, &r->cap, sizeof *r->items);
     struct store_subscription *x = &r->items[r->n++];
     *x = (struct store_subscription){dup(c[0]), dup(c[1]), dup(c[2]), dup(c[3]), dup(c[4]),
                                      dup(c[5]), num(c[6]), dup(c[7]), num(c[8]), num(c[9])};
@@ -399,10 +396,7 @@ static int dlv_row(void *arg, const char *const *c, int nc)
     struct dlv_rows *r = arg;
     if (nc < 18)
         return 0;
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 16;
-        r->items = xrealloc(r->items, r->cap * sizeof *r->items);
-    }
+    r->items = store_grow(r->items, r->n, &r->cap, sizeof *r->items);
     struct store_delivery *d = &r->items[r->n++];
     memset(d, 0, sizeof *d);
     d->seq = num(c[0]);

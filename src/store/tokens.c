@@ -54,10 +54,7 @@ static int token_row(void *arg, const char *const *c, int nc)
     struct token_rows *r = arg;
     if (nc < 3)
         return 0;
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 8;
-        r->items = xrealloc(r->items, r->cap * sizeof *r->items);
-    }
+    r->items = store_grow(r->items, r->n, &r->cap, sizeof *r->items);
     struct store_token *t = &r->items[r->n++];
     memset(t, 0, sizeof *t);
     if (c[0])

@@ -718,16 +718,6 @@ static json_t *execution_json(const struct store_execution *x, int full)
     return o;
 }
 
-static json_t *text_json(const char *text)
-{
-    if (!text)
-        return json_null();
-    json_t *v = NULL;
-    if (json_parse(text, strlen(text), &json_stored_limits, &v, NULL))
-        return json_string(text);
-    return v;
-}
-
 /* steps[] of the execution resource, each with its attempt history. */
 static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_err *e)
 {
@@ -750,8 +740,8 @@ static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_er
         json_object_set_new(o, "state", json_string(store_step_state_name(st->state)));
         json_object_set_new(o, "attempts", json_integer(st->attempts));
         json_object_set_new(o, "epoch", json_integer(st->epoch));
-        json_object_set_new(o, "output", text_json(st->output));
-        json_object_set_new(o, "error", text_json(st->error));
+        json_object_set_new(o, "output", json_stored_value(st->output));
+        json_object_set_new(o, "error", json_stored_value(st->error));
         json_object_set_new(o, "nextAttemptAt",
                             st->state == STEP_DISPATCHED ? ts_json(st->next_run_at) : json_null());
         if (st->state == STEP_EXECUTING) {
@@ -771,7 +761,7 @@ static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_er
                                 at[k].finished_at ? ts_json(at[k].finished_at) : json_null());
             json_object_set_new(h, "outcome",
                                 at[k].outcome ? json_string(at[k].outcome) : json_null());
-            json_object_set_new(h, "error", text_json(at[k].error));
+            json_object_set_new(h, "error", json_stored_value(at[k].error));
             json_array_append_new(hist, h);
         }
         json_object_set_new(o, "history", hist);
@@ -981,49 +971,17 @@ static void h_dead_letters(struct call *c)
     int limit;
     if (query_limit(c, 100, &limit))
         return;
-    /* ?after=AT~EXECUTION~VERTEX: the `next` of the previous page */
-    const char *aq = c->req->query(c->req, "after");
-    struct store_dead_cursor cur = {0}, *after = NULL;
-    if (aq) {
-        long long at = 0;
-        int used = 0;
-        if (sscanf(aq, "%lld~%64[0-9a-f]~%128[A-Za-z0-9_.-]%n", &at, cur.execution_id, cur.vertex,
-                   &used) != 3 ||
-            aq[used] || at < 0 || strlen(cur.execution_id) != 64) {
-            api_problem(c->res, 400, "invalid-parameter",
-                        "after must be the `next` of a previous page", "/after");
-            return;
-        }
-        cur.at = at;
-        after = &cur;
-    }
-    struct store_step *rows = NULL;
-    size_t n = 0;
+    json_t *o = NULL;
     struct ifl_err e = {0};
-    if (store_dead_letters(engine_store(c->a->g), ws, after, limit, &rows, &n, &e)) {
+    int rc = engine_dead_letters(c->a->g, ws, c->req->query(c->req, "after"), limit, &o, &e);
+    if (rc == IFL_EINVAL) {
+        api_problem(c->res, 400, "invalid-parameter", e.msg, "/after");
+        return;
+    }
+    if (rc) {
         api_problem_err(c->res, &e);
         return;
     }
-    char *next = n == (size_t)limit ? xasprintf("%lld~%s~%s", (long long)rows[n - 1].updated_at,
-                                                rows[n - 1].execution_id, rows[n - 1].vertex)
-                                    : NULL;
-    json_t *items = json_array();
-    for (size_t i = 0; i < n; i++) {
-        json_t *o = json_object();
-        json_object_set_new(o, "kind", json_string("step"));
-        json_object_set_new(o, "executionId", json_string(rows[i].execution_id));
-        json_object_set_new(o, "vertex", json_string(rows[i].vertex));
-        json_object_set_new(o, "state", json_string(store_step_state_name(rows[i].state)));
-        json_object_set_new(o, "attempts", json_integer(rows[i].attempts));
-        json_object_set_new(o, "error", text_json(rows[i].error));
-        json_object_set_new(o, "updatedAt", ts_json(rows[i].updated_at));
-        json_array_append_new(items, o);
-    }
-    store_steps_free(rows, n);
-    json_t *o = json_object();
-    json_object_set_new(o, "items", items);
-    json_object_set_new(o, "next", next ? json_string(next) : json_null());
-    free(next);
     reply_json(c->res, 200, o);
 }
 

@@ -231,6 +231,16 @@ int engine_resolve(struct engine *g, const char *ws, const char *id, const char 
 int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
                       char new_id[65], int *replayed, struct ifl_err *e);
 
+/* The dead letters of ws (deadletters.c; spec §5): FAILED and
+ * REQUIRES_RECONCILIATION steps ({"kind":"step","executionId","vertex",
+ * "state","attempts","error","updatedAt"}) and dead webhook deliveries
+ * ({"kind":"delivery","subscription","eventId","type","executionId",
+ * "state","attempts","lastStatus","error","updatedAt"}), newest first:
+ * *out = {"items": [...], "next": cursor or null} (new reference).  after:
+ * NULL, or the `next` of a previous page (IFL_EINVAL otherwise). */
+int engine_dead_letters(struct engine *g, const char *ws, const char *after, int limit,
+                        json_t **out, struct ifl_err *e);
+
 /* ---- outgoing webhooks (hooks.c; spec §7 subscriptions) -------------------------
  * Views are {"name","url","events","secret":"****","timeoutMs","retry",
  * "createdAt","updatedAt","deliveries":{pending,sending,delivered,dead}};

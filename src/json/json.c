@@ -56,6 +56,16 @@ static int scan_depth(const char *s, size_t len, int max, size_t *where)
 
 const struct json_limits json_stored_limits = {.max_depth = JSON_STORED_MAX_DEPTH};
 
+json_t *json_stored_value(const char *text)
+{
+    if (!text)
+        return json_null();
+    json_t *v = NULL;
+    if (json_parse(text, strlen(text), &json_stored_limits, &v, NULL))
+        return json_string(text);
+    return v;
+}
+
 int json_depth_ok(const char *text, size_t len, int max)
 {
     size_t where = 0;

@@ -33,6 +33,10 @@ struct json_limits {
 #define JSON_STORED_MAX_DEPTH 512
 extern const struct json_limits json_stored_limits; /* {.max_depth = JSON_STORED_MAX_DEPTH} */
 
+/* A stored text as a value (new reference): JSON null for NULL, the parsed
+ * value when the text is JSON (under json_stored_limits), else a string. */
+json_t *json_stored_value(const char *text);
+
 /* 1 when text[0..len) nests arrays and objects at most max deep (strings
  * skipped), else 0.  Does not validate the text otherwise. */
 int json_depth_ok(const char *text, size_t len, int max);

@@ -533,6 +533,12 @@ int store_deliveries_release(struct store *s, struct ifl_err *e);
 int store_deliveries_list(struct store *s, const char *ws, const char *name, const char *state,
                           int64_t after, int limit, struct store_delivery **items, size_t *n,
                           struct ifl_err *e);
+/* Dead deliveries of ws (every subscription's), newest first: those
+ * before (at, subscription, event_id) in (updated_at, subscription,
+ * event_id) descending order — (INT64_MAX, "", "") for the first page. */
+int store_deliveries_dead(struct store *s, const char *ws, int64_t at, const char *subscription,
+                          const char *event_id, int limit, struct store_delivery **items, size_t *n,
+                          struct ifl_err *e);
 /* Sets the delivery of event_id back to pending, due at now, with a fresh
  * attempt budget, inside the caller's transaction; *out (cleared by the
  * caller) = the row after.  IFL_ENOTFOUND, or IFL_ECONFLICT while an

@@ -121,6 +121,16 @@ static const struct store_sql q_dlv_list = {
     "SELECT " DLV_COLS " FROM deliveries d JOIN events e ON e.seq = d.event_seq"
     " WHERE d.workspace = $1 AND d.subscription = $2 AND ($3::text IS NULL OR d.state = $3)"
     " AND d.seq > $4 ORDER BY d.seq LIMIT $5"};
+/* Dead deliveries of a workspace, newest first (spec §5 dead letters):
+ * after (?2, ?3, ?4) in (updated_at, subscription, event_id) descending
+ * order.  LEFT JOIN: a dead delivery stays listed after its event expired. */
+static const struct store_sql q_dlv_dead = {
+    "dlv_dead",
+    "SELECT " DLV_COLS " FROM deliveries d LEFT JOIN events e ON e.seq = d.event_seq"
+    " WHERE d.workspace = ?1 AND d.state = 'dead' AND (d.updated_at < ?2 OR (d.updated_at = ?2"
+    " AND (d.subscription < ?3 OR (d.subscription = ?3 AND d.event_id < ?4))))"
+    " ORDER BY d.updated_at DESC, d.subscription DESC, d.event_id DESC LIMIT ?5",
+    NULL};
 static const struct store_sql q_dlv_by_event = {
     "dlv_by_event",
     "SELECT " DLV_COLS " FROM deliveries d JOIN events e ON e.seq = d.event_seq"
@@ -586,6 +596,23 @@ int store_deliveries_list(struct store *s, const char *ws, const char *name, con
     struct store_val p[] = {STORE_VAL_S(ws), STORE_VAL_S(name), STORE_VAL_S(state),
                             STORE_VAL_I(after), STORE_VAL_I(limit)};
     int rc = query(s, &q_dlv_list, p, 5, dlv_row, &r, e);
+    if (rc) {
+        store_deliveries_free(r.items, r.n);
+        r = (struct dlv_rows){0};
+    }
+    *items = r.items;
+    *n = r.n;
+    return rc;
+}
+
+int store_deliveries_dead(struct store *s, const char *ws, int64_t at, const char *subscription,
+                          const char *event_id, int limit, struct store_delivery **items, size_t *n,
+                          struct ifl_err *e)
+{
+    struct dlv_rows r = {0};
+    struct store_val p[] = {STORE_VAL_S(ws), STORE_VAL_I(at), STORE_VAL_S(subscription),
+                            STORE_VAL_S(event_id), STORE_VAL_I(limit)};
+    int rc = query(s, &q_dlv_dead, p, 5, dlv_row, &r, e);
     if (rc) {
         store_deliveries_free(r.items, r.n);
         r = (struct dlv_rows){0};

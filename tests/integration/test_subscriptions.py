@@ -688,6 +688,71 @@ def test_exhausted_deliveries_are_dead_do_not_block_and_can_be_redelivered(serve
     assert r.status == 404, r
 
 
+def test_dead_deliveries_are_dead_letters_beside_failed_steps(server, receiver):
+    """Spec §5: GET …/dead-letters lists FAILED and REQUIRES_RECONCILIATION
+    steps *and dead deliveries*, newest first, in pages whose cursors never
+    skip or repeat an item, whatever kind it is."""
+    prepare(server)
+    bad = {"vertices": {"start": {"type": "ENTRY_POINT"},
+                        "t": {"type": "TRANSFORM", "config": {"output": "= $number(payload.x) + 1"}}},
+           "edges": [{"from": "start", "to": "t"}]}
+    assert server.put(f"{WS}/workflows/bad", bad).status == 201
+    fixed = threading.Event()
+    receiver.respond = lambda req: 204 if fixed.is_set() else (500, {}, b"down")
+    subscribe(server, "dl", receiver.url("/dl"), events=("execution.failed",),
+              retry={"maxAttempts": 1})
+    xids = []
+    for i in range(3):
+        r = server.post(f"{WS}/workflows/bad/entry-points/start/trigger", {"x": f"nan-{i}"})
+        assert r.status == 201, r
+        xids.append(r.json["executionId"])
+    for x in xids:
+        assert finished(server, x)["status"] == "failed"
+    wait_for(lambda: len(deliveries(server, "dl", "dead")) == 3, what="three dead deliveries")
+
+    full = server.get(f"{WS}/dead-letters?limit=1000")
+    assert full.status == 200 and full.json["next"] is None, full
+    items = full.json["items"]
+    steps = [d for d in items if d["kind"] == "step"]
+    hooks = [d for d in items if d["kind"] == "delivery"]
+    assert sorted(d["executionId"] for d in steps) == sorted(xids), items
+    assert all(d["vertex"] == "t" and d["state"] == "FAILED" for d in steps), steps
+    assert sorted(d["executionId"] for d in hooks) == sorted(xids) and len(items) == 6, items
+    for d in hooks:
+        assert d["subscription"] == "dl" and d["type"] == "execution.failed", d
+        assert d["state"] == "dead" and d["attempts"] == 1 and d["lastStatus"] == 500, d
+        assert d["error"] and len(d["eventId"]) == 64, d
+    times = [ts(d["updatedAt"]) for d in items]
+    assert times == sorted(times, reverse=True), items
+
+    def key(d):
+        return (d["kind"], d.get("vertex") or d["eventId"], d["executionId"])
+    for limit in (1, 2, 4, 5):
+        seen, after = [], None
+        while True:
+            r = server.get(f"{WS}/dead-letters?limit={limit}" + (f"&after={after}" if after else ""))
+            assert r.status == 200, r
+            seen += r.json["items"]
+            after = r.json["next"]
+            if not after:
+                break
+        assert [key(d) for d in seen] == [key(d) for d in items], (limit, seen)
+    for cur in ("1~hook~dl~xyz", "1~hook~d%20l~" + "a" * 64, "1~hook~~" + "a" * 64,
+                "x~hook~dl~" + "a" * 64, "1~hook~dl~" + "a" * 64 + "~v"):
+        r = server.get(f"{WS}/dead-letters?after={cur}")
+        assert r.status == 400 and r.json["pointer"] == "/after", (cur, r)
+
+    # redelivered and delivered: no longer a dead letter; the steps stay
+    fixed.set()
+    first = hooks[0]
+    r = server.post(f"{sub_path('dl')}/deliveries/{first['eventId']}/redeliver")
+    assert r.status == 202, r
+    wait_for(lambda: delivery_states(server, "dl")[first["eventId"]]["state"] == "delivered",
+             what="redelivered")
+    left = server.get(f"{WS}/dead-letters").json["items"]
+    assert len(left) == 5 and first["eventId"] not in [d.get("eventId") for d in left], left
+
+
 def test_a_deleted_subscription_gets_nothing_more(server, receiver):
     prepare(server)
 

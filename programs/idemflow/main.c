@@ -4,7 +4,8 @@
  *   idemflow serve [--listen HOST:PORT] [--db URL] [--load DIR] [--max-body BYTES]
  *   idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json
  *   idemflow eval EXPR [--data FILE] [--bindings JSON]
- *   idemflow get|retry|resolve|start-over|dead-letters …   (operator commands over HTTP)
+ *   idemflow get|retry|resolve|start-over|dead-letters|subscriptions|deliveries|redeliver|
+ *            tokens|token-create|token-revoke …   (operator commands over HTTP)
  *   idemflow version
  */
 #include "api/api.h"
@@ -53,6 +54,12 @@ static void usage(FILE *f)
           "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed) [--key KEY]\n"
           "  idemflow start-over WS EXECUTION --key IDEMPOTENCY_KEY\n"
           "  idemflow dead-letters WS\n"
+          "  idemflow subscriptions WS\n"
+          "  idemflow deliveries WS SUBSCRIPTION [--state pending|sending|delivered|dead]\n"
+          "  idemflow redeliver WS SUBSCRIPTION EVENT_ID [--key KEY]\n"
+          "  idemflow tokens WS\n"
+          "  idemflow token-create WS [--name NAME] [--key KEY]\n"
+          "  idemflow token-revoke WS TOKEN_ID\n"
           "  idemflow version\n",
           f);
 }
@@ -585,23 +592,65 @@ out:
 
 /* ---- operator commands (HTTP clients of a running server) ------------------ */
 
-static int cmd_operator(int argc, char **argv)
+/* One command: its positional arguments fill the path's * in order. */
+struct op_cmd {
+    const char *name;
+    int npos;
+    const char *method;
+    const char *path; /* after the server's URL */
+    int key_required;
+};
+
+static const struct op_cmd op_cmds[] = {
+    {"get", 2, "GET", "/v1/workspaces/*/executions/*", 0},
+    {"retry", 2, "POST", "/v1/workspaces/*/executions/*/retry", 0},
+    {"resolve", 3, "POST", "/v1/workspaces/*/executions/*/steps/*/resolve", 0},
+    {"start-over", 2, "POST", "/v1/workspaces/*/executions/*/start-over", 1},
+    {"dead-letters", 1, "GET", "/v1/workspaces/*/dead-letters?limit=1000", 0},
+    {"subscriptions", 1, "GET", "/v1/workspaces/*/subscriptions", 0},
+    {"deliveries", 2, "GET", "/v1/workspaces/*/subscriptions/*/deliveries?limit=1000", 0},
+    {"redeliver", 3, "POST", "/v1/workspaces/*/subscriptions/*/deliveries/*/redeliver", 0},
+    {"tokens", 1, "GET", "/v1/workspaces/*/tokens", 0},
+    {"token-create", 1, "POST", "/v1/workspaces/*/tokens", 0},
+    {"token-revoke", 2, "DELETE", "/v1/workspaces/*/tokens/*", 0},
+};
+
+static const struct op_cmd *op_find(const char *name)
 {
-    const char *cmd = argv[0];
+    for (size_t i = 0; i < sizeof op_cmds / sizeof op_cmds[0]; i++)
+        if (strcmp(op_cmds[i].name, name) == 0)
+            return &op_cmds[i];
+    return NULL;
+}
+
+/* Only a state deliveries can be in ("?state=" goes into the URL as is). */
+static int state_valid(const char *s)
+{
+    return strcmp(s, "pending") == 0 || strcmp(s, "sending") == 0 || strcmp(s, "delivered") == 0 ||
+           strcmp(s, "dead") == 0;
+}
+
+static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
+{
+    const char *cmd = op->name;
     const char *url = getenv("IDEMFLOW_URL");
-    const char *output = NULL, *key = NULL;
+    const char *output = NULL, *key = NULL, *state = NULL, *name = NULL;
     int failed = 0;
     const char *pos[4] = {0};
     int npos = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
             url = argv[++i];
-        else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc && op == op_find("resolve"))
             output = argv[++i];
-        else if (strcmp(argv[i], "--key") == 0 && i + 1 < argc)
-            key = argv[++i];
-        else if (strcmp(argv[i], "--failed") == 0)
+        else if (strcmp(argv[i], "--failed") == 0 && op == op_find("resolve"))
             failed = 1;
+        else if (strcmp(argv[i], "--key") == 0 && i + 1 < argc && op->method[0] == 'P')
+            key = argv[++i];
+        else if (strcmp(argv[i], "--state") == 0 && i + 1 < argc && op == op_find("deliveries"))
+            state = argv[++i];
+        else if (strcmp(argv[i], "--name") == 0 && i + 1 < argc && op == op_find("token-create"))
+            name = argv[++i];
         else if (argv[i][0] != '-' && npos < 4)
             pos[npos++] = argv[i];
         else {
@@ -611,32 +660,36 @@ static int cmd_operator(int argc, char **argv)
     }
     if (!url || !*url)
         url = "http://127.0.0.1:8080";
-    int need = strcmp(cmd, "dead-letters") == 0 ? 1 : strcmp(cmd, "resolve") == 0 ? 3 : 2;
-    if (npos != need || (strcmp(cmd, "resolve") == 0 && !output == !failed) ||
-        (strcmp(cmd, "start-over") == 0 && !key)) {
+    if (npos != op->npos || (op == op_find("resolve") && !output == !failed) ||
+        (op->key_required && !key)) {
         usage(stderr);
         return 2;
     }
     for (int i = 0; i < npos; i++)
-        if (strchr(pos[i], '/') || strchr(pos[i], '?')) {
+        if (!*pos[i] || strpbrk(pos[i], "/?#%& ")) {
             fprintf(stderr, "idemflow %s: '%s' is not a valid name\n", cmd, pos[i]);
             return 2;
         }
-    char *path, *body = NULL;
-    const char *method = "POST";
-    if (strcmp(cmd, "get") == 0) {
-        method = "GET";
-        path = xasprintf("%s/v1/workspaces/%s/executions/%s", url, pos[0], pos[1]);
-    } else if (strcmp(cmd, "retry") == 0) {
-        path = xasprintf("%s/v1/workspaces/%s/executions/%s/retry", url, pos[0], pos[1]);
-    } else if (strcmp(cmd, "start-over") == 0) {
-        path = xasprintf("%s/v1/workspaces/%s/executions/%s/start-over", url, pos[0], pos[1]);
-    } else if (strcmp(cmd, "dead-letters") == 0) {
-        method = "GET";
-        path = xasprintf("%s/v1/workspaces/%s/dead-letters?limit=1000", url, pos[0]);
-    } else {
-        path = xasprintf("%s/v1/workspaces/%s/executions/%s/steps/%s/resolve", url, pos[0], pos[1],
-                         pos[2]);
+    if (state && !state_valid(state)) {
+        fprintf(stderr,
+                "idemflow deliveries: --state must be pending, sending, delivered or dead\n");
+        return 2;
+    }
+    struct buf pb;
+    buf_init(&pb, 0);
+    buf_printf(&pb, "%s", url);
+    int k = 0;
+    for (const char *t = op->path; *t; t++) {
+        if (*t == '*')
+            buf_printf(&pb, "%s", pos[k++]);
+        else
+            buf_printf(&pb, "%c", *t);
+    }
+    if (state)
+        buf_printf(&pb, "&state=%s", state);
+    char *path = buf_steal(&pb);
+    char *body = NULL;
+    if (op == op_find("resolve")) {
         if (failed) {
             body = xstrdup("{\"outcome\":\"failed\"}");
         } else {
@@ -651,6 +704,10 @@ static int cmd_operator(int argc, char **argv)
             body = json_to_string(b);
             json_decref(b);
         }
+    } else if (op == op_find("token-create")) {
+        json_t *b = name ? json_pack("{s:s}", "name", name) : json_object();
+        body = json_to_string(b);
+        json_decref(b);
     }
     const char *hdrs[3] = {0};
     int nh = 0;
@@ -660,7 +717,7 @@ static int cmd_operator(int argc, char **argv)
         hdrs[nh++] = auth = xasprintf("Authorization: Bearer %s", token);
     if (key)
         hdrs[nh++] = idem = xasprintf("Idempotency-Key: %s", key);
-    struct http_call call = {.method = method, .url = path, .body = body, .headers = hdrs};
+    struct http_call call = {.method = op->method, .url = path, .body = body, .headers = hdrs};
     struct http_reply reply;
     struct ifl_err e = {0};
     int rc = http_client_do(&call, &reply, &e);
@@ -673,7 +730,8 @@ static int cmd_operator(int argc, char **argv)
         return 1;
     }
     int ok = reply.status >= 200 && reply.status < 300;
-    fprintf(ok ? stdout : stderr, "%s\n", reply.body);
+    if (reply.body && *reply.body)
+        fprintf(ok ? stdout : stderr, "%s\n", reply.body);
     http_reply_clear(&reply);
     return ok ? 0 : 1;
 }
@@ -693,9 +751,9 @@ int main(int argc, char **argv)
         return cmd_sign_webhook(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0)
         return expr_cli_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "get") == 0 || strcmp(cmd, "retry") == 0 || strcmp(cmd, "resolve") == 0 ||
-        strcmp(cmd, "start-over") == 0 || strcmp(cmd, "dead-letters") == 0)
-        return cmd_operator(argc - 1, argv + 1);
+    const struct op_cmd *op = op_find(cmd);
+    if (op)
+        return cmd_operator(op, argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("idemflow %s\n", IDEMFLOW_VERSION);
         return 0;

@@ -742,11 +742,32 @@ def test_dead_deliveries_are_dead_letters_beside_failed_steps(server, receiver):
         r = server.get(f"{WS}/dead-letters?after={cur}")
         assert r.status == 400 and r.json["pointer"] == "/after", (cur, r)
 
+    # the same through the CLI
+    import subprocess
+    from conftest import BIN
+
+    def cli(*args):
+        return subprocess.run([BIN, *args, "--url", f"http://127.0.0.1:{server.port}"],
+                              capture_output=True, text=True)
+    out = cli("dead-letters", WSNAME)
+    assert out.returncode == 0 and json.loads(out.stdout)["items"] == items, out
+    out = cli("subscriptions", WSNAME)
+    assert out.returncode == 0 and [x["name"] for x in json.loads(out.stdout)["items"]] == ["dl"]
+    assert SECRET not in out.stdout
+    out = cli("deliveries", WSNAME, "dl", "--state", "dead")
+    assert out.returncode == 0, out
+    assert sorted(d["eventId"] for d in json.loads(out.stdout)["items"]) == \
+        sorted(d["eventId"] for d in hooks)
+    assert cli("deliveries", WSNAME, "dl", "--state", "lost").returncode == 2
+
     # redelivered and delivered: no longer a dead letter; the steps stay
     fixed.set()
     first = hooks[0]
-    r = server.post(f"{sub_path('dl')}/deliveries/{first['eventId']}/redeliver")
-    assert r.status == 202, r
+    r1 = cli("redeliver", WSNAME, "dl", first["eventId"], "--key", "cli-redo")
+    r2 = cli("redeliver", WSNAME, "dl", first["eventId"], "--key", "cli-redo")
+    assert r1.returncode == 0 and json.loads(r1.stdout)["state"] == "pending", r1
+    assert json.loads(r2.stdout) == json.loads(r1.stdout), (r1, r2)
+    assert cli("redeliver", WSNAME, "dl", "0" * 64).returncode == 1
     wait_for(lambda: delivery_states(server, "dl")[first["eventId"]]["state"] == "delivered",
              what="redelivered")
     left = server.get(f"{WS}/dead-letters").json["items"]

@@ -97,3 +97,42 @@ def test_bad_create_bodies_change_nothing(make_server):
         assert r.status == 422 and r.json["pointer"] == ptr, (body, r)
     assert s.post("/v1/workspaces/nope/tokens", {}, headers=A).status == 404
     assert s.get("/v1/workspaces/a/tokens", headers=A).json["items"] == []
+
+
+def test_the_cli_creates_lists_and_revokes_tokens(make_server):
+    """`idemflow token-create|tokens|token-revoke` (the admin token from
+    $IDEMFLOW_ADMIN_TOKEN): a created token works, a keyed repeat replays
+    it, and a revoked one is refused at once."""
+    import json
+    import subprocess
+    from conftest import BIN
+    s = admin_server(make_server)
+    url = f"http://127.0.0.1:{s.port}"
+
+    def cli(*args, admin=ADMIN):
+        env = dict(os.environ, IDEMFLOW_ADMIN_TOKEN=admin)
+        return subprocess.run([BIN, *args, "--url", url], capture_output=True, text=True, env=env)
+
+    made = cli("token-create", "a", "--name", "deploy", "--key", "tok-1")
+    assert made.returncode == 0, made.stderr
+    tok = json.loads(made.stdout)
+    assert tok["name"] == "deploy" and tok["workspace"] == "a" and tok["token"].startswith("ifw_")
+    again = cli("token-create", "a", "--name", "deploy", "--key", "tok-1")
+    assert again.returncode == 0 and json.loads(again.stdout) == tok, again
+    assert s.get("/v1/workspaces/a", headers=bearer(tok["token"])).status == 200
+    listed = cli("tokens", "a")
+    assert listed.returncode == 0 and [i["id"] for i in json.loads(listed.stdout)["items"]] == [tok["id"]]
+    assert tok["token"] not in listed.stdout
+    # without the admin token: refused, and nothing printed on stdout
+    no = cli("tokens", "a", admin="")
+    assert no.returncode == 1 and no.stdout == "" and "401" in no.stderr, no
+    gone = cli("token-revoke", "a", tok["id"])
+    assert gone.returncode == 0 and gone.stdout == "", gone
+    assert s.get("/v1/workspaces/a", headers=bearer(tok["token"])).status == 401
+    assert cli("token-revoke", "a", tok["id"]).returncode == 1
+    # usage errors never reach the server
+    for bad in (("token-revoke", "a"), ("token-create", "a", "--state", "dead"),
+                ("tokens", "a/b"), ("token-revoke", "a", "x y")):
+        r = cli(*bad)
+        assert r.returncode == 2, (bad, r)
+    s.stop()

@@ -400,6 +400,31 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
             return err_setp(e, IFL_EVALIDATION, p, "%s must be an object", objs[i]);
         }
     }
+    /* Header names: tokens, and not the ones that frame the message (the
+     * client sets those from the body it sends). */
+    for (int i = 0; i < 2; i++) {
+        json_t *hs = json_object_get(i ? json_object_get(cfg, "verify") : cfg, "headers");
+        const char *hk;
+        json_t *hv;
+        json_object_foreach(hs, hk, hv)
+        {
+            int framing =
+                strcasecmp(hk, "Content-Length") == 0 || strcasecmp(hk, "Transfer-Encoding") == 0;
+            if (gw_header_name_valid(hk) && !framing)
+                continue;
+            struct buf b;
+            buf_init(&b, 0);
+            buf_puts(&b, i ? "/config/verify/headers" : "/config/headers");
+            json_pointer_push(&b, hk);
+            vptr(p, sizeof p, v->id, b.p);
+            buf_free(&b);
+            return err_setp(e, IFL_EVALIDATION, p,
+                            framing ? "%s is set by the HTTP client from the body; leave it out"
+                                    : "header names are HTTP tokens (letters, digits and "
+                                      "!#$%%&'*+-.^_`|~)%s",
+                            framing ? hk : "");
+        }
+    }
     int prc = gw_policy_parse(cfg, &v->policy, e);
     if (prc) {
         char *rest = xasprintf("/config%s", e ? e->pointer : "");

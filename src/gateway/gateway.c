@@ -288,14 +288,64 @@ void gw_request_clear(struct gw_request *r)
     memset(r, 0, sizeof *r);
 }
 
+/* A rendered member as wire text; NULL for a string holding a NUL (C text
+ * would end there: two different values could go out as one). */
 static char *scalar_text(json_t *v)
 {
     if (json_is_string(v))
-        return xstrdup(json_string_value(v));
+        return memchr(json_string_value(v), 0, json_string_length(v))
+                   ? NULL
+                   : xstrdup(json_string_value(v));
     if (json_is_null(v))
         return xstrdup("");
     char *s = json_to_string(v);
     return s ? s : xstrdup("");
+}
+
+int gw_header_name_valid(const char *s)
+{
+    if (!*s)
+        return 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("!#$%&'*+-.^_`|~", c)))
+            return 0;
+    }
+    return 1;
+}
+
+/* 1 when s holds no control character (HTAB allowed where tab_ok): what a
+ * header value may hold on the wire.  A CR or LF from rendered data would
+ * otherwise end the header and start another one (or a second request). */
+static int wire_text_ok(const char *s, int tab_ok)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c < 0x20 && !(tab_ok && c == '\t')) || c == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+/* The wire form of r, checked after every substitution: a URL without
+ * control characters or spaces, header names that are tokens, values
+ * without control characters.  Nothing of a value goes into the message. */
+static int wire_check(const struct gw_request *r, struct ifl_err *e)
+{
+    if (!wire_text_ok(r->url, 0) || strchr(r->url, ' '))
+        return err_setp(e, IFL_EINVAL, "/url",
+                        "the url renders with a space or a control character; nothing was sent");
+    for (size_t i = 0; i < r->nheaders; i++) {
+        if (!gw_header_name_valid(r->headers[i].name))
+            return err_set(e, IFL_EINVAL, "a header name is not an HTTP token; nothing was sent");
+        if (!wire_text_ok(r->headers[i].value, 1))
+            return err_set(e, IFL_EINVAL,
+                           "header %s renders with a control character (CR, LF or another); "
+                           "nothing was sent",
+                           r->headers[i].name);
+    }
+    return 0;
 }
 
 int gw_request_build(const char *method, json_t *rendered, struct gw_request *out,
@@ -306,6 +356,9 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     const char *u = json_string_value(url);
     if (!u || !(strncmp(u, "http://", 7) == 0 || strncmp(u, "https://", 8) == 0))
         return err_setp(e, IFL_EINVAL, "/url", "the url must render to an http(s) URL");
+    if (strlen(u) != json_string_length(url))
+        return err_setp(e, IFL_EINVAL, "/url",
+                        "the url renders with a control character; nothing was sent");
     struct buf ub;
     buf_init(&ub, 0);
     buf_puts(&ub, u);
@@ -316,8 +369,11 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     int first = strchr(u, '?') == NULL;
     json_object_foreach(query, k, v)
     {
-        char *val = scalar_text(v);
-        char *ek = curl_easy_escape(NULL, k, 0), *ev = curl_easy_escape(NULL, val, 0);
+        /* percent-encoded with its length: a NUL goes out as %00 */
+        char *val = json_is_string(v) ? xstrndup(json_string_value(v), json_string_length(v))
+                                      : scalar_text(v);
+        size_t vlen = json_is_string(v) ? json_string_length(v) : strlen(val);
+        char *ek = curl_easy_escape(NULL, k, 0), *ev = curl_easy_escape(NULL, val, (int)vlen);
         buf_printf(&ub, "%c%s=%s", first ? '?' : '&', ek ? ek : "", ev ? ev : "");
         first = 0;
         curl_free(ek);
@@ -335,6 +391,11 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     json_object_foreach(headers, k, v)
     {
         char *val = scalar_text(v);
+        if (!val) {
+            gw_request_clear(out);
+            return err_set(e, IFL_EINVAL,
+                           "header %s renders with a control character (NUL); nothing was sent", k);
+        }
         if (strcasecmp(k, "Content-Type") == 0)
             has_ct = 1;
         if (strcasecmp(k, "Idempotency-Key") == 0)
@@ -348,7 +409,10 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
         out->headers[out->nheaders].value = xstrdup("application/json");
         out->nheaders++;
     }
-    return 0;
+    int rc = wire_check(out, e);
+    if (rc)
+        gw_request_clear(out);
+    return rc;
 }
 
 char *gw_request_masked_url(const struct gw_request *r)
@@ -410,7 +474,7 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
         r->sealed_body = r->body;
         r->body = s;
     }
-    return 0;
+    return wire_check(r, e); /* a secret's value may hold a CR or LF */
 }
 
 /* ---- responses ------------------------------------------------------------------ */

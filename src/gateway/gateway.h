@@ -85,9 +85,16 @@ void gw_request_clear(struct gw_request *r);
 json_t *gw_request_masked(const struct gw_request *r);
 char *gw_request_masked_url(const struct gw_request *r);
 
+/* 1 when s is an HTTP field name (an RFC 9110 token). */
+int gw_header_name_valid(const char *s);
+
 /* Renders `rendered` (the evaluated {url, headers, query, body} template,
  * borrowed; strings may contain secret sentinels, see gw_secret_sentinel)
- * into a request.  method NULL = "GET" without a body, "POST" with one. */
+ * into a request.  method NULL = "GET" without a body, "POST" with one.
+ * IFL_EINVAL (nothing to send) when the url holds a space or a control
+ * character, a header name is no token, or a header value holds a control
+ * character other than HTAB — rendered data must not add a header or a
+ * request; gw_request_unseal checks the same after substituting secrets. */
 int gw_request_build(const char *method, json_t *rendered, struct gw_request *out,
                      struct ifl_err *e);
 

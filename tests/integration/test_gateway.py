@@ -179,6 +179,65 @@ def test_a_key_that_renders_empty_fails_the_step_and_sends_nothing(server, mock)
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 0
 
 
+def test_rendered_data_cannot_add_headers_or_requests(server, mock):
+    """A header value rendered from the payload (or a secret) that holds a
+    CR or LF would end the header and start another one on the wire — or,
+    with an empty line, a second request on the provider's connection.  The
+    step fails with request_error and nothing is sent; the message names
+    the header, never the value."""
+    setup_pay(server, mock)
+    smuggle = "o-s\r\nContent-Length: 0\r\n\r\nPOST /v1/charges HTTP/1.1\r\nX-Evil: 1"
+    x = finished(server, pay(server, smuggle))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["state"] == "FAILED", x
+    assert ch["error"]["code"] == "request_error", ch
+    assert "Idempotency-Key" in ch["error"]["message"] and "Evil" not in ch["error"]["message"], ch
+    # a secret whose value holds a line break: the same, and the value stays hidden
+    put_workflow(server, "crlf", charge_flow(mock, headers={
+        "Idempotency-Key": "= 'charge-' & payload.order.id",
+        "Authorization": "Bearer {{ secrets.CRLF_KEY }}"}))
+    assert server.put(f"{WS}/secrets/CRLF_KEY", {"value": "sk_crlf\r\nX-Evil: 2"}).status == 204
+    y = finished(server, pay(server, "o-crlf", name="crlf"))
+    ych = steps_of(y)["charge"]
+    assert ych["state"] == "FAILED" and ych["error"]["code"] == "request_error", ych
+    assert "Authorization" in ych["error"]["message"]
+    assert "sk_crlf" not in json.dumps(y) and "Evil" not in json.dumps(y), y
+    # a url rendered with a space or a control character
+    put_workflow(server, "badurl", charge_flow(
+        mock, url=f"= '{mock.url}/v1/charges?note=' & payload.order.id"))
+    for bad in ("a b", "a\nb", "a\u0000b"):
+        z = finished(server, run(server, "badurl", {"order": {"id": bad, "amount": 1}},
+                                 entry="order"))
+        zch = steps_of(z)["charge"]
+        assert zch["state"] == "FAILED" and zch["error"]["code"] == "request_error", (bad, zch)
+        assert "url" in zch["error"]["message"], zch
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 0
+    # a tab is a legal header value character: that call is sent (and the
+    # mock, which wants printable keys, answers it with a 4xx)
+    tab = steps_of(finished(server, pay(server, "o-\tt")))["charge"]
+    assert tab["error"]["code"] != "request_error", tab
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+
+
+def test_header_names_are_tokens_and_framing_is_the_clients(server, mock):
+    assert server.put(WS, {}).status in (200, 201)
+    for where, headers in (("headers", {"X Bad": "1"}), ("headers", {"X-Bad\r\nX-Evil": "1"}),
+                           ("headers", {"": "1"}), ("headers", {"Content-Length": "5"}),
+                           ("headers", {"transfer-encoding": "chunked"})):
+        r = server.put(f"{WS}/workflows/hdr", charge_flow(mock, headers=headers))
+        assert r.status == 422, (headers, r)
+        name = next(iter(headers)).replace("~", "~0").replace("/", "~1")
+        assert r.json["pointer"] == f"/vertices/charge/config/{where}/{name}", (headers, r.json)
+    r = server.put(f"{WS}/workflows/hdr", charge_flow(mock, ambiguous="verify", verify={
+        "method": "GET", "url": f"{mock.url}/v1/charges", "headers": {"Bad:Name": "1"},
+        "doneWhen": "= true"}))
+    assert r.status == 422 and r.json["pointer"] == "/vertices/charge/config/verify/headers/Bad:Name", r
+    # tchars that are not letters are fine
+    r = server.put(f"{WS}/workflows/hdr", charge_flow(mock, headers={
+        "Idempotency-Key": "= 'k-' & payload.order.id", "X-a!#$%&'*+.^_`|~1": "v"}))
+    assert r.status == 201, r
+
+
 def test_a_call_that_cannot_be_rendered_is_left_for_a_worker_to_fail(server, mock):
     """No secret PAY_KEY: the trigger does not claim the step; a worker
     claims it and fails it with request_error, as before."""

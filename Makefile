@@ -1,6 +1,7 @@
 # idemflow — top-level build.  GNU make; no generator needed.
 #
-#   make                       build the library, programs and tests (warnings are errors)
+#   make                       install missing packages, build the library, programs and
+#                              tests (warnings are errors); `make all` only builds
 #   make run                   run the engine on embedded SQLite with the example workflow
 #   make test                  install missing packages, build, run every test (both stores)
 #   make test SANITIZER=address,undefined   the same under ASan+UBSan (clang)
@@ -54,7 +55,12 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test-deps run test check unit integration bench fuzz format format-check clean
+.PHONY: build all deps test-deps run test check unit integration bench fuzz format format-check clean
+# `make`: missing packages first (a fresh Debian has no compiler), then a
+# second make that sees them (pkg-config runs when a make starts).
+build:
+	@scripts/deps.sh build
+	@$(MAKE) --no-print-directory all
 all: $(LIB) $(PROGS) $(UNIT_BIN) $(BENCH_BIN)
 
 deps:

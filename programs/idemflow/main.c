@@ -39,7 +39,7 @@
 static void usage(FILE *f)
 {
     fputs("usage:\n"
-          "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH] [--load DIR]\n"
+          "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH | postgres://...] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
           "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
           "                 [--test-clock]\n"

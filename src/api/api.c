@@ -392,7 +392,11 @@ static void trigger_answer(struct api *a, struct http_res *res, const char *ws, 
         json_object_set_new(body, "stale", json_true());
     else if (!out->created)
         json_object_set_new(body, "samePayload", json_boolean(out->same_payload));
-    json_object_set_new(body, "status", json_string(out->status));
+    /* A new execution is `running` (spec §4), also when the TRANSFORMs its
+     * entry dispatched already finished it in the same commit; a trigger
+     * that waited (`Prefer: wait`) gets the status it waited for. */
+    json_object_set_new(body, "status",
+                        json_string(out->created && wait_s <= 0 ? "running" : out->status));
     if (!out->stale)
         atomic_fetch_add(out->created ? &a->triggers_created : &a->triggers_deduplicated, 1);
     reply_json(res, out->created ? 201 : 200, body);
@@ -1181,6 +1185,15 @@ static void h_test_clock(struct call *c)
 {
     if (!c->a->o.test_clock) {
         api_problem(c->res, 404, "not-found", "no such resource", NULL);
+        return;
+    }
+    /* Not a change to data a repeat could replay (there is no workspace to
+     * keep a key in): a key is refused rather than ignored. */
+    if (c->req->header(c->req, "Idempotency-Key")) {
+        api_problem(c->res, 400, "idempotency-key-not-supported",
+                    "POST /v1/test/clock moves the clock on every call; send it without an "
+                    "Idempotency-Key",
+                    NULL);
         return;
     }
     json_t *body = body_json(c, NULL);

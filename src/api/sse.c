@@ -152,7 +152,8 @@ void sse_run_stream(struct engine *g, struct http_res *res, const char *ws,
     buf_init(&s->out, 0);
     s->deadline = clock_mono_ms() + max_ms;
     json_t *first = json_pack("{s:s, s:b, s:s}", "executionId", out->id, "deduplicated",
-                              !out->created && !out->stale, "status", out->status);
+                              !out->created && !out->stale, "status",
+                              out->created ? "running" : out->status); /* as the 201 */
     sse_event(s, NULL, "execution", first);
     json_decref(first);
     /* a repeat of an execution that already ended: its events are behind

@@ -947,7 +947,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     char id[65];
     if (r->force_new || r->tick_at) {
         mode = "random";
-        rc = identity_random(id, e);
+        rc = identity_random(r->ws, r->wf, r->vertex, id, e);
         if (r->tick_at) {
             char at[32];
             clock_rfc3339(r->tick_at, at);
@@ -1542,7 +1542,7 @@ int engine_start_over(struct engine *g, const char *ws, const char *id, const ch
     }
     if ((rc = json_parse(old.payload, strlen(old.payload), &json_stored_limits, &payload, e)))
         goto out;
-    if ((rc = identity_random(nx.id, e)))
+    if ((rc = identity_random(ws, old.workflow, old.entry_point, nx.id, e)))
         goto out;
     identity = json_pack("{s:s}", "mode", "random");
     nx.workspace = (char *)ws;

@@ -341,7 +341,7 @@ int engine_subscription_list(struct engine *g, const char *ws, json_t **out, str
         json_decref(items);
         return rc;
     }
-    *out = json_pack("{s:o}", "items", items);
+    *out = json_pack("{s:o, s:n}", "items", items, "next"); /* one page: every one */
     return 0;
 }
 

@@ -187,9 +187,14 @@ int identity_compute(const char *ws, const char *wf, const char *vertex, const c
     return 0;
 }
 
-int identity_random(char out[65], struct ifl_err *e)
+int identity_random(const char *ws, const char *wf, const char *vertex, char out[65],
+                    struct ifl_err *e)
 {
-    if (crypto_random_hex32(out))
+    char hex[65];
+    if (crypto_random_hex32(hex))
         return err_set(e, IFL_EIO, "the OS random generator failed");
-    return 0;
+    json_t *material = json_string(hex);
+    int rc = identity_compute(ws, wf, vertex, "random", material, out, e);
+    json_decref(material);
+    return rc;
 }

@@ -45,7 +45,10 @@ int identity_client_key_valid(const char *key);
 int identity_compute(const char *ws, const char *wf, const char *vertex, const char *mode,
                      json_t *material, char out[65], struct ifl_err *e);
 
-/* 32 random bytes as hex: the id of a forced-new execution. */
-int identity_random(char out[65], struct ifl_err *e);
+/* The id of a forced-new execution (test and streaming runs, schedule
+ * fires, start-over): derived like every other, in mode "random" with 32
+ * bytes of the OS CSPRNG as hex for material (spec §4). */
+int identity_random(const char *ws, const char *wf, const char *vertex, char out[65],
+                    struct ifl_err *e);
 
 #endif

@@ -164,7 +164,7 @@ int engine_token_list(struct engine *g, const char *ws, json_t **out, struct ifl
     for (size_t i = 0; i < n; i++)
         json_array_append_new(items, token_json(ws, v[i].id, v[i].name, v[i].created_at));
     store_tokens_free(v, n);
-    *out = json_pack("{s:o}", "items", items);
+    *out = json_pack("{s:o, s:n}", "items", items, "next"); /* one page: every one */
     return 0;
 }
 

@@ -203,14 +203,17 @@ def test_inline_transforms_match_claimed_ones(make_server, workdir):
 
 def test_transforms_after_the_entry_complete_in_the_trigger(server):
     """A TRANSFORM the entry dispatches runs in the trigger's commit: the
-    201 already says completed, with the same histories and events a worker
-    would have left; one that fails to evaluate is left to a worker."""
+    execution is completed by the time the 201 answers (which says
+    `running`, as spec §4 has it for every new execution), with the same
+    histories and events a worker would have left; one that fails to
+    evaluate is left to a worker."""
     put_workflow(server, "branchy", BRANCHY)
     before = metric(server, 'idemflow_steps_total{event="inlined"}')
     r = server.post(f"{WS}/workflows/branchy/entry-points/start/trigger",
                     {"items": [{"price": 60, "qty": 2}]})
-    assert r.status == 201 and r.json["status"] == "completed", r
+    assert r.status == 201 and r.json["status"] == "running", r
     xid = r.json["executionId"]
+    assert server.get(f"{WS}/executions/{xid}").json["status"] == "completed"
     st = steps_of(server.get(f"{WS}/executions/{xid}").json)
     assert st["join"]["output"] == {"big": "big:120", "id": xid}
     for v in ("price", "big", "join"):

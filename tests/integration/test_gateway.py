@@ -419,6 +419,11 @@ def test_test_clock_rejects_bad_input(clock_server):
                 {"advanceMs": 10 ** 13}):
         r = clock_server.post("/v1/test/clock", bad)
         assert r.status == 422 and r.json["pointer"] == "/advanceMs", (bad, r)
+    # a key would promise a replay that moving a clock cannot keep: refused
+    before = clock_server.post("/v1/test/clock", {"advanceMs": 1}).json["offsetMs"]
+    r = clock_server.post("/v1/test/clock", {"advanceMs": 1}, headers={"Idempotency-Key": '"c-1"'})
+    assert r.status == 400 and r.json["type"] == "/problems/idempotency-key-not-supported", r
+    assert clock_server.post("/v1/test/clock", {"advanceMs": 1}).json["offsetMs"] == before + 1
 
 
 def test_a_wait_past_the_deadline_fails_now(server, mock):

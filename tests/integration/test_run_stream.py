@@ -62,6 +62,7 @@ def check_run(s):
     evs = st.all()
     first, last = evs[0], evs[-1]
     assert first["event"] == "execution" and first["data"]["deduplicated"] is False
+    assert first["data"]["status"] == "running", first
     xid = first["data"]["executionId"]
     assert st.headers["location"].endswith(xid)
     assert last == {**last, "event": "end", "data": {"executionId": xid, "status": "completed"}}

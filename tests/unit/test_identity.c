@@ -110,9 +110,10 @@ static void test_client_keys(void **state)
 static void test_random_ids_differ(void **state)
 {
     char a[65], b[65];
-    assert_int_equal(identity_random(a, NULL), 0);
-    assert_int_equal(identity_random(b, NULL), 0);
+    assert_int_equal(identity_random("ws", "wf", "v", a, NULL), 0);
+    assert_int_equal(identity_random("ws", "wf", "v", b, NULL), 0);
     assert_int_equal(strlen(a), 64);
+    assert_int_equal(strspn(a, "0123456789abcdef"), 64);
     assert_string_not_equal(a, b);
 }
 

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
+#include "engine/identity.h"
 #include "engine/workflow.h"
 #include "json/json.h"
 
@@ -591,6 +592,12 @@ static void trigger(struct call *c, int mode)
     }
     const char *qk = c->req->query(c->req, "clientIdempotencyId");
     const char *hk = c->req->header(c->req, "Idempotency-Key");
+    /* The header is an RFC 8941 sf-string (spec §7): `"k-1"` is the key
+     * k-1, as ?clientIdempotencyId=k-1 is; any other value (a bare token,
+     * or text with spaces) is the key as sent. */
+    char hbuf[IDENTITY_KEY_MAX + 1];
+    if (hk && hk[0] == '"' && http_sf_string(hk, hbuf, sizeof hbuf) == 0)
+        hk = hbuf;
     /* A test run is a new execution by default, unless the caller gave a
      * key: then the key decides, as on the trigger (a retried test run is
      * the same one).  A key with forceNewExecution=true says both. */

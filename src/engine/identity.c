@@ -156,7 +156,7 @@ int identity_fields_material(const struct id_fields *f, json_t *payload, json_t 
 int identity_client_key_valid(const char *key)
 {
     size_t n = strlen(key);
-    if (n < 1 || n > 255)
+    if (n < 1 || n > IDENTITY_KEY_MAX)
         return 0;
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)key[i] < 0x20 || (unsigned char)key[i] > 0x7e)

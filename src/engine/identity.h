@@ -37,7 +37,8 @@ void identity_fields_clear(struct id_fields *f);
 int identity_fields_material(const struct id_fields *f, json_t *payload, json_t **out,
                              struct ifl_err *e);
 
-/* 1–255 printable ASCII characters (0x20–0x7E). */
+#define IDENTITY_KEY_MAX 255
+/* 1–IDENTITY_KEY_MAX printable ASCII characters (0x20–0x7E). */
 int identity_client_key_valid(const char *key);
 
 /* Computes the id for mode ("payload", "fields", "client", "webhook") and

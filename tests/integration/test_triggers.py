@@ -182,6 +182,21 @@ def test_idempotency_key_header_means_client_id(orders):
     r3 = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=a",
                  headers={"Idempotency-Key": "b"})
     assert r3.status == 400
+    # the header is an RFC 8941 sf-string: "hdr-1" quoted is the key hdr-1
+    # (the IETF draft's examples quote it); text that is no sf-string counts
+    # as sent, spaces included
+    q = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=hdr-1",
+                headers={"Idempotency-Key": '"hdr-1"'})
+    assert q.status == 200 and q.json["executionId"] == r1.json["executionId"], q
+    sp = trigger(s, "by_payload", {"a": 2}, headers={"Idempotency-Key": "order 42 / retry"})
+    assert sp.status == 201 and sp.json["executionId"] == execution_id(
+        "acme", "orders", "by_payload", "client", "order 42 / retry"), sp
+    esc = trigger(s, "by_payload", {"a": 3}, headers={"Idempotency-Key": '"say \\"hi\\""'})
+    assert esc.status == 201 and esc.json["executionId"] == execution_id(
+        "acme", "orders", "by_payload", "client", 'say "hi"'), esc
+    half = trigger(s, "by_payload", {"a": 4}, headers={"Idempotency-Key": '"open'})
+    assert half.status == 201 and half.json["executionId"] == execution_id(
+        "acme", "orders", "by_payload", "client", '"open'), half
     bad = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=" + "x" * 256)
     assert bad.status == 400 and bad.json["pointer"] == "/clientIdempotencyId"
 

@@ -374,17 +374,23 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
     static const char *methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", NULL};
-    json_t *m = json_object_get(cfg, "method");
-    if (m) {
+    /* the call's method and the verify request's: each goes on the wire as
+     * the request line's first word */
+    json_t *verify_cfg = json_object_get(cfg, "verify");
+    for (int k = 0; k < 2; k++) {
+        json_t *mm = json_object_get(k ? verify_cfg : cfg, "method");
+        if (!mm)
+            continue;
         int ok = 0;
-        for (int i = 0; json_is_string(m) && methods[i]; i++)
-            ok |= strcmp(json_string_value(m), methods[i]) == 0;
+        for (int i = 0; json_is_string(mm) && methods[i]; i++)
+            ok |= strcmp(json_string_value(mm), methods[i]) == 0;
         if (!ok) {
-            vptr(p, sizeof p, v->id, "/config/method");
+            vptr(p, sizeof p, v->id, k ? "/config/verify/method" : "/config/method");
             return err_setp(e, IFL_EVALIDATION, p,
                             "method must be one of GET, POST, PUT, PATCH, DELETE, HEAD");
         }
     }
+    json_t *m = json_object_get(cfg, "method");
     json_t *url = json_object_get(cfg, "url");
     if (!json_is_string(url) || !*json_string_value(url)) {
         vptr(p, sizeof p, v->id, "/config/url");

@@ -333,6 +333,8 @@ static int wire_text_ok(const char *s, int tab_ok)
  * without control characters.  Nothing of a value goes into the message. */
 static int wire_check(const struct gw_request *r, struct ifl_err *e)
 {
+    if (!gw_header_name_valid(r->method)) /* a token, as a header name is */
+        return err_set(e, IFL_EINVAL, "the method is not an HTTP token; nothing was sent");
     if (!wire_text_ok(r->url, 0) || strchr(r->url, ' '))
         return err_setp(e, IFL_EINVAL, "/url",
                         "the url renders with a space or a control character; nothing was sent");
@@ -509,36 +511,77 @@ static char *scrub_bytes(const char *p, size_t n, const char *sec, size_t slen, 
     return buf_steal(&b);
 }
 
+/* Replaces every occurrence of sec[0..slen) in the response with "****". */
+static void scrub_form(struct gw_response *resp, const char *sec, size_t slen)
+{
+    size_t n = 0;
+    char *clean;
+    if (resp->body && (clean = scrub_bytes(resp->body, resp->body_len, sec, slen, &n))) {
+        crypto_wipe(resp->body, resp->body_len);
+        free(resp->body);
+        resp->body = clean;
+        resp->body_len = n;
+    }
+    const char *name;
+    json_t *v;
+    json_object_foreach(resp->headers, name, v)
+    {
+        const char *s = json_string_value(v);
+        if (s && (clean = scrub_bytes(s, strlen(s), sec, slen, &n))) {
+            json_string_setn(v, clean, n);
+            free(clean);
+        }
+    }
+    if (memmem(resp->error, strlen(resp->error), sec, slen)) {
+        size_t en = 0;
+        char *e2 = scrub_bytes(resp->error, strlen(resp->error), sec, slen, &en);
+        snprintf(resp->error, sizeof resp->error, "%s", e2);
+        free(e2);
+    }
+}
+
 void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
 {
     for (size_t i = 0; req && i < req->nsecrets; i++) {
         const char *sec = req->secrets[i];
-        size_t slen = strlen(sec), n = 0;
+        size_t slen = strlen(sec);
         if (slen < 4)
             continue;
-        char *clean;
-        if (resp->body && (clean = scrub_bytes(resp->body, resp->body_len, sec, slen, &n))) {
-            crypto_wipe(resp->body, resp->body_len);
-            free(resp->body);
-            resp->body = clean;
-            resp->body_len = n;
-        }
-        const char *name;
-        json_t *v;
-        json_object_foreach(resp->headers, name, v)
-        {
-            const char *s = json_string_value(v);
-            if (s && (clean = scrub_bytes(s, strlen(s), sec, slen, &n))) {
-                json_string_setn(v, clean, n);
-                free(clean);
+        scrub_form(resp, sec, slen);
+        /* as the engine itself wrote it, and a provider may echo it: a
+         * query value percent-encoded, a body string JSON-escaped */
+        char *pct = curl_easy_escape(NULL, sec, (int)slen);
+        if (pct && strcmp(pct, sec) != 0)
+            scrub_form(resp, pct, strlen(pct));
+        if (pct)
+            crypto_wipe(pct, strlen(pct));
+        curl_free(pct);
+        /* JSON-escaped, and escaped again (a provider echoing the body
+         * it got as a JSON string inside its JSON answer) */
+        char *form = xstrdup(sec);
+        for (int level = 0; level < 2; level++) {
+            json_t *js = json_string(form);
+            char *esc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+            json_decref(js);
+            size_t elen = esc ? strlen(esc) : 0;
+            int same = elen < 2 || (elen - 2 == strlen(form) && !strncmp(esc + 1, form, elen - 2));
+            crypto_wipe(form, strlen(form));
+            free(form);
+            form = NULL;
+            if (same) {
+                if (esc)
+                    crypto_wipe(esc, elen);
+                free(esc);
+                break;
             }
+            memmove(esc, esc + 1, elen - 2); /* without the quotes */
+            esc[elen - 2] = '\0';
+            scrub_form(resp, esc, elen - 2);
+            form = esc;
         }
-        if (strstr(resp->error, sec)) {
-            size_t en = 0;
-            char *e2 = scrub_bytes(resp->error, strlen(resp->error), sec, slen, &en);
-            snprintf(resp->error, sizeof resp->error, "%s", e2);
-            free(e2);
-        }
+        if (form)
+            crypto_wipe(form, strlen(form));
+        free(form);
     }
 }
 

@@ -232,6 +232,12 @@ def test_header_names_are_tokens_and_framing_is_the_clients(server, mock):
         "method": "GET", "url": f"{mock.url}/v1/charges", "headers": {"Bad:Name": "1"},
         "doneWhen": "= true"}))
     assert r.status == 422 and r.json["pointer"] == "/vertices/charge/config/verify/headers/Bad:Name", r
+    # the verify request's method goes on the wire as its request line's
+    # first word: one of the same six as the call's
+    for bad in ("GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\nGET", "get", "", 7):
+        r = server.put(f"{WS}/workflows/hdr", charge_flow(mock, ambiguous="verify", verify={
+            "method": bad, "url": f"{mock.url}/v1/charges", "doneWhen": "= true"}))
+        assert r.status == 422 and r.json["pointer"] == "/vertices/charge/config/verify/method", (bad, r)
     # tchars that are not letters are fine
     r = server.put(f"{WS}/workflows/hdr", charge_flow(mock, headers={
         "Idempotency-Key": "= 'k-' & payload.order.id", "X-a!#$%&'*+.^_`|~1": "v"}))
@@ -1031,6 +1037,65 @@ def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
         assert steps_of(x)["next"]["output"]["youSent"] == "Bearer ****"
         for raw in (s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw):
             assert SECRET.encode() not in raw
+        assert_secret_nowhere(s)
+    finally:
+        echo.shutdown()
+        echo.server_close()
+
+
+def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
+    """The engine percent-encodes a secret in a query member and
+    JSON-escapes it in the body; a destination that echoes the raw query
+    string and the raw body sends those encoded forms back.  They are
+    scrubbed like the plain value, before anything keeps the response."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import quote, urlsplit
+    import threading
+    odd = 'sk_odd/+"x y&z\\w'
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            data = (b'{"rawQuery": ' + json.dumps(urlsplit(self.path).query).encode()
+                    + b', "rawBody": ' + json.dumps(body.decode()).encode()
+                    + b', "echo": ' + body + b'}')
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("X-Query", urlsplit(self.path).query)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    echo = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    try:
+        s = make_server()
+        s.start()
+        put_workflow(s, "echo2", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{echo.server_address[1]}/x",
+                    "query": {"token": "{{ secrets.ODD }}"},
+                    "body": {"key": "{{ secrets.ODD }}"}}}},
+            "edges": [{"from": "start", "to": "call"}],
+        })
+        assert s.put(f"{WS}/secrets/ODD", {"value": odd}).status == 204
+        x = finished(s, run(s, "echo2", {"n": 1}))
+        assert x["status"] == "completed", x
+        out = steps_of(x)["call"]["output"]
+        assert out["body"]["echo"] == {"key": "****"}, out
+        assert "****" in out["body"]["rawQuery"] and "****" in out["body"]["rawBody"], out
+        assert "****" in out["headers"]["x-query"], out
+        text = json.dumps(x)
+        forms = (odd, quote(odd, safe=""), json.dumps(odd)[1:-1], json.dumps(json.dumps(odd)[1:-1])[1:-1])
+        for form in forms:
+            assert form not in text, (form, out)
         assert_secret_nowhere(s)
     finally:
         echo.shutdown()

@@ -1,7 +1,10 @@
 """Workspaces, workflows and secrets over real HTTP."""
 import copy
+import os
 
-from conftest import ORDERS
+import pytest
+
+from conftest import BACKEND, ORDERS
 
 
 def test_workspace_put_is_idempotent(server):
@@ -128,3 +131,25 @@ def test_refuses_a_public_listener_without_a_token(make_server):
     p = subprocess.run([BIN, "serve", "--listen", "0.0.0.0:0", "--db", "sqlite:/nonexistent/x.db"],
                        capture_output=True, text=True, timeout=10)
     assert p.returncode != 0 and "IDEMFLOW_ADMIN_TOKEN" in p.stderr
+
+
+@pytest.mark.skipif(BACKEND != "postgres", reason="a PostgreSQL URL with a password")
+def test_a_database_password_never_reaches_the_log(make_server, workdir):
+    """The store's URL may carry a password (in its userinfo or as a
+    password= parameter): the start-up line shows **** in its place.  The
+    test cluster trusts loopback, so the password itself is ignored."""
+    from conftest import new_db
+    url = new_db(workdir)
+    assert url.startswith(("postgres://", "postgresql://")), url
+    scheme, rest = url.split("://", 1)
+    user, host = rest.split("@", 1)
+    pw = "pw-" + os.urandom(6).hex() + "@x"
+    with_pw = (f"{scheme}://{user}:{pw.replace('@', '%40')}@{host}"
+               + ("&" if "?" in host else "?") + f"password={pw}")
+    s = make_server(db=with_pw)
+    s.start()
+    assert s.get("/readyz").status == 200
+    s.stop()
+    logs = s.logs()
+    assert pw not in logs and pw.split("@")[0] not in logs, logs[-2000:]
+    assert f"{user}:****@" in logs and "password=****" in logs, logs[-2000:]

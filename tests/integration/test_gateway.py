@@ -1,6 +1,7 @@
 """Layer 3 over real HTTP: GATEWAY steps against the project's mock payment
 provider (idemflow-mockpay), one outcome class at a time, with the judge's
 number — charges per order — checked every time."""
+import contextlib
 import json
 import os
 import signal
@@ -975,13 +976,11 @@ def test_an_answer_too_large_to_keep_is_classified_by_its_status(server):
         big.server_close()
 
 
-def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
-    """A destination that echoes the Authorization header (in its body and a
-    response header): the step output keeps the response, with the secret
-    value replaced by ****, in the API, the event feed, the logs and the
-    database.  The secret also goes in a query member and in the body, where
-    the destination receives the real value; a payload value shaped like the
-    engine's secret placeholder stays what it is."""
+@contextlib.contextmanager
+def echo_server(respond):
+    """A loopback HTTP server answering every POST with 200 and the JSON
+    bytes respond(path, headers, body) returns with its extra headers, as
+    (data, {name: value}).  Yields the port."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
 
@@ -992,31 +991,51 @@ def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
             pass
 
         def do_POST(self):
-            from urllib.parse import parse_qs, urlsplit
-            sent = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-            query = parse_qs(urlsplit(self.path).query)
-            auth = self.headers.get("Authorization", "")
-            data = json.dumps({"youSent": auth, "ok": True,
-                               "queryKey": query.get("token") == [SECRET],
-                               "bodyKey": sent.get("key") == SECRET,
-                               "note": sent.get("note")}).encode()
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            data, extra = respond(self.path, self.headers, body)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("X-Echo", auth)
+            for k, v in extra.items():
+                self.send_header(k, v)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-    echo = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
+    """A destination that echoes the Authorization header (in its body and a
+    response header): the step output keeps the response, with the secret
+    value replaced by ****, in the API, the event feed, the logs and the
+    database.  The secret also goes in a query member and in the body, where
+    the destination receives the real value; a payload value shaped like the
+    engine's secret placeholder stays what it is."""
+    from urllib.parse import parse_qs, urlsplit
+
+    def respond(path, headers, body):
+        sent = json.loads(body)
+        query = parse_qs(urlsplit(path).query)
+        auth = headers.get("Authorization", "")
+        return json.dumps({"youSent": auth, "ok": True,
+                           "queryKey": query.get("token") == [SECRET],
+                           "bodyKey": sent.get("key") == SECRET,
+                           "note": sent.get("note")}).encode(), {"X-Echo": auth}
+
+    with echo_server(respond) as port:
         s = make_server()
         s.start()
         put_workflow(s, "echo", {
             "vertices": {
                 "start": {"type": "ENTRY_POINT"},
                 "call": {"type": "GATEWAY", "config": {
-                    "method": "POST", "url": f"http://127.0.0.1:{echo.server_address[1]}/x",
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/x",
                     "headers": {"Authorization": "Bearer {{ secrets.PAY_KEY }}"},
                     "query": {"token": "{{ secrets.PAY_KEY }}"},
                     "body": {"n": "= payload.n", "key": "{{ secrets.PAY_KEY }}",
@@ -1038,9 +1057,6 @@ def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
         for raw in (s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw):
             assert SECRET.encode() not in raw
         assert_secret_nowhere(s)
-    finally:
-        echo.shutdown()
-        echo.server_close()
 
 
 def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
@@ -1048,39 +1064,23 @@ def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
     JSON-escapes it in the body; a destination that echoes the raw query
     string and the raw body sends those encoded forms back.  They are
     scrubbed like the plain value, before anything keeps the response."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import quote, urlsplit
-    import threading
     odd = 'sk_odd/+"x y&z\\w'
 
-    class Echo(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def respond(path, headers, body):
+        query = urlsplit(path).query
+        return (b'{"rawQuery": ' + json.dumps(query).encode()
+                + b', "rawBody": ' + json.dumps(body.decode()).encode()
+                + b', "echo": ' + body + b'}'), {"X-Query": query}
 
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            data = (b'{"rawQuery": ' + json.dumps(urlsplit(self.path).query).encode()
-                    + b', "rawBody": ' + json.dumps(body.decode()).encode()
-                    + b', "echo": ' + body + b'}')
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("X-Query", urlsplit(self.path).query)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    echo = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=echo.serve_forever, daemon=True).start()
-    try:
+    with echo_server(respond) as port:
         s = make_server()
         s.start()
         put_workflow(s, "echo2", {
             "vertices": {
                 "start": {"type": "ENTRY_POINT"},
                 "call": {"type": "GATEWAY", "config": {
-                    "method": "POST", "url": f"http://127.0.0.1:{echo.server_address[1]}/x",
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/x",
                     "query": {"token": "{{ secrets.ODD }}"},
                     "body": {"key": "{{ secrets.ODD }}"}}}},
             "edges": [{"from": "start", "to": "call"}],
@@ -1093,10 +1093,8 @@ def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
         assert "****" in out["body"]["rawQuery"] and "****" in out["body"]["rawBody"], out
         assert "****" in out["headers"]["x-query"], out
         text = json.dumps(x)
-        forms = (odd, quote(odd, safe=""), json.dumps(odd)[1:-1], json.dumps(json.dumps(odd)[1:-1])[1:-1])
+        forms = (odd, quote(odd, safe=""), json.dumps(odd)[1:-1],
+                 json.dumps(json.dumps(odd)[1:-1])[1:-1])
         for form in forms:
             assert form not in text, (form, out)
         assert_secret_nowhere(s)
-    finally:
-        echo.shutdown()
-        echo.server_close()

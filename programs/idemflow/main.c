@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/identity.h"
 #include "expr/expr.h"
+#include "gateway/gateway.h"
 #include "http/client.h"
 #include "http/http.h"
 #include "json/json.h"
@@ -42,6 +43,7 @@ static void usage(FILE *f)
           "  idemflow serve [--listen HOST:PORT] [--db sqlite:PATH | postgres://...] [--load DIR]\n"
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
           "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
+          "                 [--egress-deny link-local|loopback|private|CIDR,...|none]\n"
           "                 [--test-clock]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
@@ -510,6 +512,13 @@ static int cmd_serve(int argc, char **argv)
                 return 2;
             }
             o.run.key_retention_ms = n * 3600 * 1000;
+            i++;
+        } else if (strcmp(a, "--egress-deny") == 0 && v) {
+            struct ifl_err ee = {0};
+            if (gw_egress_set(v, &ee)) {
+                fprintf(stderr, "idemflow serve: --egress-deny: %s\n", ee.msg);
+                return 2;
+            }
             i++;
         } else if (strcmp(a, "--retention-days") == 0 && v) {
             long long n = flag_int(v, 0, 36500);

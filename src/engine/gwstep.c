@@ -520,6 +520,12 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     int64_t ra = 0;
     enum gw_class cls = gw_classify(r, clock_now_ms(), &ra);
     o->attempt_outcome = gw_class_name(cls);
+    if (r->denied) { /* the policy will not change by waiting: no retry */
+        o->to = STEP_FAILED;
+        o->attempt_outcome = "egress_denied";
+        *err_text = class_error("egress_denied", j, r, 0);
+        return 1;
+    }
     if (j->phase == 1) {
         /* The verify request: has the ambiguous call already taken effect? */
         if (cls == GW_SUCCESS || cls == GW_CLIENT_ERROR) {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 /* A secret's place in a rendered string: "~ifs", a per-process random
@@ -708,9 +709,23 @@ struct xfer {
     gw_done_fn done;
     void *ctx;
     int64_t started;
-    int too_large; /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
+    int too_large;   /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
+    char denied[64]; /* the address the egress policy refused ("" none) */
     struct xfer *next;
 };
+
+/* Every new connection's socket: refused (nothing sent) when the egress
+ * policy denies its address (gw_egress_set). */
+static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    struct xfer *x = ud;
+    if (purpose == CURLSOCKTYPE_IPCXN && gw_egress_denied(&a->addr, x->denied, sizeof x->denied)) {
+        if (!x->denied[0])
+            snprintf(x->denied, sizeof x->denied, "?");
+        return CURL_SOCKET_BAD;
+    }
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
@@ -781,6 +796,8 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, x);
     if (!req->resend_safe) /* never a silent second send (gateway.h) */
         curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
     if (strcmp(req->method, "HEAD") == 0)
@@ -824,6 +841,13 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
         /* Not sent only when libcurl proves no request byte left. */
         r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));
+        if (x->denied[0] && req_size == 0) {
+            r->transport = GW_T_NOT_SENT;
+            r->denied = 1;
+            snprintf(r->error, sizeof r->error,
+                     "connecting to %s is denied by the egress policy (serve --egress-deny)",
+                     x->denied);
+        }
         buf_free(&x->body);
     }
     curl_slist_free_all(x->hdrs);

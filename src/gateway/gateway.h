@@ -109,6 +109,19 @@ typedef int (*gw_secret_fn)(void *ctx, const char *name, char **value);
  * use).  Returns 0 or the resolver's error. */
 int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct ifl_err *e);
 
+/* ---- egress (egress.c) --------------------------------------------------------- */
+/* The addresses outbound calls (GATEWAY steps, verify requests, outgoing
+ * webhooks) may not connect to, for the whole process: a comma-separated
+ * list of groups — link-local (169.254.0.0/16, fe80::/10: cloud metadata
+ * services live there), loopback, private (RFC 1918, 100.64.0.0/10,
+ * fc00::/7), unspecified — and CIDRs, or "none".  Until it is set,
+ * link-local is denied.  IFL_EINVAL for an unknown word. */
+int gw_egress_set(const char *spec, struct ifl_err *e);
+struct sockaddr;
+/* 1 when a connection to sa is denied (the address then goes to shown as
+ * text, cap bytes), else 0.  IPv4-mapped IPv6 addresses count as IPv4. */
+int gw_egress_denied(const struct sockaddr *sa, char *shown, size_t cap);
+
 /* ---- responses and their class ------------------------------------------------ */
 
 enum gw_transport {
@@ -126,6 +139,7 @@ struct gw_response {
     int body_too_large; /* the body passed the cap (4 MiB): body is NULL,
                            the output says "bodyTooLarge": true */
     char error[256];    /* transport error text */
+    int denied;         /* not sent: the egress policy refused the address */
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);

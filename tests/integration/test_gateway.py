@@ -1098,3 +1098,51 @@ def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
         for form in forms:
             assert form not in text, (form, out)
         assert_secret_nowhere(s)
+
+
+def test_egress_policy_refuses_denied_addresses_without_sending(make_server, mock):
+    """serve --egress-deny (default: link-local, where cloud metadata services
+    answer): a call whose address is denied fails at once with
+    egress_denied — not sent, not retried — whatever the name resolves to."""
+    def meta_flow(url):
+        return {"vertices": {"start": {"type": "ENTRY_POINT"},
+                             "meta": {"type": "GATEWAY", "config": {
+                                 "method": "GET", "url": url, "timeoutMs": 300,
+                                 "retry": {"maxAttempts": 3, "initialIntervalMs": 10}}}},
+                "edges": [{"from": "start", "to": "meta"}]}
+    s = make_server()
+    s.start()
+    put_workflow(s, "meta", meta_flow("http://169.254.169.254/latest/meta-data/"))
+    x = finished(s, run(s, "meta", {"n": 1}))
+    st = steps_of(x)["meta"]
+    assert st["state"] == "FAILED" and st["error"]["code"] == "egress_denied", st
+    assert st["attempts"] == 1 and "169.254.169.254" in st["error"]["message"], st
+    assert "--egress-deny" in st["error"]["message"]
+    # a name that resolves to a denied address is refused the same way
+    put_workflow(s, "meta6", meta_flow("http://[::ffff:169.254.169.254]/"))
+    st6 = steps_of(finished(s, run(s, "meta6", {"n": 1})))["meta"]
+    assert st6["error"]["code"] == "egress_denied", st6
+    s.stop()
+
+    # loopback denied: the charge to the mock is never sent
+    t = make_server(extra=["--egress-deny", "loopback,link-local"])
+    t.start()
+    setup_pay(t, mock)
+    y = finished(t, pay(t, "egress-1"))
+    ch = steps_of(y)["charge"]
+    assert ch["state"] == "FAILED" and ch["error"]["code"] == "egress_denied", ch
+    assert ch["attempts"] == 1 and SECRET not in json.dumps(y), ch
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 0
+    t.stop()
+
+    # none: nothing is denied (the link-local call is tried: it times out,
+    # or — on a VM with a metadata service — is answered)
+    u = make_server(extra=["--egress-deny", "none"])
+    u.start()
+    st = steps_of(finished(u, run(u, "meta", {"n": 2})))["meta"]  # the same database
+    assert st["error"]["code"] != "egress_denied", st
+    u.stop()
+
+    bad = make_server(extra=["--egress-deny", "intranet"])
+    assert bad.start(expect_fail=True) == 2
+    assert "intranet" in bad.logs()

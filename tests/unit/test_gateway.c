@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -264,6 +266,60 @@ static void test_secrets_are_masked(void **state)
     free(s);
 }
 
+static int denied(const char *addr)
+{
+    struct sockaddr_storage ss = {0};
+    char shown[64] = "";
+    if (strchr(addr, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        a->sin6_family = AF_INET6;
+        assert_int_equal(inet_pton(AF_INET6, addr, &a->sin6_addr), 1);
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        a->sin_family = AF_INET;
+        assert_int_equal(inet_pton(AF_INET, addr, &a->sin_addr), 1);
+    }
+    int d = gw_egress_denied((struct sockaddr *)&ss, shown, sizeof shown);
+    if (d)
+        assert_true(shown[0] != '\0');
+    return d;
+}
+
+static void test_egress_policy(void **state)
+{
+    (void)state;
+    /* the default: link-local only (cloud metadata), loopback allowed */
+    assert_true(denied("169.254.169.254"));
+    assert_true(denied("fe80::1"));
+    assert_true(denied("::ffff:169.254.169.254")); /* IPv4-mapped */
+    assert_false(denied("127.0.0.1"));
+    assert_false(denied("10.1.2.3"));
+    assert_false(denied("169.253.255.255"));
+    assert_false(denied("169.255.0.0"));
+    struct ifl_err e = {0};
+    assert_int_equal(gw_egress_set("private, 192.0.2.128/25,2001:db8::/33", &e), 0);
+    assert_true(denied("10.1.2.3"));
+    assert_true(denied("172.31.255.255"));
+    assert_false(denied("172.32.0.0"));
+    assert_true(denied("100.127.0.1"));
+    assert_false(denied("100.128.0.1"));
+    assert_true(denied("fd00::1"));
+    assert_true(denied("192.0.2.200"));
+    assert_false(denied("192.0.2.127"));
+    assert_true(denied("2001:db8:7fff::1"));
+    assert_false(denied("2001:db8:8000::1"));
+    assert_false(denied("169.254.169.254")); /* replaced, not added to */
+    assert_int_equal(gw_egress_set("none", &e), 0);
+    assert_false(denied("169.254.169.254"));
+    assert_int_equal(gw_egress_set("loopback,link-local", &e), 0);
+    assert_true(denied("127.8.9.10") && denied("::1") && denied("169.254.0.1"));
+    for (const char *bad[] = {"lan", "10.0.0.0/33", "::/129", "1.2.3/8", "10.0.0.0/", ""},
+                    **b = bad;
+         b < bad + 6; b++)
+        assert_int_equal(gw_egress_set(*b, &e), strcmp(*b, "") == 0 ? 0 : IFL_EINVAL);
+    assert_false(denied("127.0.0.1")); /* "" is an empty list: nothing denied */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -273,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_policy_defaults),
         cmocka_unit_test(test_secrets_are_masked),
         cmocka_unit_test(test_secrets_in_query_and_body),
+        cmocka_unit_test(test_egress_policy),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }

@@ -413,6 +413,7 @@ static int inlined_row(const struct store_step *r)
 static void inline_initial(struct engine *g, const struct wf *w, struct store_execution *nx,
                            json_t *ctx, struct create_args *ca)
 {
+    size_t used = 0; /* outputs so far: the execution's budget holds here too */
     for (int k = 0; k < INLINE_MAX; k++) {
         long vi = -1;
         for (size_t r = 0; r < ca->nrows && vi < 0; r++) {
@@ -427,6 +428,12 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
         char *out_text = NULL, *err_text = NULL;
         if (engine_transform_eval(g, nx->workspace, w, vi, ctx, &out, &out_text, &err_text)) {
             free(err_text);
+            return;
+        }
+        used += strlen(out_text);
+        if (used > STEPS_EXECUTION_OUTPUT_MAX) { /* a worker fails it, with its events */
+            json_decref(out);
+            free(out_text);
             return;
         }
         struct decision *d = engine_decide_edges(w, vi, ctx, out);

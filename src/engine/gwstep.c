@@ -705,7 +705,7 @@ size_t engine_gw_drain(struct engine *g)
                      "nothing",
                      go->o.execution_id, go->o.vertex, (long long)go->o.epoch);
         } else {
-            if (go->o.to == STEP_COMPLETED)
+            if (go->o.to == STEP_COMPLETED && !go->o.over_budget)
                 atomic_fetch_add(&g->m.steps_completed, 1);
             else if (go->o.to != STEP_DISPATCHED)
                 atomic_fetch_add(&g->m.steps_failed, 1);

@@ -47,6 +47,14 @@ int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, 
         *err_text = steps_error_json("invalid_output", "the output is not valid JSON");
         return -1;
     }
+    if (strlen(*out_text) > STEPS_OUTPUT_MAX) {
+        json_decref(*out);
+        *out = NULL;
+        free(*out_text);
+        *out_text = NULL;
+        *err_text = steps_error_json("invalid_output", "the output is larger than 4 MiB");
+        return -1;
+    }
     if (!json_depth_ok(*out_text, strlen(*out_text), JSON_STORED_MAX_DEPTH)) {
         json_decref(*out);
         *out = NULL;

@@ -287,7 +287,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
                      c->execution_id, c->vertex, (long long)c->epoch);
             continue;
         }
-        int ok = o->to == STEP_COMPLETED;
+        int ok = o->to == STEP_COMPLETED && !o->over_budget;
         trace(g, ok ? "completed" : "failed", c);
         atomic_fetch_add(ok ? &g->m.steps_completed : &g->m.steps_failed, 1);
         if (o->status_changed)

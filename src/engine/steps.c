@@ -441,11 +441,13 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     o->inlined = 0;
     o->status_changed = 0;
     o->fenced = 0;
+    o->over_budget = 0;
     o->dispatched = 0;
     o->status[0] = '\0';
     struct store_execution x;
     struct store_step *rows = NULL;
     size_t n = 0;
+    char *over_budget = NULL;
     int rc = store_tx_execution_load(tx, o->workspace, o->execution_id, &x, &rows, &n, e);
     if (rc)
         return rc;
@@ -465,20 +467,44 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         goto out;
     }
     int inline_ok = o->n_inl && o->to == STEP_COMPLETED && as_seen(o, &v, n);
+    /* The execution's output budget, counted on the rows as they are in
+     * this transaction: over it, the step fails instead; its inlined
+     * successors are left to workers when only they do not fit. */
+    enum step_state to = o->to;
+    const char *output = o->output, *error = o->error, *attempt_outcome = o->attempt_outcome;
+    if (to == STEP_COMPLETED) {
+        size_t kept = output ? strlen(output) : 0, planned = 0;
+        for (size_t i = 0; i < n; i++)
+            if ((long)i != r && rows[i].output)
+                kept += strlen(rows[i].output);
+        for (size_t k = 0; inline_ok && k < o->n_inl; k++)
+            planned += o->inl[k].output ? strlen(o->inl[k].output) : 0;
+        if (kept + planned > STEPS_EXECUTION_OUTPUT_MAX)
+            inline_ok = 0;
+        if (kept > STEPS_EXECUTION_OUTPUT_MAX) {
+            o->over_budget = 1;
+            to = STEP_FAILED;
+            output = NULL;
+            attempt_outcome = "failed";
+            error = over_budget = steps_error_json(
+                "output_budget_exceeded",
+                "this output would take the execution's stored outputs past 16 MiB");
+        }
+    }
     int64_t claimed_epoch = st->epoch;
-    st->state = o->to;
+    st->state = to;
     free(st->lease_owner);
     st->lease_owner = NULL;
     st->lease_expires_at = 0;
     if (o->bump_epoch)
         st->epoch++;
-    if (o->to == STEP_COMPLETED)
-        set_text(&st->output, o->output);
-    if (o->to == STEP_DISPATCHED) {
+    if (to == STEP_COMPLETED)
+        set_text(&st->output, output);
+    if (to == STEP_DISPATCHED) {
         st->next_run_at = o->run_at ? o->run_at : o->now;
         v.dispatched = 1;
     }
-    set_text(&st->error, o->error);
+    set_text(&st->error, error);
     int changed = 0;
     if ((rc = store_tx_step_update(tx, st, o->from, o->epoch, &changed, e)))
         goto out;
@@ -488,13 +514,13 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     }
     if (o->from == STEP_EXECUTING &&
         (rc = store_tx_attempt_finish(tx, o->execution_id, o->vertex, claimed_epoch,
-                                      o->attempt_outcome, o->error, e)))
+                                      attempt_outcome, error, e)))
         goto out;
-    if (o->to != STEP_DISPATCHED &&
-        (rc = steps_event_text(tx, o->workspace, o->execution_id, step_event_type(o->to),
+    if (to != STEP_DISPATCHED &&
+        (rc = steps_event_text(tx, o->workspace, o->execution_id, step_event_type(to),
                                steps_event_data_text(st), ++v.ver, e)))
         goto out;
-    if (o->to == STEP_COMPLETED && o->dec) {
+    if (to == STEP_COMPLETED && o->dec) {
         decide_out(&v, vi, o->dec);
         if (inline_ok && (rc = apply_inline(tx, &v, o, e)))
             goto out;
@@ -503,6 +529,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     o->status_changed = strcmp(o->status, x.status) != 0;
     o->dispatched = v.dispatched;
 out:
+    free(over_budget);
     view_free(&v);
     store_steps_free(rows, n);
     store_execution_clear(&x);

@@ -93,6 +93,7 @@ struct step_outcome {
     /* results */
     int inlined;        /* how many of inl[] were applied (a prefix) */
     int fenced;         /* the guard failed: nothing was written */
+    int over_budget;    /* a completion failed output_budget_exceeded instead */
     int dispatched;     /* some step became DISPATCHED (wake workers) */
     char status[32];    /* the execution's status afterwards */
     int status_changed; /* … and it changed in this transaction */
@@ -146,6 +147,15 @@ char *steps_error_json(const char *code, const char *msg);
  * re-dispatched after its worker died mid-call, while rendering, or with
  * the response in hand (the last two also end that attempt); the code of a
  * step failed because its worker kept dying while evaluating it. */
+/* How much output an execution may keep (docs/api.md, "Limits"): every
+ * step's context carries every completed output, so without a bound one
+ * workflow's executions could make each claim load and parse gigabytes.
+ * A TRANSFORM output over STEPS_OUTPUT_MAX fails its step (invalid_output);
+ * a completion that would take the execution's stored outputs past
+ * STEPS_EXECUTION_OUTPUT_MAX fails instead (output_budget_exceeded). */
+#define STEPS_OUTPUT_MAX ((size_t)4 << 20)
+#define STEPS_EXECUTION_OUTPUT_MAX ((size_t)16 << 20)
+
 #define STEPS_RENDERING "rendering"
 #define STEPS_RESPONDED "responded"
 #define STEPS_LEASE_EXPIRED_MID_CALL "lease_expired_mid_call"

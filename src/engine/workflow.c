@@ -682,9 +682,15 @@ int wf_compile(json_t *def, struct wf **out, struct ifl_err *e)
     if (!json_is_object(vertices) || json_object_size(vertices) == 0)
         return err_setp(e, IFL_EVALIDATION, "/vertices",
                         "vertices must be a non-empty object keyed by vertex id");
+    if (json_object_size(vertices) > WF_MAX_VERTICES)
+        return err_setp(e, IFL_EVALIDATION, "/vertices", "a workflow has at most %d vertices",
+                        WF_MAX_VERTICES);
     json_t *edges = json_object_get(def, "edges");
     if (edges && !json_is_array(edges))
         return err_setp(e, IFL_EVALIDATION, "/edges", "edges must be an array");
+    if (json_array_size(edges) > WF_MAX_EDGES)
+        return err_setp(e, IFL_EVALIDATION, "/edges", "a workflow has at most %d edges",
+                        WF_MAX_EDGES);
     struct wf *w = xcalloc(1, sizeof *w);
     w->def = json_deep_copy(def);
     vertices = json_object_get(w->def, "vertices");

@@ -77,6 +77,11 @@ struct wf {
     size_t *topo; /* vertex indexes in topological order */
 };
 
+/* Bounds of a definition (docs/api.md, "Limits"): every step of an
+ * execution is a row its claims read, and every edge a decision. */
+#define WF_MAX_VERTICES 256
+#define WF_MAX_EDGES 4096
+
 /* Validates and compiles `def` (borrowed; the wf keeps its own reference).
  * *out is owned by the caller (wf_free). */
 int wf_compile(json_t *def, struct wf **out, struct ifl_err *e);

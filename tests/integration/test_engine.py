@@ -1,5 +1,6 @@
 """Layer 2 over real HTTP: steps run, branch, join, skip, fail, and are
 retried, resolved and started over by an operator."""
+import json
 import os
 import time
 
@@ -585,3 +586,47 @@ def test_a_retry_of_a_stale_execution_keeps_its_status(server):
     a = server.post(f"{WS}/executions/{r.json['executionId']}/retry")
     assert a.status == 200 and a.json == {"executionId": r.json["executionId"], "retriedSteps": 0,
                                           "status": "stale"}, a
+
+
+def test_limits_on_definitions_and_stored_outputs(server):
+    """docs/api.md "Limits": a workflow has at most 256 vertices and 4096
+    edges; a TRANSFORM output is at most 4 MiB; an execution keeps at most
+    16 MiB of outputs — the step that would pass it fails
+    (output_budget_exceeded), whether it runs at the trigger or on a worker."""
+    server.put(WS, {})
+    many = {"vertices": {f"v{i}": {"type": "TRANSFORM", "config": {"output": 1}} for i in range(257)},
+            "edges": []}
+    many["vertices"]["v0"] = {"type": "ENTRY_POINT"}
+    r = server.put(f"{WS}/workflows/many", many)
+    assert r.status == 422 and r.json["pointer"] == "/vertices", r
+    dense = {"vertices": {"s": {"type": "ENTRY_POINT"}, "t": {"type": "TRANSFORM", "config": {"output": 1}}},
+             "edges": [{"from": "s", "to": "t"}] * 4097}
+    r = server.put(f"{WS}/workflows/dense", dense)
+    assert r.status == 422 and r.json["pointer"] == "/edges", r
+    assert server.get(f"{WS}/workflows/many").status == 404
+
+    # one output over 4 MiB
+    put_workflow(server, "big", {"vertices": {
+        "start": {"type": "ENTRY_POINT"},
+        "t": {"type": "TRANSFORM", "config": {"output": "= ($a := $pad('', 2000000, 'x'); [$a, $a, $a])"}}},
+        "edges": [{"from": "start", "to": "t"}]})
+    x = finished(server, run(server, "big", {"n": 1}))
+    t = steps_of(x)["t"]
+    assert t["state"] == "FAILED" and t["error"]["code"] == "invalid_output", t
+    assert "4 MiB" in t["error"]["message"]
+
+    # five outputs of 3.9 MB side by side: four fit in 16 MiB, the fifth does not
+    fan = {"vertices": {"start": {"type": "ENTRY_POINT"}},
+           "edges": [{"from": "start", "to": f"t{i}"} for i in range(5)]}
+    for i in range(5):
+        fan["vertices"][f"t{i}"] = {"type": "TRANSFORM",
+                                    "config": {"output": f"= $pad('', 3900000, '{i}')"}}
+    put_workflow(server, "fan", fan)
+    x = finished(server, run(server, "fan", {"n": 1}))
+    st = steps_of(x)
+    done = [v for v, s in st.items() if s["state"] == "COMPLETED" and v != "start"]
+    over = [v for v, s in st.items() if s["state"] == "FAILED"]
+    assert len(done) == 4 and len(over) == 1, {v: s["state"] for v, s in st.items()}
+    assert st[over[0]]["error"]["code"] == "output_budget_exceeded", st[over[0]]
+    assert x["status"] == "failed"
+    assert sum(len(json.dumps(st[v]["output"])) for v in done) <= 16 << 20

@@ -380,8 +380,33 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's messages, at most MHD_LOG_PER_S a second: a peer can
+ * cause one per connection (a connection limit reached, a timeout), and a
+ * flood of them must not flood the log. */
+#define MHD_LOG_PER_S 10
+
 static void __attribute__((format(printf, 2, 0))) mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static time_t window;
+    static long count, dropped;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long dropped_before = 0;
+    pthread_mutex_lock(&mu);
+    if (ts.tv_sec != window) {
+        dropped_before = dropped;
+        window = ts.tv_sec;
+        count = dropped = 0;
+    }
+    int allow = count++ < MHD_LOG_PER_S;
+    dropped += !allow;
+    pthread_mutex_unlock(&mu);
+    if (dropped_before)
+        log_warn("http.mhd", "%ld more libmicrohttpd messages left out in the second before",
+                 dropped_before);
+    if (!allow)
+        return;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);

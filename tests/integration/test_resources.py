@@ -153,3 +153,29 @@ def test_a_database_password_never_reaches_the_log(make_server, workdir):
     logs = s.logs()
     assert pw not in logs and pw.split("@")[0] not in logs, logs[-2000:]
     assert f"{user}:****@" in logs and "password=****" in logs, logs[-2000:]
+
+
+def test_a_flood_of_bad_requests_does_not_flood_the_log(server):
+    """libmicrohttpd reports each malformed request; the log takes at most
+    10 of its messages a second and then says how many it left out."""
+    import socket
+    import time
+
+    def bad_request():
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as c:
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+            c.recv(1000)
+    start = time.monotonic()
+    for _ in range(60):
+        bad_request()
+    flood = time.monotonic() - start
+    lines = [ln for ln in server.logs().splitlines() if '"http.mhd"' in ln]
+    seconds = int(flood) + 2  # the windows the flood can have touched
+    assert 0 < len(lines) <= 10 * seconds + seconds, (len(lines), flood)
+    # the next window says how many were left out (polled, not slept)
+    deadline = time.monotonic() + 5
+    while "left out" not in server.logs() and time.monotonic() < deadline:
+        bad_request()
+        time.sleep(0.05)
+    assert "more libmicrohttpd messages left out" in server.logs()
+    assert server.get("/healthz").status == 200

@@ -530,6 +530,8 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
         /* The verify request: has the ambiguous call already taken effect? */
         if (cls == GW_SUCCESS || cls == GW_CLIENT_ERROR) {
             json_t *out = gw_output(r);
+            gw_output_scrub(out, &j->req);
+            gw_output_scrub(out, &j->vreq);
             json_object_set(j->ctx, "response", out);
             json_t *res = NULL;
             struct expr_error xe = {0};
@@ -608,6 +610,8 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
         break;
     }
     json_t *out = gw_output(r);
+    gw_output_scrub(out, &j->req);
+    gw_output_scrub(out, &j->vreq);
     *out_text = json_to_string(out);
     *out_json = out;
     o->to = STEP_COMPLETED;

@@ -586,6 +586,63 @@ void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
     }
 }
 
+/* s[0..n) with every secret req sent replaced by "****"; NULL when none
+ * was there. */
+static char *scrub_secrets(const char *s, size_t n, const struct gw_request *req, size_t *out_n)
+{
+    char *cur = NULL;
+    size_t cn = n;
+    for (size_t i = 0; i < req->nsecrets; i++) {
+        const char *sec = req->secrets[i];
+        size_t slen = strlen(sec), m = 0;
+        char *next = slen >= 4 ? scrub_bytes(cur ? cur : s, cn, sec, slen, &m) : NULL;
+        if (next) {
+            free(cur);
+            cur = next;
+            cn = m;
+        }
+    }
+    *out_n = cn;
+    return cur;
+}
+
+void gw_output_scrub(json_t *out, const struct gw_request *req)
+{
+    if (!req || !req->nsecrets || !out)
+        return;
+    const char *k;
+    json_t *x;
+    size_t i, n = 0;
+    char *clean;
+    if (json_is_object(out)) {
+        /* names too (a header's, a body member's): renamed after the walk */
+        json_t *renamed = NULL;
+        json_object_foreach(out, k, x)
+        {
+            gw_output_scrub(x, req);
+            if ((clean = scrub_secrets(k, strlen(k), req, &n))) {
+                if (!renamed)
+                    renamed = json_object();
+                json_object_set_new(renamed, k, json_string(clean));
+                free(clean);
+            }
+        }
+        json_object_foreach(renamed, k, x)
+        {
+            json_t *v = json_incref(json_object_get(out, k));
+            json_object_del(out, k);
+            json_object_set_new(out, json_string_value(x), v);
+        }
+        json_decref(renamed);
+    } else if (json_is_array(out)) {
+        json_array_foreach(out, i, x) gw_output_scrub(x, req);
+    } else if (json_is_string(out) &&
+               (clean = scrub_secrets(json_string_value(out), json_string_length(out), req, &n))) {
+        json_string_setn(out, clean, n);
+        free(clean);
+    }
+}
+
 int64_t gw_http_date_ms(const char *s)
 {
     static const char *const fmts[] = {"%a, %d %b %Y %H:%M:%S GMT", "%A, %d-%b-%y %H:%M:%S GMT",

@@ -168,6 +168,10 @@ int64_t gw_retry_after_ms(const struct gw_response *r, int64_t now_ms);
 /* The output of a step: {status, headers, body} with JSON bodies parsed
  * (new reference). */
 json_t *gw_output(const struct gw_response *r);
+/* Replaces a secret value req sent (4 bytes or more) with "****" in every
+ * string of out, the parsed output: a body may spell a secret with JSON
+ * escapes (\/, \u0041) that the byte scrub cannot see. */
+void gw_output_scrub(json_t *out, const struct gw_request *req);
 
 /* Full-jitter backoff before attempt n+1 (n >= 1 attempts made):
  * random(0, min(max, initial × coefficient^(n-1))), never below

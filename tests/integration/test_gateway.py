@@ -1069,8 +1069,11 @@ def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
 
     def respond(path, headers, body):
         query = urlsplit(path).query
+        key = json.loads(body)["key"]
+        spelled = "".join("\\u%04x" % ord(c) for c in key)  # every character \u-escaped
         return (b'{"rawQuery": ' + json.dumps(query).encode()
                 + b', "rawBody": ' + json.dumps(body.decode()).encode()
+                + b', "spelled": "' + spelled.encode() + b'"'
                 + b', "echo": ' + body + b'}'), {"X-Query": query}
 
     with echo_server(respond) as port:
@@ -1089,7 +1092,7 @@ def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
         x = finished(s, run(s, "echo2", {"n": 1}))
         assert x["status"] == "completed", x
         out = steps_of(x)["call"]["output"]
-        assert out["body"]["echo"] == {"key": "****"}, out
+        assert out["body"]["echo"] == {"key": "****"} and out["body"]["spelled"] == "****", out
         assert "****" in out["body"]["rawQuery"] and "****" in out["body"]["rawBody"], out
         assert "****" in out["headers"]["x-query"], out
         text = json.dumps(x)

@@ -1142,7 +1142,8 @@ def test_egress_policy_refuses_denied_addresses_without_sending(make_server, moc
     # or — on a VM with a metadata service — is answered)
     u = make_server(extra=["--egress-deny", "none"])
     u.start()
-    st = steps_of(finished(u, run(u, "meta", {"n": 2})))["meta"]  # the same database
+    put_workflow(u, "meta", meta_flow("http://169.254.169.254/latest/meta-data/"))
+    st = steps_of(finished(u, run(u, "meta", {"n": 2})))["meta"]
     assert st["error"]["code"] != "egress_denied", st
     u.stop()
 

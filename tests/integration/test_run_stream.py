@@ -143,16 +143,31 @@ def test_a_stopping_server_ends_its_streams(make_server, mock):
     assert s.put(WS, {}).status in (200, 201)
     # the provider answers 503 with a long Retry-After: the execution waits
     # for its next attempt with nothing in flight
-    put_workflow(s, "pay", charge_flow(mock, retry={"maxAttempts": 3, "initialIntervalMs": 10}))
+    # (a deadline past the Retry-After: with the default 300 s the 503 would
+    # fail the step at once, deadline_exceeded, and end the stream with `end`
+    # whenever the answer came before the stop)
+    put_workflow(s, "pay", charge_flow(mock, retry={"maxAttempts": 3, "initialIntervalMs": 10},
+                                       deadlineMs=3600000))
     assert s.put(f"{WS}/secrets/PAY_KEY", {"value": "sk_test_x"}).status == 204
     mock.faults("status=503:retry_after=600")
     st = Stream(s, run_path("pay", "order"), {"order": {"id": "o-s2", "amount": 100}})
     it = st.events()
-    assert next(it)["event"] == "execution"
+    first = next(it)
+    assert first["event"] == "execution"
     assert next(it)["event"] == "execution.created"
+    # the 503 has been answered and its retry, 10 minutes out, committed
+    xid = first["data"]["executionId"]
+    deadline = time.monotonic() + 10
+    while True:
+        x = s.get(f"{WS}/executions/{xid}").json
+        charge = next(st_ for st_ in x["steps"] if st_["vertex"] == "charge")
+        if charge["state"] == "DISPATCHED" and charge["attempts"] == 1:
+            break
+        assert x["status"] == "running" and time.monotonic() < deadline, x
+        time.sleep(0.01)
     t0 = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
     rest = list(it)  # the stream ends (no `end` event: the execution still runs)
     assert s.proc.wait(timeout=20) == 0
     assert time.monotonic() - t0 < 15
-    assert all(e["event"] != "end" for e in rest)
+    assert all(e["event"] != "end" for e in rest), rest

@@ -250,47 +250,6 @@ static long long flag_int(const char *v, long long lo, long long hi)
     return n;
 }
 
-/* The --db value as it may be logged: a password in a URL's userinfo
- * (postgres://user:PASSWORD@host/db) or in a password= parameter (URL
- * query or keyword form) shown as ****.  Caller frees. */
-static char *db_for_log(const char *db)
-{
-    struct buf b;
-    buf_init(&b, 0);
-    const char *p = db;
-    const char *scheme = strstr(db, "://");
-    if (scheme) {
-        const char *auth = scheme + 3;
-        const char *end = auth + strcspn(auth, "/?#");
-        const char *at = NULL;
-        for (const char *q = auth; q < end; q++)
-            if (*q == '@')
-                at = q; /* the last one: a password may hold an '@' */
-        const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-        if (colon) {
-            buf_append(&b, db, (size_t)(colon + 1 - db));
-            buf_puts(&b, "****");
-            p = at;
-        }
-    }
-    for (;;) {
-        const char *k = strstr(p, "password=");
-        if (!k || (k != db && !strchr("?& \t", k[-1]))) {
-            if (!k) {
-                buf_puts(&b, p);
-                break;
-            }
-            buf_append(&b, p, (size_t)(k + 9 - p));
-            p = k + 9;
-            continue;
-        }
-        buf_append(&b, p, (size_t)(k + 9 - p));
-        buf_puts(&b, "****");
-        p = k + 9 + strcspn(k + 9, "& \t");
-    }
-    return buf_steal(&b);
-}
-
 /* Where this engine's crash markers go (base/crashmark.h): IDEMFLOW_CRASH_DIR,
  * else beside a SQLite database ("PATH.crashes"), else (PostgreSQL) a
  * directory per database under $XDG_RUNTIME_DIR or /tmp, named by a hash of
@@ -618,7 +577,7 @@ static int cmd_serve(int argc, char **argv)
         log_error("serve.listen", "%s", e.msg);
         goto out;
     }
-    char *db_shown = db_for_log(o.db);
+    char *db_shown = store_url_shown(o.db);
     log_info("serve.ready", "idemflow %s listening on %s port %u, store %s (%s)", IDEMFLOW_VERSION,
              o.listen, http_server_port(srv), store_backend(st), db_shown);
     free(db_shown);

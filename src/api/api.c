@@ -598,6 +598,12 @@ static void trigger(struct call *c, int mode)
     char hbuf[IDENTITY_KEY_MAX + 1];
     if (hk && hk[0] == '"' && http_sf_string(hk, hbuf, sizeof hbuf) == 0)
         hk = hbuf;
+    else if (hk && strcmp(hk, "\"\"") == 0) {
+        api_problem(c->res, 400, "invalid-idempotency-key",
+                    "the Idempotency-Key is empty: a key is 1-255 printable ASCII characters",
+                    NULL);
+        goto rejected;
+    }
     /* A test run is a new execution by default, unless the caller gave a
      * key: then the key decides, as on the trigger (a retried test run is
      * the same one).  A key with forceNewExecution=true says both. */

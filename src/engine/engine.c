@@ -413,7 +413,9 @@ static int inlined_row(const struct store_step *r)
 static void inline_initial(struct engine *g, const struct wf *w, struct store_execution *nx,
                            json_t *ctx, struct create_args *ca)
 {
-    size_t used = 0; /* outputs so far: the execution's budget holds here too */
+    size_t used = 0; /* outputs so far (the entry's is the payload): the budget holds here too */
+    for (size_t r = 0; r < ca->nrows; r++)
+        used += ca->rows[r].output ? strlen(ca->rows[r].output) : 0;
     for (int k = 0; k < INLINE_MAX; k++) {
         long vi = -1;
         for (size_t r = 0; r < ca->nrows && vi < 0; r++) {

@@ -523,7 +523,9 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     if (r->denied) { /* the policy will not change by waiting: no retry */
         o->to = STEP_FAILED;
         o->attempt_outcome = "egress_denied";
-        *err_text = class_error("egress_denied", j, r, 0);
+        /* a denied verify leaves the call's outcome unknown: a retry
+         * verifies first */
+        *err_text = class_error("egress_denied", j, r, j->phase == 1);
         return 1;
     }
     if (j->phase == 1) {
@@ -718,8 +720,9 @@ size_t engine_gw_drain(struct engine *g)
                 engine_execution_moved(g, go->o.execution_id, go->o.status);
             engine_inline_done(g, &go->plan, &go->o);
             if (go->o.to == STEP_COMPLETED || go->o.to == STEP_FAILED)
-                engine_trace(g, go->o.to == STEP_COMPLETED ? "completed" : "failed",
-                             go->o.execution_id, go->o.vertex, go->o.epoch);
+                engine_trace(
+                    g, go->o.to == STEP_COMPLETED && !go->o.over_budget ? "completed" : "failed",
+                    go->o.execution_id, go->o.vertex, go->o.epoch);
         }
         engine_decisions_free(go->d, go->nd);
         engine_inline_clear(&go->plan);

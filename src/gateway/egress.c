@@ -106,6 +106,8 @@ int gw_egress_set(const char *spec, struct ifl_err *e)
     struct net v[MAX_NETS];
     int n = 0;
     char bad[80] = "";
+    if (!spec[strspn(spec, " ,")])
+        return err_set(e, IFL_EINVAL, "an empty list: say none to deny nothing");
     if (parse_list(spec, v, MAX_NETS, &n, bad, sizeof bad))
         return err_set(e, IFL_EINVAL,
                        "'%s' is not an address group (link-local, loopback, private, "

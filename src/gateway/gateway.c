@@ -768,6 +768,7 @@ struct xfer {
     int64_t started;
     int too_large;   /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
     char denied[64]; /* the address the egress policy refused ("" none) */
+    int opened;      /* sockets opened: a name with an allowed address too */
     struct xfer *next;
 };
 
@@ -781,6 +782,7 @@ static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_soc
             snprintf(x->denied, sizeof x->denied, "?");
         return CURL_SOCKET_BAD;
     }
+    x->opened++;
     return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
 }
 
@@ -898,7 +900,7 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
         /* Not sent only when libcurl proves no request byte left. */
         r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));
-        if (x->denied[0] && req_size == 0) {
+        if (x->denied[0] && !x->opened && req_size == 0) { /* no address was allowed */
             r->transport = GW_T_NOT_SENT;
             r->denied = 1;
             snprintf(r->error, sizeof r->error,

@@ -403,7 +403,8 @@ static void __attribute__((format(printf, 2, 0))) mhd_log(void *cls, const char 
     dropped += !allow;
     pthread_mutex_unlock(&mu);
     if (dropped_before)
-        log_warn("http.mhd", "%ld more libmicrohttpd messages left out in the second before",
+        log_warn("http.mhd",
+                 "%ld more libmicrohttpd messages were left out (past 10 in one second)",
                  dropped_before);
     if (!allow)
         return;

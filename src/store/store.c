@@ -380,6 +380,13 @@ int store_open(const char *url, struct store **out, struct ifl_err *e)
     return store_sqlite_open(url, out, e);
 }
 
+char *store_url_shown(const char *url)
+{
+    if (!url)
+        return xstrdup("");
+    return store_url_is_sqlite(url) ? xstrdup(url) : store_pg_shown(url);
+}
+
 void store_close(struct store *s)
 {
     if (s)

@@ -38,6 +38,10 @@ int store_url_is_sqlite(const char *url);
 void store_close(struct store *s); /* NULL ok */
 /* "sqlite" / "postgres". */
 const char *store_backend(const struct store *s);
+/* The --db value as it may be logged (caller frees): a SQLite path as is;
+ * a PostgreSQL URL or conninfo as libpq parses it, keyword=value, with
+ * password and sslpassword (and every option libpq marks secret) as ****. */
+char *store_url_shown(const char *url);
 /* Current schema version (after migrations). */
 int store_schema_version(struct store *s, int *version, struct ifl_err *e);
 /* Cheap liveness probe used by /readyz. */

@@ -158,6 +158,7 @@ struct store {
 int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e);
 /* conninfo: a postgres:// URL or a libpq key=value string. */
 int store_pg_open(const char *conninfo, struct store **out, struct ifl_err *e);
+char *store_pg_shown(const char *conninfo);
 
 /* The schema, as ordered migrations shared by every backend.  Each entry's
  * SQL is portable (TEXT, BIGINT, INTEGER, ON CONFLICT); `sqlite_only` /

@@ -2622,6 +2622,29 @@ static int body_check_settings(struct pgtx *t, void *arg, struct ifl_err *e)
     return rc;
 }
 
+char *store_pg_shown(const char *conninfo)
+{
+    /* libpq's own parser, so every form it accepts is masked alike: URL
+     * userinfo (a '?' or '#' in it included), keyword=value with spaces
+     * or quotes, password and sslpassword */
+    char *err = NULL;
+    PQconninfoOption *opts = PQconninfoParse(conninfo, &err);
+    PQfreemem(err);
+    if (!opts)
+        return xstrdup("postgres (a connection string libpq does not parse)");
+    struct buf b;
+    buf_init(&b, 0);
+    for (PQconninfoOption *o = opts; o->keyword; o++) {
+        if (!o->val || !*o->val)
+            continue;
+        int secret = strcmp(o->keyword, "password") == 0 ||
+                     strcmp(o->keyword, "sslpassword") == 0 || strchr(o->dispchar, '*') != NULL;
+        buf_printf(&b, "%s%s=%s", b.len ? " " : "", o->keyword, secret ? "****" : o->val);
+    }
+    PQconninfoFree(opts);
+    return buf_steal(&b);
+}
+
 int store_pg_open(const char *conninfo, struct store **out, struct ifl_err *e)
 {
     *out = NULL;

@@ -615,13 +615,17 @@ def test_limits_on_definitions_and_stored_outputs(server):
     assert t["state"] == "FAILED" and t["error"]["code"] == "invalid_output", t
     assert "4 MiB" in t["error"]["message"]
 
+    def fan(n, size):
+        """n TRANSFORMs side by side after the entry, each `size` characters."""
+        wf = {"vertices": {"start": {"type": "ENTRY_POINT"}},
+              "edges": [{"from": "start", "to": f"t{i}"} for i in range(n)]}
+        for i in range(n):
+            wf["vertices"][f"t{i}"] = {"type": "TRANSFORM",
+                                       "config": {"output": f"= $pad('', {size}, '{i}')"}}
+        return wf
+
     # five outputs of 3.9 MB side by side: four fit in 16 MiB, the fifth does not
-    fan = {"vertices": {"start": {"type": "ENTRY_POINT"}},
-           "edges": [{"from": "start", "to": f"t{i}"} for i in range(5)]}
-    for i in range(5):
-        fan["vertices"][f"t{i}"] = {"type": "TRANSFORM",
-                                    "config": {"output": f"= $pad('', 3900000, '{i}')"}}
-    put_workflow(server, "fan", fan)
+    put_workflow(server, "fan", fan(5, 3900000))
     x = finished(server, run(server, "fan", {"n": 1}))
     st = steps_of(x)
     done = [v for v, s in st.items() if s["state"] == "COMPLETED" and v != "start"]
@@ -630,3 +634,10 @@ def test_limits_on_definitions_and_stored_outputs(server):
     assert st[over[0]]["error"]["code"] == "output_budget_exceeded", st[over[0]]
     assert x["status"] == "failed"
     assert sum(len(json.dumps(st[v]["output"])) for v in done) <= 16 << 20
+
+    # the payload counts too (it is the entry's output): 1 MB + 3 × 4 MB fit,
+    # the fourth 4 MB does not — at the trigger as on a worker
+    put_workflow(server, "fan4", fan(4, 4000000))
+    x = finished(server, run(server, "fan4", {"p": "x" * 1000000}))
+    states = sorted(s["state"] for v, s in steps_of(x).items() if v != "start")
+    assert states == ["COMPLETED"] * 3 + ["FAILED"], states

@@ -1121,16 +1121,17 @@ def test_egress_policy_refuses_denied_addresses_without_sending(make_server, moc
     assert st["state"] == "FAILED" and st["error"]["code"] == "egress_denied", st
     assert st["attempts"] == 1 and "169.254.169.254" in st["error"]["message"], st
     assert "--egress-deny" in st["error"]["message"]
-    # a name that resolves to a denied address is refused the same way
+    # an IPv4-mapped IPv6 address counts as the IPv4 one
     put_workflow(s, "meta6", meta_flow("http://[::ffff:169.254.169.254]/"))
     st6 = steps_of(finished(s, run(s, "meta6", {"n": 1})))["meta"]
     assert st6["error"]["code"] == "egress_denied", st6
     s.stop()
 
-    # loopback denied: the charge to the mock is never sent
+    # loopback denied: the charge to the mock, by a name that resolves to
+    # loopback addresses only, is never sent
     t = make_server(extra=["--egress-deny", "loopback,link-local"])
     t.start()
-    setup_pay(t, mock)
+    setup_pay(t, mock, url=f"http://localhost:{mock.port}/v1/charges")
     y = finished(t, pay(t, "egress-1"))
     ch = steps_of(y)["charge"]
     assert ch["state"] == "FAILED" and ch["error"]["code"] == "egress_denied", ch
@@ -1144,9 +1145,28 @@ def test_egress_policy_refuses_denied_addresses_without_sending(make_server, moc
     u.start()
     put_workflow(u, "meta", meta_flow("http://169.254.169.254/latest/meta-data/"))
     st = steps_of(finished(u, run(u, "meta", {"n": 2})))["meta"]
-    assert st["error"]["code"] != "egress_denied", st
+    assert (st["error"] or {}).get("code") != "egress_denied", st
     u.stop()
 
     bad = make_server(extra=["--egress-deny", "intranet"])
     assert bad.start(expect_fail=True) == 2
     assert "intranet" in bad.logs()
+
+
+def test_a_denied_verify_keeps_the_outcome_unknown(make_server, mock):
+    """A call whose outcome is unknown (500 after the charge) is verified
+    first; when the verify request's address is denied, the step fails
+    egress_denied but keeps verifyFirst, so an operator's retry verifies
+    before it could send the charge again."""
+    s = make_server()
+    s.start()
+    setup_pay(s, mock, name="vpay", ambiguous="verify",
+              headers={"Authorization": "Bearer {{ secrets.PAY_KEY }}"},
+              verify={"method": "GET", "url": "http://169.254.169.254/v1/charges",
+                      "doneWhen": "= $count(response.body.data) > 0"})
+    mock.faults("status=500:after_commit:count=1")
+    x = finished(s, pay(s, "vd-1", name="vpay"))
+    ch = steps_of(x)["charge"]
+    assert ch["state"] == "FAILED" and ch["error"]["code"] == "egress_denied", ch
+    assert ch["error"].get("verifyFirst") is True, ch
+    assert mock.charges("vd-1") == 1

@@ -136,8 +136,9 @@ def test_refuses_a_public_listener_without_a_token(make_server):
 @pytest.mark.skipif(BACKEND != "postgres", reason="a PostgreSQL URL with a password")
 def test_a_database_password_never_reaches_the_log(make_server, workdir):
     """The store's URL may carry a password (in its userinfo or as a
-    password= parameter): the start-up line shows **** in its place.  The
-    test cluster trusts loopback, so the password itself is ignored."""
+    password= parameter): the start-up line shows the connection as libpq
+    parses it, with **** for the password.  The test cluster trusts
+    loopback, so the password itself is ignored."""
     from conftest import new_db
     url = new_db(workdir)
     assert url.startswith(("postgres://", "postgresql://")), url
@@ -152,7 +153,7 @@ def test_a_database_password_never_reaches_the_log(make_server, workdir):
     s.stop()
     logs = s.logs()
     assert pw not in logs and pw.split("@")[0] not in logs, logs[-2000:]
-    assert f"{user}:****@" in logs and "password=****" in logs, logs[-2000:]
+    assert "password=****" in logs and f"user={user}" in logs, logs[-2000:]
 
 
 def test_a_flood_of_bad_requests_does_not_flood_the_log(server):
@@ -174,8 +175,8 @@ def test_a_flood_of_bad_requests_does_not_flood_the_log(server):
     assert 0 < len(lines) <= 10 * seconds + seconds, (len(lines), flood)
     # the next window says how many were left out (polled, not slept)
     deadline = time.monotonic() + 5
-    while "left out" not in server.logs() and time.monotonic() < deadline:
+    while "were left out" not in server.logs() and time.monotonic() < deadline:
         bad_request()
         time.sleep(0.05)
-    assert "more libmicrohttpd messages left out" in server.logs()
+    assert "more libmicrohttpd messages were left out" in server.logs()
     assert server.get("/healthz").status == 200

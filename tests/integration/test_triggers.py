@@ -194,6 +194,8 @@ def test_idempotency_key_header_means_client_id(orders):
     esc = trigger(s, "by_payload", {"a": 3}, headers={"Idempotency-Key": '"say \\"hi\\""'})
     assert esc.status == 201 and esc.json["executionId"] == execution_id(
         "acme", "orders", "by_payload", "client", 'say "hi"'), esc
+    empty = trigger(s, "by_payload", {"a": 5}, headers={"Idempotency-Key": '""'})
+    assert empty.status == 400 and empty.json["type"] == "/problems/invalid-idempotency-key", empty
     half = trigger(s, "by_payload", {"a": 4}, headers={"Idempotency-Key": '"open'})
     assert half.status == 201 and half.json["executionId"] == execution_id(
         "acme", "orders", "by_payload", "client", '"open'), half

@@ -102,13 +102,6 @@ static void reply_json(struct http_res *res, int status, json_t *body /* stolen 
     http_res_body(res, status, "application/json", text);
 }
 
-static json_t *ts_json(int64_t ms)
-{
-    char ts[32];
-    clock_rfc3339(ms, ts);
-    return json_string(ts);
-}
-
 /* ---- request helpers ----------------------------------------------------------- */
 
 static int content_type_ok(const struct http_req *r)
@@ -288,7 +281,7 @@ static void h_workflow_get(struct call *c)
     json_t *out = json_object();
     json_object_set_new(out, "workflow", json_string(wf));
     json_object_set_new(out, "version", json_integer(w.version));
-    json_object_set_new(out, "createdAt", ts_json(w.created_at));
+    json_object_set_new(out, "createdAt", json_time(w.created_at));
     json_object_set_new(out, "definition", def ? def : json_null());
     store_workflow_clear(&w);
     reply_json(c->res, 200, out);
@@ -723,8 +716,8 @@ static json_t *execution_json(const struct store_execution *x, int full)
     json_object_set_new(o, "test", json_boolean(x->test));
     json_object_set_new(o, "status", json_string(x->status));
     json_object_set_new(o, "version", json_integer(x->version));
-    json_object_set_new(o, "createdAt", ts_json(x->created_at));
-    json_object_set_new(o, "updatedAt", ts_json(x->updated_at));
+    json_object_set_new(o, "createdAt", json_time(x->created_at));
+    json_object_set_new(o, "updatedAt", json_time(x->updated_at));
     if (full) {
         json_t *payload = NULL;
         json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL);
@@ -760,11 +753,12 @@ static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_er
         json_object_set_new(o, "output", json_stored_value(st->output));
         json_object_set_new(o, "error", json_stored_value(st->error));
         json_object_set_new(o, "nextAttemptAt",
-                            st->state == STEP_DISPATCHED ? ts_json(st->next_run_at) : json_null());
+                            st->state == STEP_DISPATCHED ? json_time(st->next_run_at)
+                                                         : json_null());
         if (st->state == STEP_EXECUTING) {
             json_object_set_new(o, "leaseOwner",
                                 json_string(st->lease_owner ? st->lease_owner : ""));
-            json_object_set_new(o, "leaseExpiresAt", ts_json(st->lease_expires_at));
+            json_object_set_new(o, "leaseExpiresAt", json_time(st->lease_expires_at));
         }
         json_t *hist = json_array();
         for (size_t k = 0; k < na; k++) {
@@ -773,9 +767,9 @@ static int steps_json(struct api *a, const char *id, json_t *exec, struct ifl_er
             json_t *h = json_object();
             json_object_set_new(h, "epoch", json_integer(at[k].epoch));
             json_object_set_new(h, "worker", json_string(at[k].worker));
-            json_object_set_new(h, "startedAt", ts_json(at[k].started_at));
+            json_object_set_new(h, "startedAt", json_time(at[k].started_at));
             json_object_set_new(h, "finishedAt",
-                                at[k].finished_at ? ts_json(at[k].finished_at) : json_null());
+                                at[k].finished_at ? json_time(at[k].finished_at) : json_null());
             json_object_set_new(h, "outcome",
                                 at[k].outcome ? json_string(at[k].outcome) : json_null());
             json_object_set_new(h, "error", json_stored_value(at[k].error));
@@ -1225,7 +1219,7 @@ static void h_test_clock(struct call *c)
     engine_wake(c->a->g);
     json_t *o = json_object();
     json_object_set_new(o, "offsetMs", json_integer(off));
-    json_object_set_new(o, "now", ts_json(clock_now_ms()));
+    json_object_set_new(o, "now", json_time(clock_now_ms()));
     reply_json(c->res, 200, o);
 }
 

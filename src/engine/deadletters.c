@@ -11,7 +11,6 @@
  *   step      AT~EXECUTION~VERTEX            (the form pages had before)
  *   delivery  AT~hook~SUBSCRIPTION~EVENT_ID  ("hook" is not a 64-hex id)
  */
-#include "base/clock.h"
 #include "base/mem.h"
 #include "engine/engine_int.h"
 #include "json/json.h"
@@ -51,13 +50,6 @@ static int cursor_parse(const char *text, struct cursor *c)
     return -1;
 }
 
-static json_t *ts_json(int64_t ms)
-{
-    char ts[32];
-    clock_rfc3339(ms, ts);
-    return json_string(ts);
-}
-
 static json_t *step_item(const struct store_step *r)
 {
     json_t *o = json_object();
@@ -67,7 +59,7 @@ static json_t *step_item(const struct store_step *r)
     json_object_set_new(o, "state", json_string(store_step_state_name(r->state)));
     json_object_set_new(o, "attempts", json_integer(r->attempts));
     json_object_set_new(o, "error", json_stored_value(r->error));
-    json_object_set_new(o, "updatedAt", ts_json(r->updated_at));
+    json_object_set_new(o, "updatedAt", json_time(r->updated_at));
     return o;
 }
 
@@ -85,7 +77,7 @@ static json_t *hook_item(const struct store_delivery *d)
     json_object_set_new(o, "lastStatus",
                         d->last_status ? json_integer(d->last_status) : json_null());
     json_object_set_new(o, "error", d->last_error ? json_string(d->last_error) : json_null());
-    json_object_set_new(o, "updatedAt", ts_json(d->updated_at));
+    json_object_set_new(o, "updatedAt", json_time(d->updated_at));
     return o;
 }
 

@@ -414,8 +414,6 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
                            json_t *ctx, struct create_args *ca)
 {
     size_t used = 0; /* outputs so far (the entry's is the payload): the budget holds here too */
-    for (size_t r = 0; r < ca->nrows; r++)
-        used += ca->rows[r].output ? strlen(ca->rows[r].output) : 0;
     for (int k = 0; k < INLINE_MAX; k++) {
         long vi = -1;
         for (size_t r = 0; r < ca->nrows && vi < 0; r++) {
@@ -432,6 +430,9 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
             free(err_text);
             return;
         }
+        if (k == 0) /* counted once, and only when a TRANSFORM ran */
+            for (size_t r = 0; r < ca->nrows; r++)
+                used += ca->rows[r].output ? strlen(ca->rows[r].output) : 0;
         used += strlen(out_text);
         if (used > STEPS_EXECUTION_OUTPUT_MAX) { /* a worker fails it, with its events */
             json_decref(out);

@@ -409,7 +409,7 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     /* Header names: tokens, and not the ones that frame the message (the
      * client sets those from the body it sends). */
     for (int i = 0; i < 2; i++) {
-        json_t *hs = json_object_get(i ? json_object_get(cfg, "verify") : cfg, "headers");
+        json_t *hs = json_object_get(i ? verify_cfg : cfg, "headers");
         const char *hk;
         json_t *hv;
         json_object_foreach(hs, hk, hv)

@@ -17,6 +17,7 @@
  * leave a half-written value in the caller's buffer on failure.
  */
 #include "json/json.h"
+#include "base/clock.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -64,6 +65,13 @@ json_t *json_stored_value(const char *text)
     if (json_parse(text, strlen(text), &json_stored_limits, &v, NULL))
         return json_string(text);
     return v;
+}
+
+json_t *json_time(int64_t ms)
+{
+    char ts[32];
+    clock_rfc3339(ms, ts);
+    return json_string(ts);
 }
 
 int json_depth_ok(const char *text, size_t len, int max)

@@ -36,6 +36,8 @@ extern const struct json_limits json_stored_limits; /* {.max_depth = JSON_STORED
 /* A stored text as a value (new reference): JSON null for NULL, the parsed
  * value when the text is JSON (under json_stored_limits), else a string. */
 json_t *json_stored_value(const char *text);
+/* Unix ms as an RFC 3339 UTC string value (clock_rfc3339); new reference. */
+json_t *json_time(int64_t ms);
 
 /* 1 when text[0..len) nests arrays and objects at most max deep (strings
  * skipped), else 0.  Does not validate the text otherwise. */

@@ -588,14 +588,12 @@ int store_deliveries_release(struct store *s, struct ifl_err *e)
     return store_tx_run(s, tx_release, NULL, e);
 }
 
-int store_deliveries_list(struct store *s, const char *ws, const char *name, const char *state,
-                          int64_t after, int limit, struct store_delivery **items, size_t *n,
-                          struct ifl_err *e)
+/* Runs a statement whose rows are deliveries; on failure nothing is left. */
+static int dlv_query(struct store *s, const struct store_sql *q, const struct store_val *p, int np,
+                     struct store_delivery **items, size_t *n, struct ifl_err *e)
 {
     struct dlv_rows r = {0};
-    struct store_val p[] = {STORE_VAL_S(ws), STORE_VAL_S(name), STORE_VAL_S(state),
-                            STORE_VAL_I(after), STORE_VAL_I(limit)};
-    int rc = query(s, &q_dlv_list, p, 5, dlv_row, &r, e);
+    int rc = query(s, q, p, np, dlv_row, &r, e);
     if (rc) {
         store_deliveries_free(r.items, r.n);
         r = (struct dlv_rows){0};
@@ -605,21 +603,22 @@ int store_deliveries_list(struct store *s, const char *ws, const char *name, con
     return rc;
 }
 
+int store_deliveries_list(struct store *s, const char *ws, const char *name, const char *state,
+                          int64_t after, int limit, struct store_delivery **items, size_t *n,
+                          struct ifl_err *e)
+{
+    struct store_val p[] = {STORE_VAL_S(ws), STORE_VAL_S(name), STORE_VAL_S(state),
+                            STORE_VAL_I(after), STORE_VAL_I(limit)};
+    return dlv_query(s, &q_dlv_list, p, 5, items, n, e);
+}
+
 int store_deliveries_dead(struct store *s, const char *ws, int64_t at, const char *subscription,
                           const char *event_id, int limit, struct store_delivery **items, size_t *n,
                           struct ifl_err *e)
 {
-    struct dlv_rows r = {0};
     struct store_val p[] = {STORE_VAL_S(ws), STORE_VAL_I(at), STORE_VAL_S(subscription),
                             STORE_VAL_S(event_id), STORE_VAL_I(limit)};
-    int rc = query(s, &q_dlv_dead, p, 5, dlv_row, &r, e);
-    if (rc) {
-        store_deliveries_free(r.items, r.n);
-        r = (struct dlv_rows){0};
-    }
-    *items = r.items;
-    *n = r.n;
-    return rc;
+    return dlv_query(s, &q_dlv_dead, p, 5, items, n, e);
 }
 
 int store_tx_delivery_redeliver(struct store_tx *tx, const char *ws, const char *name,

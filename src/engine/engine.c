@@ -51,6 +51,7 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     g->latest_ttl_ms = strcmp(store_backend(s), "sqlite") == 0 ? INT64_MAX : 1000;
     pthread_mutex_init(&g->wmu, NULL);
     pthread_mutex_init(&g->gmu, NULL);
+    pthread_mutex_init(&g->kmu, NULL);
     pthread_cond_init(&g->wcv, NULL);
     pthread_cond_init(&g->scv, NULL);
     g->trace_fd = -1;
@@ -68,6 +69,7 @@ void engine_free(struct engine *g)
     engine_waiters_free(g->waiters);
     pthread_mutex_destroy(&g->wmu);
     pthread_mutex_destroy(&g->gmu);
+    pthread_mutex_destroy(&g->kmu);
     pthread_cond_destroy(&g->wcv);
     pthread_cond_destroy(&g->scv);
     for (int i = 0; i < CACHE_BUCKETS; i++) {
@@ -1197,6 +1199,8 @@ int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, c
         rc = store_tx_idem_put(tx, ws, scope, k->key, &rec, &created, &old, e);
         if (rc || created) {
             store_idem_clear(&old);
+            if (created)
+                FAULT("opkey.after_claim");
             return rc;
         }
         int64_t now = clock_now_ms();
@@ -1222,6 +1226,38 @@ int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, c
         return rc;
     }
     return err_set(e, IFL_EBUSY, "this Idempotency-Key is contended; send it again");
+}
+
+int engine_op_key_enter(struct engine *g, struct engine_key_inflight *n, const char *ws,
+                        const char *scope, const char *key, struct ifl_err *e)
+{
+    *n = (struct engine_key_inflight){.ws = ws, .scope = scope, .key = key};
+    if (!key)
+        return 0;
+    pthread_mutex_lock(&g->kmu);
+    for (const struct engine_key_inflight *o = g->keys_inflight; o; o = o->next)
+        if (strcmp(o->key, key) == 0 && strcmp(o->scope, scope) == 0 && strcmp(o->ws, ws) == 0) {
+            pthread_mutex_unlock(&g->kmu);
+            n->key = NULL; /* not registered: leave does nothing */
+            return store_key_in_flight(e);
+        }
+    n->next = g->keys_inflight;
+    g->keys_inflight = n;
+    pthread_mutex_unlock(&g->kmu);
+    return 0;
+}
+
+void engine_op_key_leave(struct engine *g, struct engine_key_inflight *n)
+{
+    if (!n->key)
+        return;
+    pthread_mutex_lock(&g->kmu);
+    for (struct engine_key_inflight **p = &g->keys_inflight; *p; p = &(*p)->next)
+        if (*p == n) {
+            *p = n->next;
+            break;
+        }
+    pthread_mutex_unlock(&g->kmu);
 }
 
 /* Stores the answer of the action that claimed k's key (nothing without
@@ -1319,10 +1355,9 @@ static int tx_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-int engine_retry(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
-                 json_t **answer, struct ifl_err *e)
+static int retry_keyed(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
+                       json_t **answer, struct ifl_err *e)
 {
-    *answer = NULL;
     struct engine_op_key none = {0};
     if (!k)
         k = &none;
@@ -1347,6 +1382,19 @@ int engine_retry(struct engine *g, const char *ws, const char *id, struct engine
     if (!rc && !k->replayed && a.r.retried)
         engine_wake(g);
     free(a.replay);
+    return rc;
+}
+
+int engine_retry(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
+                 json_t **answer, struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_key_inflight n;
+    int rc = engine_op_key_enter(g, &n, ws, "retry", k ? k->key : NULL, e);
+    if (!rc) {
+        rc = retry_keyed(g, ws, id, k, answer, e);
+        engine_op_key_leave(g, &n);
+    }
     return rc;
 }
 
@@ -1395,11 +1443,10 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
-                   int completed, json_t *output, struct engine_op_key *k, json_t **answer,
-                   struct ifl_err *e)
+static int resolve_keyed(struct engine *g, const char *ws, const char *id, const char *vertex,
+                         int completed, json_t *output, struct engine_op_key *k, json_t **answer,
+                         struct ifl_err *e)
 {
-    *answer = NULL;
     struct engine_op_key none = {0};
     if (!k)
         k = &none;
@@ -1482,6 +1529,20 @@ out:
     return rc;
 }
 
+int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
+                   int completed, json_t *output, struct engine_op_key *k, json_t **answer,
+                   struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_key_inflight n;
+    int rc = engine_op_key_enter(g, &n, ws, "resolve", k ? k->key : NULL, e);
+    if (!rc) {
+        rc = resolve_keyed(g, ws, id, vertex, completed, output, k, answer, e);
+        engine_op_key_leave(g, &n);
+    }
+    return rc;
+}
+
 struct start_over_args {
     struct engine *g;
     struct create_args ca;
@@ -1507,10 +1568,9 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
     return engine_op_key_answer(tx, a->ws, "start-over", &a->k, 201, a->response, e);
 }
 
-int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
-                      char new_id[65], int *replayed, struct ifl_err *e)
+static int start_over_keyed(struct engine *g, const char *ws, const char *id, const char *key,
+                            char new_id[65], int *replayed, struct ifl_err *e)
 {
-    *replayed = 0;
     /* Start-over takes no body: its fingerprint is where it points (kept
      * as it was before the other actions took keys, so that records
      * written by earlier versions still replay). */
@@ -1597,5 +1657,18 @@ out:
     json_decref(identity);
     json_decref(payload);
     store_execution_clear(&old);
+    return rc;
+}
+
+int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,
+                      char new_id[65], int *replayed, struct ifl_err *e)
+{
+    *replayed = 0;
+    struct engine_key_inflight n;
+    int rc = engine_op_key_enter(g, &n, ws, "start-over", key, e);
+    if (!rc) {
+        rc = start_over_keyed(g, ws, id, key, new_id, replayed, e);
+        engine_op_key_leave(g, &n);
+    }
     return rc;
 }

@@ -71,6 +71,11 @@ struct engine {
     struct gw_job *gw_done;     /* finished calls waiting for a worker */
     struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
     int gw_inflight_n;
+
+    /* Operator actions whose Idempotency-Key is in flight in this process
+     * (engine_op_key_enter), under kmu. */
+    pthread_mutex_t kmu;
+    struct engine_key_inflight *keys_inflight;
 };
 
 struct gw_job;
@@ -102,6 +107,20 @@ int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, c
 int engine_op_key_answer(struct store_tx *tx, const char *ws, const char *scope,
                          const struct engine_op_key *k, int status, const char *answer,
                          struct ifl_err *e);
+/* An operator action's key while the action runs: spec §7 answers a repeat
+ * sent meanwhile with 409.  engine_op_key_enter registers n (the caller's,
+ * kept until engine_op_key_leave) and returns 0, or IFL_ECONFLICT (slug
+ * idempotency-key-in-flight) when the same (ws, scope, key) is in flight
+ * here already.  Without a key (key NULL) both do nothing.  Across
+ * PostgreSQL processes the store's claim of the key answers the same
+ * (store_tx_idem_put). */
+struct engine_key_inflight {
+    struct engine_key_inflight *next;
+    const char *ws, *scope, *key;
+};
+int engine_op_key_enter(struct engine *g, struct engine_key_inflight *n, const char *ws,
+                        const char *scope, const char *key, struct ifl_err *e);
+void engine_op_key_leave(struct engine *g, struct engine_key_inflight *n);
 /* A stored answer as JSON (*answer new reference). */
 int engine_replay_answer(const char *text, json_t **answer, struct ifl_err *e);
 

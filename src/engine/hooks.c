@@ -432,10 +432,9 @@ static int tx_redeliver(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-int engine_redeliver(struct engine *g, const char *ws, const char *name, const char *event_id,
-                     struct engine_op_key *k, json_t **answer, struct ifl_err *e)
+static int redeliver_keyed(struct engine *g, const char *ws, const char *name, const char *event_id,
+                           struct engine_op_key *k, json_t **answer, struct ifl_err *e)
 {
-    *answer = NULL;
     struct engine_op_key none = {0};
     if (!k)
         k = &none;
@@ -455,6 +454,19 @@ int engine_redeliver(struct engine *g, const char *ws, const char *name, const c
     }
     json_decref(a.answer);
     free(a.replay);
+    return rc;
+}
+
+int engine_redeliver(struct engine *g, const char *ws, const char *name, const char *event_id,
+                     struct engine_op_key *k, json_t **answer, struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_key_inflight n;
+    int rc = engine_op_key_enter(g, &n, ws, "redeliver", k ? k->key : NULL, e);
+    if (!rc) {
+        rc = redeliver_keyed(g, ws, name, event_id, k, answer, e);
+        engine_op_key_leave(g, &n);
+    }
     return rc;
 }
 

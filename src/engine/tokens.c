@@ -98,10 +98,9 @@ static int tx_create(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-int engine_token_create(struct engine *g, const char *ws, const char *name, struct engine_op_key *k,
-                        json_t **answer, struct ifl_err *e)
+static int token_create_keyed(struct engine *g, const char *ws, const char *name,
+                              struct engine_op_key *k, json_t **answer, struct ifl_err *e)
 {
-    *answer = NULL;
     struct engine_op_key none = {0};
     if (!k)
         k = &none;
@@ -150,6 +149,19 @@ int engine_token_create(struct engine *g, const char *ws, const char *name, stru
     }
     *answer = out;
     return 0;
+}
+
+int engine_token_create(struct engine *g, const char *ws, const char *name, struct engine_op_key *k,
+                        json_t **answer, struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_key_inflight n;
+    int rc = engine_op_key_enter(g, &n, ws, "token", k ? k->key : NULL, e);
+    if (!rc) {
+        rc = token_create_keyed(g, ws, name, k, answer, e);
+        engine_op_key_leave(g, &n);
+    }
+    return rc;
 }
 
 int engine_token_list(struct engine *g, const char *ws, json_t **out, struct ifl_err *e)

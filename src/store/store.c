@@ -926,6 +926,14 @@ int store_tx_event_append(struct store_tx *tx, struct store_event *ev, struct if
     return tx->s->ops->tx_event_append(tx, ev, e);
 }
 
+int store_key_in_flight(struct ifl_err *e)
+{
+    err_set(e, IFL_ECONFLICT,
+            "a request with this Idempotency-Key is still in flight; send it again once it "
+            "has been answered to get its answer");
+    return err_slug(e, "idempotency-key-in-flight");
+}
+
 int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                       const struct store_idem *r, int *created, struct store_idem *existing,
                       struct ifl_err *e)

@@ -426,11 +426,16 @@ struct store_idem {
 void store_idem_clear(struct store_idem *r);
 /* Inserts the record (created_at = now; r->created_at is not used) unless
  * (ws, scope, key) exists; *created tells which, and when it existed
- * *existing holds the stored one.  On PostgreSQL a concurrent transaction
- * inserting the same key makes this wait for it to end. */
+ * *existing holds the stored one.  On PostgreSQL a transaction of another
+ * session that holds the same key (claimed it and has not ended) makes
+ * this fail at once with store_key_in_flight's 409, rather than wait for
+ * it: the key's transaction-scoped advisory lock is taken first. */
 int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                       const struct store_idem *r, int *created, struct store_idem *existing,
                       struct ifl_err *e);
+/* The 409 of spec §7 for an Idempotency-Key whose first request is still
+ * in flight (slug idempotency-key-in-flight); returns IFL_ECONFLICT. */
+int store_key_in_flight(struct ifl_err *e);
 /* Overwrites the existing record (ws, scope, key) with all of *r, created_at
  * included: the answer of the operation that claimed the key, or a new
  * claim on a key past its retention.  With expect_created_at >= 0 only a

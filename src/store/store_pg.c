@@ -98,6 +98,7 @@ enum stmt {
     S_EVENT_APPEND,
     S_EVENT_INSERT,
     S_EVENT_MARK,
+    S_IDEM_LOCK,
     S_IDEM_PUT,
     S_IDEM_GET,
     S_IDEM_SET,
@@ -220,6 +221,11 @@ static const struct {
                         "INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
                         " data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"},
     [S_EVENT_MARK] = {"ifl_event_mark", "SELECT 1 FROM events WHERE seq = $1 AND id = $2"},
+    /* Held by the transaction that claims the key, to its end: another
+     * session's claim of the key fails at once (409) instead of waiting.
+     * The key is hashed with its workspace and scope to 64 bits. */
+    [S_IDEM_LOCK] = {"ifl_idem_lock", "SELECT pg_try_advisory_xact_lock(hashtextextended("
+                                      "$1 || chr(10) || $2 || chr(10) || $3, 7238))"},
     [S_IDEM_PUT] = {"ifl_idem_put",
                     "INSERT INTO idempotency_keys (workspace, scope, key, fingerprint, status,"
                     " response, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
@@ -1884,12 +1890,23 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
                        struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
+    struct args lk = {0};
+    arg_s(&lk, ws);
+    arg_s(&lk, scope);
+    arg_s(&lk, key);
+    PGresult *r = q(t, S_IDEM_LOCK, &lk, e);
+    if (!r)
+        return t->fail_rc;
+    int locked = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (!locked)
+        return store_key_in_flight(e);
     /* Insert, or read the record there; when it goes between the two (the
      * sweeper deleted it as expired), insert again. */
     for (int round = 0; round < 3; round++) {
         struct args p;
         idem_args(&p, ws, scope, key, rec, clock_now_ms());
-        PGresult *r = q(t, S_IDEM_PUT, &p, e);
+        r = q(t, S_IDEM_PUT, &p, e);
         if (!r)
             return t->fail_rc;
         *created = PQntuples(r) == 1;

@@ -445,8 +445,12 @@ def test_retry_with_a_key_replays_and_never_retries_twice(server):
     assert d.status == 200 and d.json["retriedSteps"] == 1 and d.headers.get("idempotent-replayed") is None
 
 
+IN_FLIGHT = "/problems/idempotency-key-in-flight"
+
+
 def test_concurrent_retries_with_one_key_retry_once(server):
-    """Repeats sent at once wait for the first and replay its answer."""
+    """Repeats sent at once: each is 409 while the first is in flight, or
+    replays its answer once it was given; one retry in all."""
     from concurrent.futures import ThreadPoolExecutor
     xid, e0 = failed_secretive(server, 8)
 
@@ -454,9 +458,40 @@ def test_concurrent_retries_with_one_key_retry_once(server):
         return server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "burst"})
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(one, range(8)))
-    assert all(a.status == 200 and a.json["retriedSteps"] == 1 for a in answers), answers
-    assert [a.headers.get("idempotent-replayed") for a in answers].count(None) == 1, answers
+    done = [a for a in answers if a.status == 200]
+    assert all(a.status == 409 and a.json["type"] == IN_FLIGHT for a in answers if a.status != 200), answers
+    assert all(a.json["retriedSteps"] == 1 for a in done), answers
+    assert [a.headers.get("idempotent-replayed") for a in done].count(None) == 1, answers
+    late = one(0)
+    assert late.status == 200 and late.headers.get("idempotent-replayed") == "true", late
     st = failed_again(server, xid, "needs_secret", e0)
+    assert [h["outcome"] for h in st["history"]].count("operator_retry") == 1, st["history"]
+
+
+def test_a_repeat_while_the_first_is_in_flight_is_409(make_server):
+    """Spec §7: a repeat of an operator action's key while the first request
+    is still in flight is 409; the first is not disturbed, and once it has
+    answered the repeat replays it.  The first is held in flight at a fault
+    point (opkey.after_claim, sleep) inside its transaction."""
+    import threading
+    s = make_server(env={"IDEMFLOW_FAULT": "opkey.after_claim:sleep=3000"})
+    s.start()
+    xid, e0 = failed_secretive(s, 9)
+    path = f"{WS}/executions/{xid}/retry"
+    first = {}
+    t = threading.Thread(target=lambda: first.setdefault(
+        "r", s.post(path, headers={"Idempotency-Key": "slow-1"})))
+    t.start()
+    wait_for(lambda: "fault.fired" in s.logs())
+    again = s.post(path, headers={"Idempotency-Key": '"slow-1"'})
+    t.join()
+    assert again.status == 409 and again.json["type"] == IN_FLIGHT, again
+    assert "in flight" in again.json["detail"]
+    a = first["r"]
+    assert a.status == 200 and a.json["retriedSteps"] == 1 and a.headers.get("idempotent-replayed") is None, a
+    b = s.post(path, headers={"Idempotency-Key": "slow-1"})
+    assert b.status == 200 and b.json == a.json and b.headers.get("idempotent-replayed") == "true", b
+    st = failed_again(s, xid, "needs_secret", e0)
     assert [h["outcome"] for h in st["history"]].count("operator_retry") == 1, st["history"]
 
 
@@ -572,7 +607,14 @@ def test_an_expired_key_sent_twice_at_once_acts_once(make_server):
         answers = list(pool.map(go, keys + keys))
     by = {}
     for k, r in answers:
+        if r.status == 409:  # its twin was in flight (spec §7)
+            assert r.json["type"] == IN_FLIGHT, r
+            continue
         assert r.status == 201, r
+        by.setdefault(k, set()).add(r.json["executionId"])
+    for k in keys:  # every key acted once: a repeat now replays that one
+        r = s.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": k})
+        assert r.status == 201 and r.headers.get("idempotent-replayed") == "true", r
         by.setdefault(k, set()).add(r.json["executionId"])
     assert all(len(ids) == 1 for ids in by.values()), by
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import BACKEND, new_db
 from test_crash import evaluations, ran_once_at
-from test_engine import BRANCHY, WS, wait_for
+from test_engine import BRANCHY, IN_FLIGHT, WS, finished, run, wait_for
 
 pytestmark = pytest.mark.skipif(BACKEND != "postgres",
                                 reason="multi-process tests need the PostgreSQL backend")
@@ -157,6 +157,36 @@ def test_same_identity_on_three_processes_is_one_execution(make_server, workdir)
     assert statuses.count(201) == 1 and statuses.count(200) == 47, statuses
     assert len({r.json["executionId"] for r in results}) == 1
     assert psql(db, "SELECT count(*) FROM executions") == [["1"]]
+
+
+def test_a_key_in_flight_on_another_process_is_409(make_server, workdir):
+    """Spec §7 across processes: while process A holds a start-over's key in
+    its transaction (a fault point stalls it there), a repeat of that key on
+    process B is 409 at once; afterwards it replays A's answer."""
+    db = new_db(workdir)
+    a = make_server(db=db, env={"IDEMFLOW_FAULT": "opkey.after_claim:sleep=3000"})
+    b = make_server(db=db)
+    a.start()
+    b.start()
+    assert a.put(WS, {}).status == 201
+    assert a.put(f"{WS}/workflows/branchy", BRANCHY).status == 201
+    xid = run(a, "branchy", {"items": [{"price": 3, "qty": 1}]})
+    finished(a, xid)
+    path = f"{WS}/executions/{xid}/start-over"
+    first = {}
+    t = threading.Thread(target=lambda: first.setdefault(
+        "r", a.post(path, headers={"Idempotency-Key": "over-1"})))
+    t.start()
+    wait_for(lambda: "fault.fired" in a.logs())
+    other = b.post(path, headers={"Idempotency-Key": "over-1"})
+    t.join()
+    assert other.status == 409 and other.json["type"] == IN_FLIGHT, other
+    r = first["r"]
+    assert r.status == 201 and r.headers.get("idempotent-replayed") is None, r
+    again = b.post(path, headers={"Idempotency-Key": "over-1"})
+    assert again.status == 201 and again.headers.get("idempotent-replayed") == "true", again
+    assert again.json["executionId"] == r.json["executionId"]
+    assert psql(db, f"SELECT count(*) FROM executions WHERE started_over_from = '{xid}'") == [["1"]]
 
 
 def test_charges_across_three_processes_with_provider_faults_and_a_kill(make_server, workdir):

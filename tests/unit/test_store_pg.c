@@ -1374,6 +1374,69 @@ static void test_idempotency_records(void **state)
     check_idem_records(S(state));
 }
 
+struct held_key {
+    struct store *s;
+    sem_t claimed, go;
+    int rc, created;
+};
+
+/* Claims the key "held" and keeps its transaction open until told to end. */
+static int tx_hold_key(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct held_key *h = arg;
+    struct store_idem rec = {.fingerprint = "fp-held", .response = "null"};
+    int rc = store_tx_idem_put(tx, "ws", "retry", "held", &rec, &h->created, NULL, e);
+    sem_post(&h->claimed);
+    while (sem_wait(&h->go) != 0)
+        ;
+    return rc;
+}
+
+static void *run_hold_key(void *arg)
+{
+    struct held_key *h = arg;
+    h->rc = store_tx_run(h->s, tx_hold_key, h, NULL);
+    return NULL;
+}
+
+/* Spec §7: a repeat of a key whose first request is still in flight is
+ * 409 at once, from another session (another engine process), rather
+ * than waiting for it; another key is not held up; once the first has
+ * committed, the repeat finds its record. */
+static void test_a_key_in_flight_is_refused_at_once(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    struct store *h2 = NULL;
+    assert_int_equal(store_open(f->url, &h2, NULL), 0);
+    struct held_key h = {.s = h2};
+    sem_init(&h.claimed, 0, 0);
+    sem_init(&h.go, 0, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, run_hold_key, &h);
+    while (sem_wait(&h.claimed) != 0)
+        ;
+    struct ifl_err e = {0};
+    struct idem_op again = {.key = "held", .rec = {.fingerprint = "fp-2", .response = "null"}};
+    assert_int_equal(store_tx_run(f->s, idem_tx, &again, &e), IFL_ECONFLICT);
+    assert_string_equal(e.slug, "idempotency-key-in-flight");
+    struct idem_op other = {.key = "free", .rec = {.fingerprint = "fp-3", .response = "null"}};
+    assert_int_equal(store_tx_run(f->s, idem_tx, &other, &e), 0);
+    assert_true(other.created);
+    sem_post(&h.go);
+    pthread_join(t, NULL);
+    assert_int_equal(h.rc, 0);
+    assert_true(h.created);
+    assert_int_equal(store_tx_run(f->s, idem_tx, &again, &e), 0);
+    assert_false(again.created);
+    assert_string_equal(again.old.fingerprint, "fp-held");
+    store_idem_clear(&again.old);
+    store_idem_clear(&other.old);
+    sem_destroy(&h.claimed);
+    sem_destroy(&h.go);
+    store_close(h2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1392,6 +1455,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_key_in_flight_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),

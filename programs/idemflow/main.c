@@ -49,8 +49,9 @@ static void usage(FILE *f)
           "              < payload.json\n"
           "  IDEMFLOW_WEBHOOK_SECRET=whsec_... idemflow sign-webhook ID [--timestamp T] < body\n"
           "  idemflow eval EXPR [--data FILE] [--bindings JSON]\n"
-          "operator commands (talk to a running server: --url URL, default $IDEMFLOW_URL or\n"
-          "http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is sent as a bearer token):\n"
+          "operator commands (talk to a running server: --url URL, before or after the\n"
+          "command, default $IDEMFLOW_URL or http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is\n"
+          "sent as a bearer token):\n"
           "  idemflow get WS EXECUTION\n"
           "  idemflow retry WS EXECUTION [--key IDEMPOTENCY_KEY]\n"
           "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed) [--key KEY]\n"
@@ -754,6 +755,18 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "--url") == 0 && argc >= 4 && op_find(argv[3])) {
+        /* idemflow --url URL COMMAND …: the flag may come first too */
+        char **av = xcalloc((size_t)argc + 1, sizeof *av);
+        int n = 0;
+        for (int i = 3; i < argc; i++)
+            av[n++] = argv[i];
+        av[n++] = "--url";
+        av[n++] = argv[2];
+        int rc = cmd_operator(op_find(argv[3]), n, av);
+        free(av);
+        return rc;
+    }
     if (strcmp(cmd, "serve") == 0)
         return cmd_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "id") == 0)

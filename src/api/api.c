@@ -974,6 +974,18 @@ static int query_limit(struct call *c, int dflt, int *limit)
     return 0;
 }
 
+/* A list read's failure: a malformed ?after= cursor is 400
+ * invalid-parameter naming it (IFL_EINVAL from the read), anything else as
+ * its code says. */
+static void list_problem(struct call *c, int rc, const struct ifl_err *e)
+{
+    if (rc == IFL_EINVAL)
+        api_problem(c->res, 400, "invalid-parameter",
+                    "after must be the `next` of a previous page of this list", "/after");
+    else
+        api_problem_err(c->res, e);
+}
+
 static void h_dead_letters(struct call *c)
 {
     const char *ws = c->seg[2];
@@ -985,12 +997,8 @@ static void h_dead_letters(struct call *c)
     json_t *o = NULL;
     struct ifl_err e = {0};
     int rc = engine_dead_letters(c->a->g, ws, c->req->query(c->req, "after"), limit, &o, &e);
-    if (rc == IFL_EINVAL) {
-        api_problem(c->res, 400, "invalid-parameter", e.msg, "/after");
-        return;
-    }
     if (rc) {
-        api_problem_err(c->res, &e);
+        list_problem(c, rc, &e);
         return;
     }
     reply_json(c->res, 200, o);
@@ -1009,13 +1017,8 @@ static void h_events(struct call *c)
     size_t n = 0;
     struct ifl_err e = {0};
     int rc = store_events_list(engine_store(c->a->g), ws, aq, limit, &ev, &n, &e);
-    if (rc == IFL_EINVAL) {
-        api_problem(c->res, 400, "invalid-parameter", "after must be a cursor from a previous page",
-                    "/after");
-        return;
-    }
     if (rc) {
-        api_problem_err(c->res, &e);
+        list_problem(c, rc, &e);
         return;
     }
     json_t *items = json_array();
@@ -1044,9 +1047,10 @@ static void h_execution_list(struct call *c)
     size_t n = 0;
     char *next = NULL;
     struct ifl_err e = {0};
-    if (store_execution_list(engine_store(c->a->g), ws, c->req->query(c->req, "after"), limit,
-                             &items, &n, &next, &e)) {
-        api_problem_err(c->res, &e);
+    int rc = store_execution_list(engine_store(c->a->g), ws, c->req->query(c->req, "after"), limit,
+                                  &items, &n, &next, &e);
+    if (rc) {
+        list_problem(c, rc, &e);
         return;
     }
     json_t *arr = json_array();
@@ -1313,7 +1317,7 @@ static void h_deliveries(struct call *c)
         after = strtoll(aq, &end, 10);
         if (end == aq || *end || after < 0) {
             api_problem(c->res, 400, "invalid-parameter",
-                        "after must be a cursor from a previous page", "/after");
+                        "after must be the `next` of a previous page of this list", "/after");
             return;
         }
     }

@@ -826,10 +826,17 @@ static int ordering_of(const struct wf_vertex *v, json_t *payload, char **key, i
 {
     *key = NULL;
     json_t *km = NULL, *vm = NULL;
-    int rc = identity_fields_material(&v->ord_key, payload, &km, e);
-    if (!rc)
-        rc = identity_fields_material(&v->ord_version, payload, &vm, e);
+    const struct id_fields *missing = &v->ord_key;
+    int rc = identity_fields_material(missing, payload, &km, e);
+    if (!rc) {
+        missing = &v->ord_version;
+        rc = identity_fields_material(missing, payload, &vm, e);
+    }
     if (rc) {
+        char ptr[IFL_ERR_PTR_MAX];
+        snprintf(ptr, sizeof ptr, "%s", e ? e->pointer : "");
+        err_setp(e, rc, ptr, "the payload has no value at ordering %s '%s'",
+                 missing == &v->ord_key ? "key" : "version", missing->paths[0]);
         err_slug(e, "missing-ordering-field");
         goto out;
     }

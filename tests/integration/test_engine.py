@@ -270,6 +270,7 @@ def test_events_carry_increasing_aggregate_versions(server):
     for bad in ("x", "-1", "1-", "a-1", "99999999999999999999999"):
         r = server.get(f"{WS}/events?after={bad}")
         assert r.status == 400 and r.json["pointer"] == "/after", (bad, r)
+        assert r.json["type"] == "/problems/invalid-parameter", r
 
 
 def test_condition_error_fails_the_target_and_the_source_stands(server):
@@ -582,6 +583,9 @@ def test_operator_cli(server):
     assert s1.returncode == 0 and json.loads(s1.stdout) == json.loads(s2.stdout)
     missing = cli("get", "eng", "f" * 64)
     assert missing.returncode == 1 and "not-found" in missing.stderr
+    # --url may come before the command too
+    first = subprocess.run([BIN, "--url", url, "get", "eng", xid], capture_output=True, text=True)
+    assert first.returncode == 0 and json.loads(first.stdout)["id"] == xid, first.stderr
 
 
 def test_an_expired_key_sent_twice_at_once_acts_once(make_server):

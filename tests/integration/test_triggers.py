@@ -383,7 +383,9 @@ def test_execution_list_pages(orders):
         if not after:
             break
     assert pages == 3 and len(seen) == 7 and set(seen) == made
-    assert s.get("/v1/workspaces/acme/executions?after=garbage").status == 400
+    bad = s.get("/v1/workspaces/acme/executions?after=garbage")
+    assert bad.status == 400 and bad.json["type"] == "/problems/invalid-parameter", bad
+    assert bad.json["pointer"] == "/after"
     assert s.get("/v1/workspaces/acme/executions?limit=0").status == 400
 
 

@@ -267,6 +267,7 @@ def test_ordering_drops_stale_events_and_records_gaps(server):
     r = server.post(f"{WS}/workflows/accounts/entry-points/change/trigger", {"account": {"id": "A"}})
     assert r.status == 422 and r.json["pointer"] == "/seq", r
     assert r.json["type"] == "/problems/missing-ordering-field"
+    assert "ordering version 'seq'" in r.json["detail"], r
     for bad in ("4", 4.5, None, 2 ** 60):
         r = change(server, "A", bad)
         assert r.status == 422 and r.json["pointer"] == "/seq", (bad, r)

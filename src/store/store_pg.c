@@ -315,11 +315,13 @@ static const struct {
      * after that event's own position. */
     [S_EVENTS] = {"ifl_events",
                   "SELECT seq, id, workspace, execution_id, aggregate_version, type, data,"
-                  " created_at, txid::text FROM events WHERE workspace = $1"
-                  " AND (txid, seq) > (COALESCE($2::xid8, (SELECT o.txid FROM events o"
+                  " created_at, e.txid::text AS txid_text FROM events e WHERE workspace = $1"
+                  " AND (e.txid, seq) > (COALESCE($2::xid8, (SELECT o.txid FROM events o"
                   " WHERE o.seq = $3::bigint), '0'::xid8), $3::bigint)"
-                  " AND txid < pg_snapshot_xmin(pg_current_snapshot())"
-                  " ORDER BY txid, seq LIMIT $4"},
+                  " AND e.txid < pg_snapshot_xmin(pg_current_snapshot())"
+                  /* by the column, not the text output (a bare ORDER BY txid
+                   * would name the output column: '10' < '9') */
+                  " ORDER BY e.txid, e.seq LIMIT $4"},
     /* Terminates the server process of a broken connection (identified by
      * pid and start time) and reports it while it still exists. */
     [S_SETTLE] = {"ifl_settle", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

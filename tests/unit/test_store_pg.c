@@ -1374,6 +1374,37 @@ static void test_idempotency_records(void **state)
     check_idem_records(S(state));
 }
 
+/* The feed's order is the transactions' ids as numbers: with ids of
+ * different lengths (9, 10, 11) paging one by one gives every event once,
+ * in that order (sorted as text, '10' < '11' < '9' and the page after "c"
+ * never came back to "a"). */
+static void test_feed_orders_transaction_ids_as_numbers(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    assert_int_equal(sql(f->url, "INSERT INTO events (id, workspace, type, data, created_at, txid)"
+                                 " VALUES ('e-b', 'ws', 'b', '{}', 1, '10'),"
+                                 " ('e-a', 'ws', 'a', '{}', 1, '9'),"
+                                 " ('e-c', 'ws', 'c', '{}', 1, '11')"),
+                     0);
+    char cur[48] = "";
+    char seen[8] = "";
+    for (int page = 0; page < 6; page++) {
+        struct store_event *ev = NULL;
+        size_t n = 0;
+        assert_int_equal(store_events_list(f->s, "ws", cur[0] ? cur : NULL, 1, &ev, &n, NULL), 0);
+        if (n == 0) {
+            store_events_free(ev, n);
+            break;
+        }
+        assert_int_equal(n, 1);
+        strncat(seen, ev[0].type, sizeof seen - strlen(seen) - 1);
+        snprintf(cur, sizeof cur, "%s", ev[0].cursor);
+        store_events_free(ev, n);
+    }
+    assert_string_equal(seen, "abc");
+}
+
 struct held_key {
     struct store *s;
     sem_t claimed, go;
@@ -1470,6 +1501,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_aggregate_versions_are_gapless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_feed_never_skips_a_late_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_feed_orders_transaction_ids_as_numbers, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_feed_keeps_each_execution_in_version_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_notify_wakes_another_handle, setup, teardown),

@@ -597,7 +597,13 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
                       err_text);
         return 1;
     case GW_CONFLICT:
-        if (!p->conflict_complete) {
+        if (p->on_conflict == GW_CONFLICT_RETRY) {
+            /* not done yet: the same request again later (with `verify`,
+             * verified first: an earlier send's outcome may still be open) */
+            retry_or_fail(j, r, ra, "conflict", p->ambiguous == GW_AMB_VERIFY, NULL, o, err_text);
+            return 1;
+        }
+        if (p->on_conflict == GW_CONFLICT_FAIL) {
             o->to = STEP_FAILED;
             *err_text = class_error("conflict", j, r, 0);
             return 1;

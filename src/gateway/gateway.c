@@ -122,18 +122,18 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
         p->max_interval_ms = (long)d;
     }
     static const char *const cem[] = {"fail", "complete", NULL};
-    static const char *const onc[] = {"fail", "complete", NULL};
+    static const char *const onc[] = {"fail", "complete", "retry", NULL};
     static const char *const amb[] = {"retry", "verify", "reconcile", NULL};
-    p->conflict_complete = p->has_idempotency_key;
+    p->on_conflict = p->has_idempotency_key ? GW_CONFLICT_COMPLETE : GW_CONFLICT_FAIL;
     p->ambiguous = p->has_idempotency_key ? GW_AMB_RETRY : GW_AMB_RECONCILE;
     int x = p->client_error_complete;
     if ((rc = choice(config, "clientErrorMode", cem, &x, "/clientErrorMode", e)))
         return rc;
     p->client_error_complete = x;
-    x = p->conflict_complete;
+    x = (int)p->on_conflict;
     if ((rc = choice(config, "onConflict", onc, &x, "/onConflict", e)))
         return rc;
-    p->conflict_complete = x;
+    p->on_conflict = (enum gw_on_conflict)x;
     x = (int)p->ambiguous;
     if ((rc = choice(config, "ambiguous", amb, &x, "/ambiguous", e)))
         return rc;
@@ -704,8 +704,10 @@ enum gw_class gw_classify(const struct gw_response *r, int64_t now_ms, int64_t *
         *retry_after_ms = gw_retry_after_ms(r, now_ms);
         return GW_RETRY;
     }
-    if (s == 409)
+    if (s == 409) { /* honoured by onConflict: retry */
+        *retry_after_ms = gw_retry_after_ms(r, now_ms);
         return GW_CONFLICT;
+    }
     if (s >= 400 && s < 500)
         return GW_CLIENT_ERROR;
     return GW_AMBIGUOUS; /* 500, 502, 504 and every other 5xx */

@@ -24,19 +24,23 @@
 #include "base/err.h"
 
 enum gw_ambiguous { GW_AMB_RETRY, GW_AMB_VERIFY, GW_AMB_RECONCILE };
+/* onConflict, in the order of its names: fail, complete (already done),
+ * retry (the provider's 409 means "a request with this key is still being
+ * processed", as in the IETF draft and Stripe: try again later). */
+enum gw_on_conflict { GW_CONFLICT_FAIL, GW_CONFLICT_COMPLETE, GW_CONFLICT_RETRY };
 
 struct gw_policy {
-    long timeout_ms;             /* default 10000 */
-    int max_attempts;            /* default 5 */
-    long initial_interval_ms;    /* default 200 */
-    double backoff_coefficient;  /* default 2 */
-    long max_interval_ms;        /* default 30000 */
-    long deadline_ms;            /* default 300000, across attempts */
-    int client_error_complete;   /* clientErrorMode: 0 fail (default), 1 complete */
-    int conflict_complete;       /* onConflict: default 1 with an Idempotency-Key */
-    enum gw_ambiguous ambiguous; /* default retry with a key, else reconcile */
-    int has_idempotency_key;     /* an Idempotency-Key header is configured */
-    int has_verify;              /* a verify request is configured */
+    long timeout_ms;                 /* default 10000 */
+    int max_attempts;                /* default 5 */
+    long initial_interval_ms;        /* default 200 */
+    double backoff_coefficient;      /* default 2 */
+    long max_interval_ms;            /* default 30000 */
+    long deadline_ms;                /* default 300000, across attempts */
+    int client_error_complete;       /* clientErrorMode: 0 fail (default), 1 complete */
+    enum gw_on_conflict on_conflict; /* default complete with an Idempotency-Key, else fail */
+    enum gw_ambiguous ambiguous;     /* default retry with a key, else reconcile */
+    int has_idempotency_key;         /* an Idempotency-Key header is configured */
+    int has_verify;                  /* a verify request is configured */
 };
 
 /* Reads a GATEWAY config (borrowed) with the spec's defaults.  Validation

@@ -460,6 +460,28 @@ def test_conflict_with_a_key_is_already_done(server, mock):
     assert x["status"] == "completed" and steps_of(x)["charge"]["output"]["status"] == 409
 
 
+def test_conflict_in_flight_is_retried_with_on_conflict_retry(server, mock):
+    """onConflict: retry, for providers whose 409 means "this key's first
+    request is still being processed" (the IETF draft, Stripe): the first
+    attempt times out while the provider still works on it, the re-sends
+    meet 409 until it is done, then the replayed 201 completes the step
+    with the charge's own answer — where the default (complete) would have
+    taken the 409 itself as the result."""
+    setup_pay(server, mock, timeoutMs=300, onConflict="retry",
+              retry={"maxAttempts": 200, "initialIntervalMs": 50, "maxIntervalMs": 100})
+    mock.faults("latency=1500:count=1")
+    x = finished(server, pay(server, "o-40"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and ch["output"]["status"] == 201, ch
+    assert ch["output"]["body"]["order"] == "o-40", ch["output"]
+    outcomes = [h["outcome"] for h in ch["history"]]
+    assert outcomes[0] == "ambiguous_outcome" and "conflict" in outcomes, outcomes
+    assert outcomes[-1] == "success", outcomes
+    assert mock.charges("o-40") == 1
+    bad = server.put(f"{WS}/workflows/bad", charge_flow(mock, onConflict="later"))
+    assert bad.status == 422 and bad.json["pointer"].endswith("/onConflict"), bad
+
+
 def test_client_errors_fail_or_complete_as_configured(server, mock):
     setup_pay(server, mock)
     mock.faults("status=402")

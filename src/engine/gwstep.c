@@ -179,6 +179,18 @@ static void inflight_remove(struct gw_job *j)
     pthread_mutex_unlock(&g->gmu);
 }
 
+/* Whether the call of (id, vertex, epoch) is still on the wire here. */
+static int still_inflight(struct engine *g, const char *id, const char *vertex, int64_t epoch)
+{
+    int found = 0;
+    pthread_mutex_lock(&g->gmu);
+    for (const struct gw_job *j = g->gw_inflight; j && !found; j = j->inext)
+        found =
+            j->epoch == epoch && strcmp(j->execution_id, id) == 0 && strcmp(j->vertex, vertex) == 0;
+    pthread_mutex_unlock(&g->gmu);
+    return found;
+}
+
 void engine_gw_renew_leases(struct engine *g)
 {
     struct renew {
@@ -202,7 +214,10 @@ void engine_gw_renew_leases(struct engine *g)
         if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch,
                               clock_now_ms() + g->run.lease_ms, &ok, &e))
             log_warn("step.lease_renew_failed", "%s/%s: %s", r[i].id, r[i].vertex, e.msg);
-        else if (!ok) /* taken over: this call's outcome will be fenced */
+        else if (!ok && still_inflight(g, r[i].id, r[i].vertex, r[i].epoch))
+            /* taken over: this call's outcome will be fenced.  (A call that
+             * ended since the list was made and whose outcome committed
+             * holds no lease any more: nothing was lost.) */
             log_warn("step.lease_lost",
                      "%s/%s epoch %lld: the lease of a call in flight was "
                      "taken over",

@@ -18,6 +18,7 @@
 #include "crypto/whsig.h"
 #include "engine/engine.h"
 #include "engine/identity.h"
+#include "engine/workflow.h"
 #include "expr/expr.h"
 #include "gateway/gateway.h"
 #include "http/client.h"
@@ -53,6 +54,7 @@ static void usage(FILE *f)
           "command, default $IDEMFLOW_URL or http://127.0.0.1:8080; $IDEMFLOW_ADMIN_TOKEN is\n"
           "sent as a bearer token):\n"
           "  idemflow get WS EXECUTION\n"
+          "  idemflow executions WS [--status STATUS] [--workflow WF]\n"
           "  idemflow retry WS EXECUTION [--key IDEMPOTENCY_KEY]\n"
           "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed) [--key KEY]\n"
           "  idemflow start-over WS EXECUTION --key IDEMPOTENCY_KEY\n"
@@ -615,6 +617,7 @@ struct op_cmd {
 
 static const struct op_cmd op_cmds[] = {
     {"get", 2, "GET", "/v1/workspaces/*/executions/*", 0},
+    {"executions", 1, "GET", "/v1/workspaces/*/executions?limit=1000", 0},
     {"retry", 2, "POST", "/v1/workspaces/*/executions/*/retry", 0},
     {"resolve", 3, "POST", "/v1/workspaces/*/executions/*/steps/*/resolve", 0},
     {"start-over", 2, "POST", "/v1/workspaces/*/executions/*/start-over", 1},
@@ -642,11 +645,19 @@ static int state_valid(const char *s)
            strcmp(s, "dead") == 0;
 }
 
+/* Only an execution status ("?status=" goes into the URL as is). */
+static int status_valid(const char *s)
+{
+    return strcmp(s, "running") == 0 || strcmp(s, "completed") == 0 || strcmp(s, "failed") == 0 ||
+           strcmp(s, "requires_reconciliation") == 0 || strcmp(s, "stale") == 0;
+}
+
 static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
 {
     const char *cmd = op->name;
     const char *url = getenv("IDEMFLOW_URL");
-    const char *output = NULL, *key = NULL, *state = NULL, *name = NULL;
+    const char *output = NULL, *key = NULL, *state = NULL, *name = NULL, *status = NULL,
+               *workflow = NULL;
     int failed = 0;
     const char *pos[4] = {0};
     int npos = 0;
@@ -663,6 +674,10 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
             state = argv[++i];
         else if (strcmp(argv[i], "--name") == 0 && i + 1 < argc && op == op_find("token-create"))
             name = argv[++i];
+        else if (strcmp(argv[i], "--status") == 0 && i + 1 < argc && op == op_find("executions"))
+            status = argv[++i];
+        else if (strcmp(argv[i], "--workflow") == 0 && i + 1 < argc && op == op_find("executions"))
+            workflow = argv[++i];
         else if (argv[i][0] != '-' && npos < 4)
             pos[npos++] = argv[i];
         else {
@@ -687,6 +702,15 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
                 "idemflow deliveries: --state must be pending, sending, delivered or dead\n");
         return 2;
     }
+    if (status && !status_valid(status)) {
+        fprintf(stderr, "idemflow executions: --status must be running, completed, failed, "
+                        "requires_reconciliation or stale\n");
+        return 2;
+    }
+    if (workflow && !wf_name_valid(workflow)) {
+        fprintf(stderr, "idemflow executions: '%s' is not a valid workflow name\n", workflow);
+        return 2;
+    }
     struct buf pb;
     buf_init(&pb, 0);
     buf_printf(&pb, "%s", url);
@@ -699,6 +723,10 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
     }
     if (state)
         buf_printf(&pb, "&state=%s", state);
+    if (status)
+        buf_printf(&pb, "&status=%s", status);
+    if (workflow)
+        buf_printf(&pb, "&workflow=%s", workflow);
     char *path = buf_steal(&pb);
     char *body = NULL;
     if (op == op_find("resolve")) {

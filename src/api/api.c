@@ -1047,8 +1047,27 @@ static void h_execution_list(struct call *c)
     size_t n = 0;
     char *next = NULL;
     struct ifl_err e = {0};
-    int rc = store_execution_list(engine_store(c->a->g), ws, c->req->query(c->req, "after"), limit,
-                                  &items, &n, &next, &e);
+    struct store_exec_filter f = {c->req->query(c->req, "status"),
+                                  c->req->query(c->req, "workflow")};
+    static const char *const statuses[] = {
+        "running", "completed", "failed", "requires_reconciliation", "stale", NULL};
+    int known = !f.status;
+    for (int i = 0; statuses[i] && !known; i++)
+        known = strcmp(f.status, statuses[i]) == 0;
+    if (!known) {
+        api_problem(c->res, 400, "invalid-parameter",
+                    "status must be running, completed, failed, requires_reconciliation or stale",
+                    "/status");
+        return;
+    }
+    if (f.workflow && !wf_name_valid(f.workflow)) {
+        api_problem(c->res, 400, "invalid-parameter",
+                    "workflow names are 1-128 characters of A-Z a-z 0-9 _ - .", "/workflow");
+        return;
+    }
+    int rc =
+        store_execution_list_where(engine_store(c->a->g), ws, &f, c->req->query(c->req, "after"),
+                                   limit, &items, &n, &next, &e);
     if (rc) {
         list_problem(c, rc, &e);
         return;

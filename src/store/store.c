@@ -558,6 +558,14 @@ static int cursor_parse(const char *c, int64_t *ts, char id[65])
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
                          struct store_execution **items, size_t *n, char **next, struct ifl_err *e)
 {
+    return store_execution_list_where(s, ws, NULL, after, limit, items, n, next, e);
+}
+
+int store_execution_list_where(struct store *s, const char *ws, const struct store_exec_filter *f,
+                               const char *after, int limit, struct store_execution **items,
+                               size_t *n, char **next, struct ifl_err *e)
+{
+    static const struct store_exec_filter all = {0};
     int64_t ts = INT64_MAX;
     char id[65];
     memset(id, 'g', 64); /* sorts after every hex id */
@@ -570,7 +578,7 @@ int store_execution_list(struct store *s, const char *ws, const char *after, int
     if (limit < 1 || limit > 1000)
         return err_setp(e, IFL_EINVAL, "/limit", "limit must be between 1 and 1000");
     /* Ask for one more row to know whether a next page exists. */
-    int rc = s->ops->execution_list(s, ws, ts, id, limit + 1, items, n, e);
+    int rc = s->ops->execution_list(s, ws, f ? f : &all, ts, id, limit + 1, items, n, e);
     if (rc)
         return rc;
     if (*n > (size_t)limit) {

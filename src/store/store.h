@@ -136,6 +136,17 @@ int store_execution_probe(struct store *s, const char *ws, const char *id,
  * the end.  IFL_EINVAL for a malformed cursor. */
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
                          struct store_execution **items, size_t *n, char **next, struct ifl_err *e);
+/* Which executions a list holds (borrowed strings; NULL matches every one). */
+struct store_exec_filter {
+    const char *status;   /* running | completed | failed | requires_reconciliation | stale */
+    const char *workflow; /* a workflow name */
+};
+/* store_execution_list of only the executions f matches (f may be NULL).
+ * The cursor is a position in the newest-first order, so a page's `next`
+ * goes on with the same filter. */
+int store_execution_list_where(struct store *s, const char *ws, const struct store_exec_filter *f,
+                               const char *after, int limit, struct store_execution **items,
+                               size_t *n, char **next, struct ifl_err *e);
 void store_execution_list_free(struct store_execution *items, size_t n);
 
 /* ---- steps (layer 2) -------------------------------------------------------

@@ -53,8 +53,10 @@ struct store_ops {
     /* Optional (NULL: execution_get): store_execution_probe. */
     int (*execution_probe)(struct store *s, const char *ws, const char *id,
                            struct store_execution *out, struct ifl_err *e);
-    int (*execution_list)(struct store *s, const char *ws, int64_t after_ts, const char *after_id,
-                          int limit, struct store_execution **items, size_t *n, struct ifl_err *e);
+    /* f is never NULL here (its members may be). */
+    int (*execution_list)(struct store *s, const char *ws, const struct store_exec_filter *f,
+                          int64_t after_ts, const char *after_id, int limit,
+                          struct store_execution **items, size_t *n, struct ifl_err *e);
     /* Optional (NULL: execution_get, then steps_get): one snapshot. */
     int (*execution_load)(struct store *s, const char *ws, const char *id,
                           struct store_execution *x, struct store_step **items, size_t *n,

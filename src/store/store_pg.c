@@ -165,6 +165,8 @@ static const struct {
     [S_EXEC_LIST] = {"ifl_exec_list", "SELECT " EXEC_COLS
                                       " FROM executions WHERE workspace = $1 AND status <> 'purged'"
                                       " AND (created_at, id) < ($2::bigint, $3::text)"
+                                      " AND ($5::text IS NULL OR status = $5::text)"
+                                      " AND ($6::text IS NULL OR workflow = $6::text)"
                                       " ORDER BY created_at DESC, id DESC LIMIT $4"},
     [S_EXEC_INSERT] = {"ifl_exec_insert",
                        "INSERT INTO executions (" EXEC_COLS ")"
@@ -1471,6 +1473,7 @@ static int op_execution_probe(struct store *base, const char *ws, const char *id
 
 struct exec_list {
     const char *ws, *after_id;
+    const struct store_exec_filter *f;
     int64_t after_ts;
     int limit;
     struct store_execution **items;
@@ -1485,6 +1488,8 @@ static int body_exec_list(struct pgtx *t, void *arg, struct ifl_err *e)
     arg_i(&p, a->after_ts);
     arg_s(&p, a->after_id);
     arg_i(&p, a->limit);
+    arg_s(&p, a->f->status); /* NULL: SQL NULL */
+    arg_s(&p, a->f->workflow);
     PGresult *r = q(t, S_EXEC_LIST, &p, e);
     if (!r)
         return t->fail_rc;
@@ -1497,11 +1502,11 @@ static int body_exec_list(struct pgtx *t, void *arg, struct ifl_err *e)
     return 0;
 }
 
-static int op_execution_list(struct store *base, const char *ws, int64_t after_ts,
-                             const char *after_id, int limit, struct store_execution **items,
-                             size_t *n, struct ifl_err *e)
+static int op_execution_list(struct store *base, const char *ws, const struct store_exec_filter *f,
+                             int64_t after_ts, const char *after_id, int limit,
+                             struct store_execution **items, size_t *n, struct ifl_err *e)
 {
-    struct exec_list a = {ws, after_id, after_ts, limit, items, n};
+    struct exec_list a = {ws, after_id, f, after_ts, limit, items, n};
     return run((struct pg *)base, body_exec_list, &a, M_READ, e);
 }
 

@@ -962,15 +962,16 @@ static int op_execution_get(struct store *base, const char *ws, const char *id,
     return rc;
 }
 
-static int op_execution_list(struct store *base, const char *ws, int64_t after_ts,
-                             const char *after_id, int limit, struct store_execution **items,
-                             size_t *n, struct ifl_err *e)
+static int op_execution_list(struct store *base, const char *ws, const struct store_exec_filter *f,
+                             int64_t after_ts, const char *after_id, int limit,
+                             struct store_execution **items, size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
     static const char sql[] =
-        "SELECT " EXEC_COLS " FROM executions WHERE workspace = ? AND status <> 'purged'"
-        " AND (created_at, id) < (?, ?)"
-        " ORDER BY created_at DESC, id DESC LIMIT ?";
+        "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?1 AND status <> 'purged'"
+        " AND (created_at, id) < (?2, ?3)"
+        " AND (?5 IS NULL OR status = ?5) AND (?6 IS NULL OR workflow = ?6)"
+        " ORDER BY created_at DESC, id DESC LIMIT ?4";
     struct conn *c;
     sqlite3_stmt *st = read_begin(s, sql, &c, e);
     if (!st)
@@ -979,6 +980,8 @@ static int op_execution_list(struct store *base, const char *ws, int64_t after_t
     sqlite3_bind_int64(st, 2, after_ts);
     bind_text(st, 3, after_id);
     sqlite3_bind_int(st, 4, limit);
+    bind_text(st, 5, f->status);
+    bind_text(st, 6, f->workflow);
     *items = xcalloc((size_t)limit, sizeof **items);
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW && *n < (size_t)limit)

@@ -389,6 +389,51 @@ def test_execution_list_pages(orders):
     assert s.get("/v1/workspaces/acme/executions?limit=0").status == 400
 
 
+def test_execution_list_filters_by_status_and_workflow(orders):
+    """?status= and ?workflow= narrow the list; its pages go on under the
+    same filter; bad values are 400 naming the parameter.  The CLI's
+    `executions` passes them on."""
+    s, _ = orders
+    ok = {trigger(s, "order_received", {"order": {"id": f"f{i}"}}).json["executionId"] for i in range(5)}
+    assert s.put("/v1/workspaces/acme/workflows/broken", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "boom": {"type": "TRANSFORM", "config": {"output": "= $error('boom')"}}},
+        "edges": [{"from": "start", "to": "boom"}]}).status == 201
+    bad = {s.post("/v1/workspaces/acme/workflows/broken/entry-points/start/trigger", {"n": i})
+           .json["executionId"] for i in range(4)}
+
+    def listed(query):
+        seen, after = [], None
+        while True:
+            r = s.get(f"/v1/workspaces/acme/executions?limit=2&{query}" + (f"&after={after}" if after else ""))
+            assert r.status == 200, r
+            seen += r.json["items"]
+            after = r.json["next"]
+            if not after:
+                return seen
+    wait_for(lambda: len(listed("status=failed")) == 4 and len(listed("status=completed")) == 5)
+    failed = listed("status=failed")
+    assert {x["id"] for x in failed} == bad and all(x["status"] == "failed" for x in failed)
+    assert {x["id"] for x in listed("workflow=orders&status=completed")} == ok
+    assert {x["id"] for x in listed("workflow=broken")} == bad
+    assert listed("workflow=broken&status=completed") == [] and listed("workflow=nope") == []
+    assert listed("status=running") == []
+    for query, pointer in (("status=done", "/status"), ("workflow=a%20b", "/workflow")):
+        r = s.get(f"/v1/workspaces/acme/executions?{query}")
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-parameter", r
+        assert r.json["pointer"] == pointer, r
+    url = f"http://127.0.0.1:{s.port}"
+    out = subprocess.run([BIN, "executions", "acme", "--status", "failed", "--url", url],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and {x["id"] for x in json.loads(out.stdout)["items"]} == bad, out
+    out = subprocess.run([BIN, "executions", "acme", "--workflow", "orders", "--url", url],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and {x["id"] for x in json.loads(out.stdout)["items"]} == ok, out
+    nope = subprocess.run([BIN, "executions", "acme", "--status", "done", "--url", url],
+                          capture_output=True, text=True)
+    assert nope.returncode == 2 and "--status" in nope.stderr, nope
+
+
 def test_second_process_on_same_sqlite_db_is_refused(make_server):
     if os.environ.get("IDEMFLOW_TEST_BACKEND", "sqlite") != "sqlite":
         return

@@ -1152,6 +1152,7 @@ static void h_metrics(struct call *c)
         "# TYPE idemflow_executions_finished_total counter\n"
         "idemflow_executions_finished_total{status=\"completed\"} %llu\n"
         "idemflow_executions_finished_total{status=\"failed\"} %llu\n"
+        "idemflow_executions_finished_total{status=\"requires_reconciliation\"} %llu\n"
         "# HELP idemflow_uptime_seconds Seconds since start.\n"
         "# TYPE idemflow_uptime_seconds gauge\n"
         "idemflow_uptime_seconds %lld\n"
@@ -1195,6 +1196,7 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->fenced_writes),
         (unsigned long long)atomic_load(&m->executions_completed),
         (unsigned long long)atomic_load(&m->executions_failed),
+        (unsigned long long)atomic_load(&m->executions_reconcile),
         (long long)((clock_mono_ms() - a->started_ms) / 1000),
         (unsigned long long)atomic_load(&m->hooks_delivered),
         (unsigned long long)atomic_load(&m->hooks_retried),
@@ -1204,6 +1206,36 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->expired_tombstones),
         (unsigned long long)atomic_load(&m->expired_events),
         (unsigned long long)atomic_load(&m->retention_sweeps));
+    buf_printf(&b, "# HELP idemflow_gateway_responses_total GATEWAY responses by request (the "
+                   "call, or its verify request) and outcome class (docs/gateway.md).\n"
+                   "# TYPE idemflow_gateway_responses_total counter\n");
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < ENGINE_GW_NCLASSES; k++)
+            buf_printf(&b, "idemflow_gateway_responses_total{request=\"%s\",class=\"%s\"} %llu\n",
+                       r ? "verify" : "call", engine_gw_classes[k],
+                       (unsigned long long)atomic_load(&m->gw_responses[r][k]));
+    buf_printf(&b,
+               "# HELP idemflow_gateway_calls_in_flight GATEWAY requests on the wire.\n"
+               "# TYPE idemflow_gateway_calls_in_flight gauge\n"
+               "idemflow_gateway_calls_in_flight %d\n"
+               "# HELP idemflow_gateway_response_seconds How long GATEWAY requests took, "
+               "from the send to the answer (or the failure).\n"
+               "# TYPE idemflow_gateway_response_seconds histogram\n",
+               engine_gw_in_flight(a->g));
+    unsigned long long cum = 0;
+    for (int k = 0; k < ENGINE_GW_NBUCKETS; k++) {
+        cum += atomic_load(&m->gw_duration_bucket[k]);
+        if (k < ENGINE_GW_NBUCKETS - 1)
+            buf_printf(&b, "idemflow_gateway_response_seconds_bucket{le=\"%g\"} %llu\n",
+                       engine_gw_buckets_ms[k] / 1000.0, cum);
+        else
+            buf_printf(&b, "idemflow_gateway_response_seconds_bucket{le=\"+Inf\"} %llu\n", cum);
+    }
+    buf_printf(&b,
+               "idemflow_gateway_response_seconds_sum %.3f\n"
+               "idemflow_gateway_response_seconds_count %llu\n",
+               (double)atomic_load(&m->gw_duration_sum_ms) / 1000.0,
+               cum); /* the +Inf bucket's count, as the format wants */
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
 

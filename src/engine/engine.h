@@ -25,6 +25,9 @@ struct engine_opts {
 };
 
 /* Counters exposed on /metrics. */
+#define ENGINE_GW_NCLASSES 7
+#define ENGINE_GW_NBUCKETS 12
+
 struct engine_metrics {
     atomic_ullong steps_claimed, steps_completed, steps_failed, steps_recovered;
     atomic_ullong steps_claimed_early; /* … of the claimed: GATEWAYs claimed at trigger time */
@@ -42,7 +45,22 @@ struct engine_metrics {
     /* retention: executions purged (kept as tombstones or deleted),
      * tombstones deleted after their dedup window, events deleted */
     atomic_ullong purged_executions, expired_tombstones, expired_events, retention_sweeps;
+    atomic_ullong executions_reconcile; /* finished as requires_reconciliation */
+    /* GATEWAY responses by request (0 the call, 1 its verify request) and
+     * class (engine_gw_classes), and their durations: counts per bucket
+     * (not cumulative; upper bounds engine_gw_buckets_ms, the last one
+     * +Inf; their sum is the count) and the sum in ms. */
+    atomic_ullong gw_responses[2][ENGINE_GW_NCLASSES];
+    atomic_ullong gw_duration_bucket[ENGINE_GW_NBUCKETS];
+    atomic_ullong gw_duration_sum_ms;
 };
+/* The class names of engine_metrics.gw_responses, in index order. */
+extern const char *const engine_gw_classes[ENGINE_GW_NCLASSES];
+/* The duration buckets' upper bounds in ms (the last one +Inf is not
+ * listed). */
+extern const long engine_gw_buckets_ms[ENGINE_GW_NBUCKETS - 1];
+/* GATEWAY calls (and verify requests) on the wire now. */
+int engine_gw_in_flight(struct engine *g);
 
 /* *out owned by the caller (engine_free).  Borrows s. */
 int engine_new(struct store *s, const struct engine_opts *o, struct engine **out,

@@ -522,6 +522,39 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
     o->attempt_outcome = why;
 }
 
+const char *const engine_gw_classes[ENGINE_GW_NCLASSES] = {
+    "success", "not_sent", "refused", "ambiguous", "conflict", "client_error", "egress_denied"};
+const long engine_gw_buckets_ms[ENGINE_GW_NBUCKETS - 1] = {5,   10,   25,   50,   100,  250,
+                                                           500, 1000, 2500, 5000, 10000};
+
+int engine_gw_in_flight(struct engine *g)
+{
+    pthread_mutex_lock(&g->gmu);
+    int n = g->gw_inflight_n;
+    pthread_mutex_unlock(&g->gmu);
+    return n;
+}
+
+/* Counts a response in the metrics: its class and its duration. */
+static void count_response(struct engine *g, int verify, enum gw_class cls,
+                           const struct gw_response *r)
+{
+    int k;
+    if (r->denied)
+        k = 6;
+    else if (cls == GW_RETRY)
+        k = r->transport == GW_T_NOT_SENT ? 1 : 2;
+    else
+        k = cls == GW_SUCCESS ? 0 : cls == GW_AMBIGUOUS ? 3 : cls == GW_CONFLICT ? 4 : 5;
+    atomic_fetch_add(&g->m.gw_responses[verify ? 1 : 0][k], 1);
+    int b = 0;
+    while (b < ENGINE_GW_NBUCKETS - 1 && r->elapsed_ms > engine_gw_buckets_ms[b])
+        b++;
+    atomic_fetch_add(&g->m.gw_duration_bucket[b], 1);
+    atomic_fetch_add(&g->m.gw_duration_sum_ms,
+                     (unsigned long long)(r->elapsed_ms > 0 ? r->elapsed_ms : 0));
+}
+
 /* Turns a finished call into an outcome.  Returns 1 when an outcome is ready
  * in *o (with texts in *out_text / *err_text, and a completed step's output
  * also as JSON in *out, a new reference), 0 when another call was started
@@ -534,6 +567,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     struct gw_response *r = j->resp;
     int64_t ra = 0;
     enum gw_class cls = gw_classify(r, clock_now_ms(), &ra);
+    count_response(j->g, j->phase == 1, cls, r);
     o->attempt_outcome = gw_class_name(cls);
     if (r->denied) { /* the policy will not change by waiting: no retry */
         o->to = STEP_FAILED;

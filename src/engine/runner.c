@@ -105,6 +105,8 @@ void engine_count_status(struct engine *g, const char *status)
         atomic_fetch_add(&g->m.executions_completed, 1);
     else if (strcmp(status, "failed") == 0)
         atomic_fetch_add(&g->m.executions_failed, 1);
+    else if (strcmp(status, "requires_reconciliation") == 0)
+        atomic_fetch_add(&g->m.executions_reconcile, 1);
 }
 
 /* One claimed step between its execution and its committed outcome. */

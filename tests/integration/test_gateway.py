@@ -482,6 +482,27 @@ def test_conflict_in_flight_is_retried_with_on_conflict_retry(server, mock):
     assert bad.status == 422 and bad.json["pointer"].endswith("/onConflict"), bad
 
 
+def test_metrics_count_gateway_responses_by_class(server, mock):
+    """/metrics: every GATEWAY response by class, a histogram of their
+    durations, the calls on the wire, and executions that ended parked."""
+    setup_pay(server, mock, retry={"maxAttempts": 5, "initialIntervalMs": 5, "maxIntervalMs": 10})
+    mock.faults("status=503:count=2")
+    finished(server, pay(server, "o-50"))
+    setup_pay(server, mock, name="parks", ambiguous="reconcile")
+    mock.faults("status=500:count=1")
+    assert finished(server, pay(server, "o-52", name="parks"))["status"] == "requires_reconciliation"
+
+    def calls(cls):
+        return metric(server, f'idemflow_gateway_responses_total{{request="call",class="{cls}"}}')
+    assert (calls("refused"), calls("success"), calls("ambiguous")) == (2, 1, 1)
+    assert calls("conflict") == calls("client_error") == calls("not_sent") == 0
+    assert metric(server, 'idemflow_gateway_response_seconds_bucket{le="+Inf"}') == 4
+    assert metric(server, "idemflow_gateway_response_seconds_count") == 4
+    assert metric(server, 'idemflow_gateway_response_seconds_bucket{le="0.005"}') <= 4
+    assert metric(server, "idemflow_gateway_calls_in_flight") == 0
+    assert metric(server, 'idemflow_executions_finished_total{status="requires_reconciliation"}') == 1
+
+
 def test_client_errors_fail_or_complete_as_configured(server, mock):
     setup_pay(server, mock)
     mock.faults("status=402")

@@ -650,6 +650,11 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             /* not done yet: the same request again later (with `verify`,
              * verified first: an earlier send's outcome may still be open) */
             retry_or_fail(j, r, ra, "conflict", p->ambiguous == GW_AMB_VERIFY, NULL, o, err_text);
+            /* out of attempts or time while a request with the key may
+             * still take effect: an outcome unknown, so under `reconcile`
+             * parked for an operator rather than FAILED */
+            if (o->to == STEP_FAILED && p->ambiguous == GW_AMB_RECONCILE)
+                o->to = STEP_REQUIRES_RECONCILIATION;
             return 1;
         }
         if (p->on_conflict == GW_CONFLICT_FAIL) {

@@ -152,6 +152,10 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
                         "ambiguous \"retry\" re-sends a call whose outcome is unknown: without "
                         "an Idempotency-Key header that could repeat its effect (use verify or "
                         "reconcile)");
+    if (p->on_conflict == GW_CONFLICT_RETRY && !p->has_idempotency_key)
+        return err_setp(e, IFL_EVALIDATION, "/onConflict",
+                        "onConflict \"retry\" waits out a request with the same Idempotency-Key "
+                        "still in flight: it needs an Idempotency-Key header");
     if (p->ambiguous == GW_AMB_VERIFY && !p->has_verify)
         return err_setp(e, IFL_EVALIDATION, "/ambiguous",
                         "ambiguous \"verify\" needs a verify request");

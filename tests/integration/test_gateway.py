@@ -468,8 +468,8 @@ def test_conflict_in_flight_is_retried_with_on_conflict_retry(server, mock):
     with the charge's own answer — where the default (complete) would have
     taken the 409 itself as the result."""
     setup_pay(server, mock, timeoutMs=300, onConflict="retry",
-              retry={"maxAttempts": 200, "initialIntervalMs": 50, "maxIntervalMs": 100})
-    mock.faults("latency=1500:count=1")
+              retry={"maxAttempts": 400, "initialIntervalMs": 50, "maxIntervalMs": 100})
+    mock.faults("latency=3000:count=1")
     x = finished(server, pay(server, "o-40"))
     ch = steps_of(x)["charge"]
     assert x["status"] == "completed" and ch["output"]["status"] == 201, ch
@@ -480,6 +480,21 @@ def test_conflict_in_flight_is_retried_with_on_conflict_retry(server, mock):
     assert mock.charges("o-40") == 1
     bad = server.put(f"{WS}/workflows/bad", charge_flow(mock, onConflict="later"))
     assert bad.status == 422 and bad.json["pointer"].endswith("/onConflict"), bad
+
+
+def test_conflict_retries_that_run_out_park_under_reconcile(server, mock):
+    """onConflict: retry with ambiguous: reconcile — when the 409s outlast the
+    attempts, a request with the key may still take effect: the step is
+    parked (REQUIRES_RECONCILIATION), not FAILED."""
+    setup_pay(server, mock, onConflict="retry", ambiguous="reconcile",
+              retry={"maxAttempts": 3, "initialIntervalMs": 5, "maxIntervalMs": 10})
+    mock.faults("status=409")
+    x = finished(server, pay(server, "o-41"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "requires_reconciliation", x
+    assert ch["state"] == "REQUIRES_RECONCILIATION" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert [h["outcome"] for h in ch["history"]] == ["conflict", "conflict", "attempts_exhausted"]
+    assert mock.charges("o-41") == 0
 
 
 def test_metrics_count_gateway_responses_by_class(server, mock):

@@ -124,9 +124,15 @@ static void test_policy_defaults(void **state)
     assert_int_equal(p.ambiguous, GW_AMB_RECONCILE);
     assert_int_equal(p.on_conflict, GW_CONFLICT_FAIL);
     json_decref(no_key);
-    json_t *later = parse("{\"url\":\"http://x\",\"onConflict\":\"retry\"}");
+    json_t *later = parse("{\"url\":\"http://x\",\"onConflict\":\"retry\","
+                          "\"headers\":{\"Idempotency-Key\":\"k\"}}");
     assert_int_equal(gw_policy_parse(later, &p, NULL), 0);
     assert_int_equal(p.on_conflict, GW_CONFLICT_RETRY);
+    json_decref(later);
+    struct ifl_err ke = {0};
+    later = parse("{\"url\":\"http://x\",\"onConflict\":\"retry\"}"); /* no key */
+    assert_int_equal(gw_policy_parse(later, &p, &ke), IFL_EVALIDATION);
+    assert_string_equal(ke.pointer, "/onConflict");
     json_decref(later);
     struct ifl_err e = {0};
     json_t *bad = parse("{\"url\":\"http://x\",\"ambiguous\":\"verify\"}");

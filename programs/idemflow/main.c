@@ -787,10 +787,11 @@ int main(int argc, char **argv)
         /* idemflow --url URL COMMAND …: the flag may come first too */
         char **av = xcalloc((size_t)argc + 1, sizeof *av);
         int n = 0;
-        for (int i = 3; i < argc; i++)
-            av[n++] = argv[i];
-        av[n++] = "--url";
+        av[n++] = argv[3];
+        av[n++] = "--url"; /* first: a --url after the command still wins */
         av[n++] = argv[2];
+        for (int i = 4; i < argc; i++)
+            av[n++] = argv[i];
         int rc = cmd_operator(op_find(argv[3]), n, av);
         free(av);
         return rc;

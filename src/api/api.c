@@ -979,11 +979,13 @@ static int query_limit(struct call *c, int dflt, int *limit)
  * its code says. */
 static void list_problem(struct call *c, int rc, const struct ifl_err *e)
 {
-    if (rc == IFL_EINVAL)
+    if (rc != IFL_EINVAL)
+        api_problem_err(c->res, e);
+    else if (e->pointer[0] && strcmp(e->pointer, "/after") != 0)
+        api_problem(c->res, 400, "invalid-parameter", e->msg, e->pointer);
+    else
         api_problem(c->res, 400, "invalid-parameter",
                     "after must be the `next` of a previous page of this list", "/after");
-    else
-        api_problem_err(c->res, e);
 }
 
 static void h_dead_letters(struct call *c)

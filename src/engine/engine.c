@@ -1181,9 +1181,9 @@ int64_t engine_key_retention(const struct engine *g)
 
 /* Claims k's key for an action of `scope`, first in its transaction: the
  * record it inserts is overwritten with the answer by op_key_answer before
- * the commit, so nobody ever reads the claim itself (PostgreSQL makes a
- * concurrent claim of the key wait for this transaction, then read the
- * answer).  A record past its retention is claimed anew.  On a repeat
+ * the commit, so nobody ever reads the claim itself (on PostgreSQL a
+ * concurrent claim from another session answers 409 while no committed
+ * record exists: store_tx_idem_put).  A record past its retention is claimed anew.  On a repeat
  * with the same fingerprint, k->replayed = 1 and *replay (owned) = the
  * stored answer: the caller changes nothing. */
 int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, const char *scope,
@@ -1213,6 +1213,7 @@ int engine_op_key_claim(struct engine *g, struct store_tx *tx, const char *ws, c
         int64_t now = clock_now_ms();
         if (old.created_at <= now - engine_key_retention(g)) {
             rec.created_at = now;
+            FAULT("opkey.before_reclaim");
             rc = store_tx_idem_set(tx, ws, scope, k->key, &rec, old.created_at, &changed, e);
             store_idem_clear(&old);
             if (rc || changed)
@@ -1242,16 +1243,26 @@ int engine_op_key_enter(struct engine *g, struct engine_key_inflight *n, const c
     if (!key)
         return 0;
     pthread_mutex_lock(&g->kmu);
-    for (const struct engine_key_inflight *o = g->keys_inflight; o; o = o->next)
-        if (strcmp(o->key, key) == 0 && strcmp(o->scope, scope) == 0 && strcmp(o->ws, ws) == 0) {
-            pthread_mutex_unlock(&g->kmu);
-            n->key = NULL; /* not registered: leave does nothing */
-            return store_key_in_flight(e);
-        }
-    n->next = g->keys_inflight;
-    g->keys_inflight = n;
+    int busy = 0;
+    for (const struct engine_key_inflight *o = g->keys_inflight; o && !busy; o = o->next)
+        busy = strcmp(o->key, key) == 0 && strcmp(o->scope, scope) == 0 && strcmp(o->ws, ws) == 0;
+    if (!busy) {
+        n->next = g->keys_inflight;
+        g->keys_inflight = n;
+    }
     pthread_mutex_unlock(&g->kmu);
-    return 0;
+    if (!busy)
+        return 0;
+    n->key = NULL; /* not registered: leave does nothing */
+    /* Another request with the key runs here.  When the key's record is
+     * committed, that one is a repeat too (or a re-claim past retention,
+     * which the claim's compare-and-set settles): go on and replay.  Only
+     * a key without a committed record is the first request in flight. */
+    int found = 0;
+    int rc = store_idem_exists(g->store, ws, scope, key, &found, e);
+    if (rc || found)
+        return rc;
+    return store_key_in_flight(e);
 }
 
 void engine_op_key_leave(struct engine *g, struct engine_key_inflight *n)
@@ -1311,9 +1322,12 @@ static int tx_gone(struct store_tx *tx, void *arg, struct ifl_err *e)
     struct gone_args *a = arg;
     struct ifl_err scratch = {0};
     int rc = engine_op_key_claim(a->g, tx, a->ws, a->scope, a->k, &a->replay, &scratch);
+    if (rc == IFL_ECONFLICT && strcmp(scratch.slug, "idempotency-key-in-flight") == 0) {
+        *e = scratch; /* the key's first request is still running: 409, not 410 */
+        return rc;
+    }
     if (rc || !a->k->replayed)
         return IFL_EGONE; /* rolls the claim back; *e keeps the 410 */
-    (void)e;
     return 0;
 }
 
@@ -1327,7 +1341,7 @@ static int gone_or_replay(struct engine *g, const char *ws, const char *scope,
     int rc = store_tx_run(g->store, tx_gone, &a, e);
     if (!rc && k->replayed)
         rc = engine_replay_answer(a.replay, answer, e);
-    else
+    else if (rc != IFL_ECONFLICT)
         *e = gone;
     free(a.replay);
     return rc ? (rc == IFL_EGONE ? gone.code : rc) : 0;

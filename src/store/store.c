@@ -942,6 +942,13 @@ int store_key_in_flight(struct ifl_err *e)
     return err_slug(e, "idempotency-key-in-flight");
 }
 
+int store_idem_exists(struct store *s, const char *ws, const char *scope, const char *key,
+                      int *found, struct ifl_err *e)
+{
+    *found = 0;
+    return s->ops->idem_exists(s, ws, scope, key, found, e);
+}
+
 int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                       const struct store_idem *r, int *created, struct store_idem *existing,
                       struct ifl_err *e)

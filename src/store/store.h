@@ -437,16 +437,25 @@ struct store_idem {
 void store_idem_clear(struct store_idem *r);
 /* Inserts the record (created_at = now; r->created_at is not used) unless
  * (ws, scope, key) exists; *created tells which, and when it existed
- * *existing holds the stored one.  On PostgreSQL a transaction of another
- * session that holds the same key (claimed it and has not ended) makes
- * this fail at once with store_key_in_flight's 409, rather than wait for
- * it: the key's transaction-scoped advisory lock is taken first. */
+ * *existing holds the stored one.  On PostgreSQL the key's
+ * transaction-scoped advisory lock is taken first: when another session
+ * holds it and no committed record exists (its claim is in flight), this
+ * fails at once with store_key_in_flight's 409 rather than wait; with a
+ * committed record it goes on (a replay, or a re-claim past retention
+ * settled by store_tx_idem_set's compare-and-set).  A transaction run
+ * again after a lost connection waits for the lock instead (the lost
+ * session may still hold it). */
 int store_tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                       const struct store_idem *r, int *created, struct store_idem *existing,
                       struct ifl_err *e);
 /* The 409 of spec §7 for an Idempotency-Key whose first request is still
  * in flight (slug idempotency-key-in-flight); returns IFL_ECONFLICT. */
 int store_key_in_flight(struct ifl_err *e);
+/* *found = 1 when (ws, scope, key) has a committed record — an answered
+ * request, or one past its retention — read outside any transaction (a
+ * claim not yet committed is not seen). */
+int store_idem_exists(struct store *s, const char *ws, const char *scope, const char *key,
+                      int *found, struct ifl_err *e);
 /* Overwrites the existing record (ws, scope, key) with all of *r, created_at
  * included: the answer of the operation that claimed the key, or a new
  * claim on a key past its retention.  With expect_created_at >= 0 only a

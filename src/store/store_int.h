@@ -113,6 +113,8 @@ struct store_ops {
                              int64_t epoch, const char *worker, const char *outcome,
                              struct ifl_err *e);
     int (*tx_event_append)(struct store_tx *tx, struct store_event *ev, struct ifl_err *e);
+    int (*idem_exists)(struct store *s, const char *ws, const char *scope, const char *key,
+                       int *found, struct ifl_err *e);
     int (*tx_idem_put)(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, int *created, struct store_idem *existing,
                        struct ifl_err *e);

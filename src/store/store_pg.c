@@ -99,6 +99,7 @@ enum stmt {
     S_EVENT_INSERT,
     S_EVENT_MARK,
     S_IDEM_LOCK,
+    S_IDEM_LOCK_WAIT,
     S_IDEM_PUT,
     S_IDEM_GET,
     S_IDEM_SET,
@@ -159,9 +160,14 @@ static const struct {
                        "SELECT name FROM secrets WHERE workspace = $1 ORDER BY name"},
     [S_EXEC_GET] = {"ifl_exec_get",
                     "SELECT " EXEC_COLS " FROM executions WHERE id = $1 AND workspace = $2"},
-    [S_EXEC_GET_LOCK] = {"ifl_exec_get_lock", "SELECT " EXEC_COLS " FROM executions"
-                                              " WHERE id = $1 AND workspace = $2"
-                                              " FOR NO KEY UPDATE"},
+    /* `behind` (column 14): an event of this execution was written by a
+     * transaction newer than this one, which already has its id (it wrote
+     * another row first, then waited for this row's lock): events this one
+     * writes now would come before that one's in the feed (exec_behind). */
+    [S_EXEC_GET_LOCK] = {"ifl_exec_get_lock",
+                         "SELECT " EXEC_COLS ", COALESCE(last_txid >"
+                         " pg_current_xact_id_if_assigned(), false) FROM executions"
+                         " WHERE id = $1 AND workspace = $2 FOR NO KEY UPDATE"},
     [S_EXEC_LIST] = {"ifl_exec_list", "SELECT " EXEC_COLS
                                       " FROM executions WHERE workspace = $1 AND status <> 'purged'"
                                       " AND (created_at, id) < ($2::bigint, $3::text)"
@@ -172,9 +178,13 @@ static const struct {
                        "INSERT INTO executions (" EXEC_COLS ")"
                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $14, $11, $12, $13)"
                        " ON CONFLICT (id) DO NOTHING RETURNING seq"},
+    /* With a version (the caller appended events numbered up to it) the
+     * row is stamped with this transaction's id, as S_EVENT_APPEND does. */
     [S_EXEC_STATUS] = {"ifl_exec_status",
                        "UPDATE executions SET status = $1, updated_at = $2,"
-                       " version = CASE WHEN $4::bigint > 0 THEN $4::bigint ELSE version END"
+                       " version = CASE WHEN $4::bigint > 0 THEN $4::bigint ELSE version END,"
+                       " last_txid = CASE WHEN $4::bigint > 0"
+                       " THEN GREATEST(last_txid, pg_current_xact_id()) ELSE last_txid END"
                        " WHERE id = $3"},
     [S_STEPS_OF] = {"ifl_steps_of",
                     "SELECT " STEP_COLS " FROM steps"
@@ -228,6 +238,8 @@ static const struct {
      * The key is hashed with its workspace and scope to 64 bits. */
     [S_IDEM_LOCK] = {"ifl_idem_lock", "SELECT pg_try_advisory_xact_lock(hashtextextended("
                                       "$1 || chr(10) || $2 || chr(10) || $3, 7238))"},
+    [S_IDEM_LOCK_WAIT] = {"ifl_idem_lock_wait", "SELECT pg_advisory_xact_lock(hashtextextended("
+                                                "$1 || chr(10) || $2 || chr(10) || $3, 7238))"},
     [S_IDEM_PUT] = {"ifl_idem_put",
                     "INSERT INTO idempotency_keys (workspace, scope, key, fingerprint, status,"
                     " response, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
@@ -591,6 +603,7 @@ struct pgtx {
     int begin_pending; /* M_TX: BEGIN goes out with the first statement */
     int wrote;         /* some statement changed a row */
     int notify;        /* a step became DISPATCHED: NOTIFY at commit */
+    int rerun;         /* not the unit's first run: an earlier one failed */
     enum stmt mark;    /* finds a row only this unit can have written */
     struct args mark_args;
     /* Pipeline mode (libpq): statements sent whose results are not read
@@ -1050,7 +1063,7 @@ static int run_w(struct pg *s, body_fn body, void *arg, enum mode mode, int64_t 
 {
     int64_t deadline = clock_mono_ms() + window_ms;
     int64_t pause = 5;
-    int conflicts = 0;
+    int conflicts = 0, rerun = 0;
     struct ifl_err le;
     int rc;
     for (;;) {
@@ -1059,7 +1072,7 @@ static int run_w(struct pg *s, body_fn body, void *arg, enum mode mode, int64_t 
         rc = pool_get(s, deadline, &c, &le);
         if (rc)
             break;
-        struct pgtx t = {.base = {&s->base}, .s = s, .c = c};
+        struct pgtx t = {.base = {&s->base}, .s = s, .c = c, .rerun = rerun++ > 0};
         enum outcome o = run_once(&t, body, arg, mode, &rc, &le);
         if (o == O_UNKNOWN)
             o = resolve(&t, deadline, &rc, &le);
@@ -1425,6 +1438,21 @@ static void read_execution(const PGresult *r, int row, struct store_execution *x
     x->started_over_from = col_str(r, row, 13);
 }
 
+/* S_EXEC_GET_LOCK's row says this transaction is behind another one on
+ * the execution: it is run again, with a newer transaction id, so that the
+ * feed keeps the execution's versions in order (docs/postgres.md).  0 when
+ * not behind. */
+static int exec_behind(struct pgtx *t, const PGresult *r, const char *id, struct ifl_err *e)
+{
+    if (strcmp(PQgetvalue(r, 0, 14), "t") != 0)
+        return 0;
+    return note_fail(t, FAIL_RETRY,
+                     err_set(e, IFL_ESTORE,
+                             "execution %s has an event of a newer transaction; re-running so "
+                             "that the feed keeps its versions in order",
+                             id));
+}
+
 /* Reads one execution; `lock` takes its row lock for the transaction. */
 static int exec_get(struct pgtx *t, const char *ws, const char *id, int lock,
                     struct store_execution *out, struct ifl_err *e)
@@ -1436,10 +1464,10 @@ static int exec_get(struct pgtx *t, const char *ws, const char *id, int lock,
     if (!r)
         return t->fail_rc;
     int rc = 0;
-    if (PQntuples(r) == 1)
-        read_execution(r, 0, out);
-    else
+    if (PQntuples(r) != 1)
         rc = err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
+    else if (!lock || !(rc = exec_behind(t, r, id, e)))
+        read_execution(r, 0, out);
     PQclear(r);
     return rc;
 }
@@ -1682,10 +1710,13 @@ static int exec_load(struct pgtx *t, const char *ws, const char *id, int lock,
     if (pipe_send(t, lock ? S_EXEC_GET_LOCK : S_EXEC_GET, NULL, &pe, e) ||
         pipe_send(t, S_STEPS_OF, NULL, &ps, e) || pipe_sync(t, r, 2, e))
         return t->fail_rc ? t->fail_rc : IFL_ESTORE;
-    if (PQntuples(r[0]) != 1) {
+    int rc = PQntuples(r[0]) != 1 ? err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id)
+             : lock               ? exec_behind(t, r[0], id, e)
+                                  : 0;
+    if (rc) {
         PQclear(r[0]);
         PQclear(r[1]);
-        return err_set(e, IFL_ENOTFOUND, "execution '%s' does not exist", id);
+        return rc;
     }
     read_execution(r[0], 0, x);
     PQclear(r[0]);
@@ -1892,6 +1923,33 @@ static void idem_args(struct args *p, const char *ws, const char *scope, const c
     arg_i(p, created_at);
 }
 
+struct idem_exists_args {
+    const char *ws, *scope, *key;
+    int *found;
+};
+
+static int body_idem_exists(struct pgtx *t, void *arg, struct ifl_err *e)
+{
+    struct idem_exists_args *a = arg;
+    struct args p = {0};
+    arg_s(&p, a->ws);
+    arg_s(&p, a->scope);
+    arg_s(&p, a->key);
+    PGresult *r = q(t, S_IDEM_GET, &p, e);
+    if (!r)
+        return t->fail_rc;
+    *a->found = PQntuples(r) == 1;
+    PQclear(r);
+    return 0;
+}
+
+static int op_idem_exists(struct store *base, const char *ws, const char *scope, const char *key,
+                          int *found, struct ifl_err *e)
+{
+    struct idem_exists_args a = {ws, scope, key, found};
+    return run((struct pg *)base, body_idem_exists, &a, M_READ, e);
+}
+
 static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *rec, int *created, struct store_idem *existing,
                        struct ifl_err *e)
@@ -1901,13 +1959,25 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
     arg_s(&lk, ws);
     arg_s(&lk, scope);
     arg_s(&lk, key);
-    PGresult *r = q(t, S_IDEM_LOCK, &lk, e);
+    /* Run again after a lost connection, the lost session may still hold
+     * the lock (until the server notices): wait for it rather than answer
+     * the client's only request 409 for its own first run. */
+    PGresult *r = q(t, t->rerun ? S_IDEM_LOCK_WAIT : S_IDEM_LOCK, &lk, e);
     if (!r)
         return t->fail_rc;
-    int locked = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    int locked = t->rerun || (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0);
     PQclear(r);
-    if (!locked)
-        return store_key_in_flight(e);
+    if (!locked) {
+        /* Held by another session: in flight, unless a committed record
+         * is there (that session replays it, or re-claims it past its
+         * retention: then store_tx_idem_set's compare-and-set decides). */
+        if (!(r = q(t, S_IDEM_GET, &lk, e)))
+            return t->fail_rc;
+        int found = PQntuples(r) == 1;
+        PQclear(r);
+        if (!found)
+            return store_key_in_flight(e);
+    }
     /* Insert, or read the record there; when it goes between the two (the
      * sweeper deleted it as expired), insert again. */
     for (int round = 0; round < 3; round++) {
@@ -2590,6 +2660,7 @@ static const struct store_ops pg_ops = {
     .execution_get = op_execution_get,
     .execution_probe = op_execution_probe,
     .execution_list = op_execution_list,
+    .idem_exists = op_idem_exists,
     .steps_get = op_steps_get,
     .execution_load = op_execution_load,
     .attempts_get = op_attempts_get,

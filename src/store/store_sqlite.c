@@ -1551,6 +1551,26 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
     return 0;
 }
 
+static int op_idem_exists(struct store *base, const char *ws, const char *scope, const char *key,
+                          int *found, struct ifl_err *e)
+{
+    struct sq *s = (struct sq *)base;
+    static const char sql[] =
+        "SELECT 1 FROM idempotency_keys WHERE workspace = ? AND scope = ? AND key = ?";
+    struct conn *c;
+    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, ws);
+    bind_text(st, 2, scope);
+    bind_text(st, 3, key);
+    int r = sqlite3_step(st);
+    *found = r == SQLITE_ROW;
+    int rc = r == SQLITE_ROW || r == SQLITE_DONE ? 0 : db_err(c, e, "idem_exists");
+    read_end(s, c, st);
+    return rc;
+}
+
 static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, const char *key,
                        const struct store_idem *r, int *created, struct store_idem *existing,
                        struct ifl_err *e)
@@ -2215,6 +2235,7 @@ static const struct store_ops sqlite_ops = {
     .tx_query = tx_query,
     .execution_get = op_execution_get,
     .execution_list = op_execution_list,
+    .idem_exists = op_idem_exists,
 };
 
 /* Process-wide: SQLite's memory statistics take a global mutex on every

@@ -449,6 +449,24 @@ def test_retry_with_a_key_replays_and_never_retries_twice(server):
 IN_FLIGHT = "/problems/idempotency-key-in-flight"
 
 
+def held_and_repeated(first_server, second_server, path, key, repeat_key=None):
+    """POSTs path with Idempotency-Key key to first_server on a thread, waits
+    until a fault point armed there fired (the request is held in flight),
+    then sends the repeat (repeat_key, default key) to second_server.
+    Returns (the first's answer, the repeat's)."""
+    import threading
+    first = {}
+    t = threading.Thread(target=lambda: first.setdefault(
+        "r", first_server.post(path, headers={"Idempotency-Key": key})))
+    t.start()
+    try:
+        wait_for(lambda: "fault.fired" in first_server.logs())
+        again = second_server.post(path, headers={"Idempotency-Key": repeat_key or key})
+    finally:
+        t.join()
+    return first["r"], again
+
+
 def test_concurrent_retries_with_one_key_retry_once(server):
     """Repeats sent at once: each is 409 while the first is in flight, or
     replays its answer once it was given; one retry in all."""
@@ -469,26 +487,37 @@ def test_concurrent_retries_with_one_key_retry_once(server):
     assert [h["outcome"] for h in st["history"]].count("operator_retry") == 1, st["history"]
 
 
+def test_repeats_of_an_answered_key_all_replay(server):
+    """Only the first request in flight makes a repeat 409: once it has
+    answered, repeats sent at once all replay it, however many run
+    together."""
+    from concurrent.futures import ThreadPoolExecutor
+    server.put(WS, {})
+    first = server.post(f"{WS}/tokens", {"name": "ci"}, headers={"Idempotency-Key": "tok-burst"})
+    assert first.status == 201, first
+
+    def again(_):
+        return server.post(f"{WS}/tokens", {"name": "ci"}, headers={"Idempotency-Key": "tok-burst"})
+    for _ in range(3):
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(again, range(64)))
+        assert all(a.status == 201 and a.json == first.json for a in answers), \
+            sorted({(a.status, a.raw[:80]) for a in answers})
+        assert all(a.headers.get("idempotent-replayed") == "true" for a in answers)
+
+
 def test_a_repeat_while_the_first_is_in_flight_is_409(make_server):
     """Spec §7: a repeat of an operator action's key while the first request
     is still in flight is 409; the first is not disturbed, and once it has
     answered the repeat replays it.  The first is held in flight at a fault
     point (opkey.after_claim, sleep) inside its transaction."""
-    import threading
     s = make_server(env={"IDEMFLOW_FAULT": "opkey.after_claim:sleep=3000"})
     s.start()
     xid, e0 = failed_secretive(s, 9)
     path = f"{WS}/executions/{xid}/retry"
-    first = {}
-    t = threading.Thread(target=lambda: first.setdefault(
-        "r", s.post(path, headers={"Idempotency-Key": "slow-1"})))
-    t.start()
-    wait_for(lambda: "fault.fired" in s.logs())
-    again = s.post(path, headers={"Idempotency-Key": '"slow-1"'})
-    t.join()
+    a, again = held_and_repeated(s, s, path, "slow-1", '"slow-1"')
     assert again.status == 409 and again.json["type"] == IN_FLIGHT, again
     assert "in flight" in again.json["detail"]
-    a = first["r"]
     assert a.status == 200 and a.json["retriedSteps"] == 1 and a.headers.get("idempotent-replayed") is None, a
     b = s.post(path, headers={"Idempotency-Key": "slow-1"})
     assert b.status == 200 and b.json == a.json and b.headers.get("idempotent-replayed") == "true", b
@@ -588,9 +617,44 @@ def test_operator_cli(server):
     assert first.returncode == 0 and json.loads(first.stdout)["id"] == xid, first.stderr
 
 
+def test_an_expired_key_reclaimed_by_two_at_once_acts_once(make_server, workdir):
+    """A key past its retention, sent twice: the first request is held just
+    before its re-claim (opkey.before_reclaim), having read the old record.
+    The second finds that committed record, so it is not 409; on PostgreSQL
+    (a second process, past the key's advisory lock) it re-claims the key
+    and starts over, and the first's re-claim — a compare-and-set on the
+    record's time — finds the record changed and replays that answer; on
+    SQLite the writer runs the two one after the other.  Either way one
+    start-over, and both answers name it."""
+    from conftest import new_db
+    db = new_db(workdir)
+    extra = ["--test-clock", "--key-retention-hours", "1"]
+    a = make_server(db=db, extra=extra, env={"IDEMFLOW_FAULT": "opkey.before_reclaim:sleep=2000"})
+    a.start()
+    b = a
+    if BACKEND == "postgres":
+        b = make_server(db=db, extra=extra)
+        b.start()
+    put_workflow(a, "branchy", BRANCHY)
+    xid = run(a, "branchy", {"items": [{"price": 1, "qty": 1}]})
+    finished(a, xid)
+    path = f"{WS}/executions/{xid}/start-over"
+    old = a.post(path, headers={"Idempotency-Key": "late"})
+    assert old.status == 201, old
+    for s in {a, b}:
+        assert s.post("/v1/test/clock", {"advanceMs": 2 * 3600 * 1000}).status == 200
+    answers = list(held_and_repeated(a, b, path, "late"))
+    assert all(r.status == 201 for r in answers), answers
+    assert sorted(str(r.headers.get("idempotent-replayed")) for r in answers) == ["None", "true"], answers
+    assert answers[0].json["executionId"] == answers[1].json["executionId"] != old.json["executionId"]
+    items = a.get(f"{WS}/executions?limit=1000").json["items"]
+    assert sum(1 for x in items if x.get("startedOverFrom") == xid) == 2, items
+
+
 def test_an_expired_key_sent_twice_at_once_acts_once(make_server):
-    """Two repeats of a key past its retention: the re-claim is a
-    compare-and-set, so one of them starts over and the other replays."""
+    """Two repeats each of keys past their retention, sent at once: every
+    key acts once (one starts over, a twin replays it or is 409 while it
+    runs)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
     s = make_server(extra=["--test-clock", "--key-retention-hours", "1"])

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import BACKEND, new_db
 from test_crash import evaluations, ran_once_at
-from test_engine import BRANCHY, IN_FLIGHT, WS, finished, run, wait_for
+from test_engine import BRANCHY, IN_FLIGHT, WS, finished, held_and_repeated, run, wait_for
 
 pytestmark = pytest.mark.skipif(BACKEND != "postgres",
                                 reason="multi-process tests need the PostgreSQL backend")
@@ -173,15 +173,8 @@ def test_a_key_in_flight_on_another_process_is_409(make_server, workdir):
     xid = run(a, "branchy", {"items": [{"price": 3, "qty": 1}]})
     finished(a, xid)
     path = f"{WS}/executions/{xid}/start-over"
-    first = {}
-    t = threading.Thread(target=lambda: first.setdefault(
-        "r", a.post(path, headers={"Idempotency-Key": "over-1"})))
-    t.start()
-    wait_for(lambda: "fault.fired" in a.logs())
-    other = b.post(path, headers={"Idempotency-Key": "over-1"})
-    t.join()
+    r, other = held_and_repeated(a, b, path, "over-1")
     assert other.status == 409 and other.json["type"] == IN_FLIGHT, other
-    r = first["r"]
     assert r.status == 201 and r.headers.get("idempotent-replayed") is None, r
     again = b.post(path, headers={"Idempotency-Key": "over-1"})
     assert again.status == 201 and again.headers.get("idempotent-replayed") == "true", again

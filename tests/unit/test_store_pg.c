@@ -1030,12 +1030,42 @@ static int append_to(struct store_tx *tx, const char *id, const char *type, stru
     return store_tx_event_append(tx, &ev, e);
 }
 
+/* The same as the engine writes it (steps.c): the execution read with its
+ * row lock, an event with the version after the one read (version_preset),
+ * and that version written back. */
+static int append_preset(struct store_tx *tx, const char *id, const char *type, struct ifl_err *e)
+{
+    struct store_execution x = {0};
+    int rc = store_tx_execution_get(tx, "ws", id, &x, e);
+    if (rc)
+        return rc;
+    struct store_event ev = {0};
+    ev.workspace = "ws";
+    snprintf(ev.execution_id, sizeof ev.execution_id, "%s", id);
+    ev.type = (char *)type;
+    ev.data = "{}";
+    ev.aggregate_version = x.version + 1;
+    ev.version_preset = 1;
+    rc = store_tx_event_append(tx, &ev, e);
+    if (!rc)
+        rc = store_tx_execution_set_status(tx, id, "running", x.version + 1, e);
+    store_execution_clear(&x);
+    return rc;
+}
+
 struct overtaken {
     struct store *s;
     const char *x1, *x2;
+    int preset; /* append_preset, else append_to */
     sem_t started, other_done;
     int runs, rc;
 };
+
+static int append_as(const struct overtaken *o, struct store_tx *tx, const char *id,
+                     const char *type, struct ifl_err *e)
+{
+    return o->preset ? append_preset(tx, id, type, e) : append_to(tx, id, type, e);
+}
 
 /* Writes x1 (its transaction id is taken), waits until another transaction
  * wrote x2 and committed, then writes x2: the first run is behind that one
@@ -1043,13 +1073,13 @@ struct overtaken {
 static int tx_overtaken(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct overtaken *o = arg;
-    int rc = append_to(tx, o->x1, "a.x1", e);
+    int rc = append_as(o, tx, o->x1, "a.x1", e);
     if (!rc && o->runs++ == 0) {
         sem_post(&o->started);
         while (sem_wait(&o->other_done) != 0)
             ;
     }
-    return rc ? rc : append_to(tx, o->x2, "a.x2", e);
+    return rc ? rc : append_as(o, tx, o->x2, "a.x2", e);
 }
 
 static void *run_overtaken(void *arg)
@@ -1061,15 +1091,17 @@ static void *run_overtaken(void *arg)
 
 static int tx_b_x2(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
-    return append_to(tx, arg, "b.x2", e);
+    const struct overtaken *o = arg;
+    return append_as(o, tx, o->x2, "b.x2", e);
 }
 
 /* The feed is ordered by transaction id: a transaction that took its id,
  * then wrote an execution after a newer transaction had (it waited for that
  * one's row lock) would list its event first, versions out of order.  It is
  * run again instead, with a newer id: every execution's events come in
- * version order. */
-static void test_feed_keeps_each_execution_in_version_order(void **state)
+ * version order — whether the store numbers the events (preset 0) or the
+ * engine does (preset 1, as every step outcome writes them). */
+static void feed_keeps_version_order(void **state, int preset)
 {
     NEED_PG(state);
     struct fixture *f = *state;
@@ -1086,14 +1118,14 @@ static void test_feed_keeps_each_execution_in_version_order(void **state)
     }
     struct store *h2 = NULL;
     assert_int_equal(store_open(f->url, &h2, NULL), 0);
-    struct overtaken o = {.s = h2, .x1 = X1, .x2 = X2};
+    struct overtaken o = {.s = h2, .x1 = X1, .x2 = X2, .preset = preset};
     sem_init(&o.started, 0, 0);
     sem_init(&o.other_done, 0, 0);
     pthread_t th;
     pthread_create(&th, NULL, run_overtaken, &o);
     while (sem_wait(&o.started) != 0)
         ;
-    assert_int_equal(store_tx_run(f->s, tx_b_x2, (void *)X2, NULL), 0);
+    assert_int_equal(store_tx_run(f->s, tx_b_x2, &o, NULL), 0);
     sem_post(&o.other_done);
     pthread_join(th, NULL);
     assert_int_equal(o.rc, 0);
@@ -1119,6 +1151,16 @@ static void test_feed_keeps_each_execution_in_version_order(void **state)
     sem_destroy(&o.started);
     sem_destroy(&o.other_done);
     store_close(h2);
+}
+
+static void test_feed_keeps_each_execution_in_version_order(void **state)
+{
+    feed_keeps_version_order(state, 0);
+}
+
+static void test_feed_keeps_engine_numbered_versions_in_order(void **state)
+{
+    feed_keeps_version_order(state, 1);
 }
 
 static int tx_event(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -1359,6 +1401,7 @@ static void test_schedule_records(void **state)
 
 static void test_subscriptions(void **state)
 {
+    NEED_PG(state);
     check_subscriptions(S(state));
 }
 
@@ -1433,7 +1476,8 @@ static void *run_hold_key(void *arg)
 /* Spec §7: a repeat of a key whose first request is still in flight is
  * 409 at once, from another session (another engine process), rather
  * than waiting for it; another key is not held up; once the first has
- * committed, the repeat finds its record. */
+ * committed, the repeat finds its record — also while yet another repeat
+ * holds the key's lock. */
 static void test_a_key_in_flight_is_refused_at_once(void **state)
 {
     NEED_PG(state);
@@ -1461,10 +1505,27 @@ static void test_a_key_in_flight_is_refused_at_once(void **state)
     assert_int_equal(store_tx_run(f->s, idem_tx, &again, &e), 0);
     assert_false(again.created);
     assert_string_equal(again.old.fingerprint, "fp-held");
+    /* A repeat that holds the lock while the record is committed does not
+     * make other repeats 409: they find the record and replay it. */
+    struct held_key h3 = {.s = h2};
+    sem_init(&h3.claimed, 0, 0);
+    sem_init(&h3.go, 0, 0);
+    pthread_create(&t, NULL, run_hold_key, &h3);
+    while (sem_wait(&h3.claimed) != 0)
+        ;
+    assert_int_equal(store_tx_run(f->s, idem_tx, &again, &e), 0);
+    assert_false(again.created);
+    assert_string_equal(again.old.fingerprint, "fp-held");
+    sem_post(&h3.go);
+    pthread_join(t, NULL);
+    assert_int_equal(h3.rc, 0);
+    assert_false(h3.created);
     store_idem_clear(&again.old);
     store_idem_clear(&other.old);
     sem_destroy(&h.claimed);
     sem_destroy(&h.go);
+    sem_destroy(&h3.claimed);
+    sem_destroy(&h3.go);
     store_close(h2);
 }
 
@@ -1504,6 +1565,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_feed_orders_transaction_ids_as_numbers, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_feed_keeps_each_execution_in_version_order, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_feed_keeps_engine_numbered_versions_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_notify_wakes_another_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_survives_killed_connections, setup, teardown),

@@ -2446,6 +2446,12 @@ static int op_events_list(struct store *base, const char *ws, const char *after,
         if (dash) {
             memcpy(tx, after, tl);
             tx[tl] = '\0';
+            /* an xid8 is 64 bits; PostgreSQL would clamp a larger number
+             * rather than refuse it */
+            errno = 0;
+            strtoull(tx, &end, 10);
+            if (errno == ERANGE)
+                return err_set(e, IFL_EINVAL, "malformed event cursor");
         } else {
             after_tx = NULL;
         }

@@ -1223,7 +1223,7 @@ static void h_metrics(struct call *c)
                "# HELP idemflow_gateway_response_seconds How long GATEWAY requests took, "
                "from the send to the answer (or the failure).\n"
                "# TYPE idemflow_gateway_response_seconds histogram\n",
-               engine_gw_in_flight(a->g));
+               engine_gw_inflight(a->g));
     unsigned long long cum = 0;
     for (int k = 0; k < ENGINE_GW_NBUCKETS; k++) {
         cum += atomic_load(&m->gw_duration_bucket[k]);

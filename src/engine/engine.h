@@ -60,7 +60,7 @@ extern const char *const engine_gw_classes[ENGINE_GW_NCLASSES];
  * listed). */
 extern const long engine_gw_buckets_ms[ENGINE_GW_NBUCKETS - 1];
 /* GATEWAY calls (and verify requests) on the wire now. */
-int engine_gw_in_flight(struct engine *g);
+int engine_gw_inflight(struct engine *g);
 
 /* *out owned by the caller (engine_free).  Borrows s. */
 int engine_new(struct store *s, const struct engine_opts *o, struct engine **out,

@@ -172,7 +172,6 @@ void engine_gw_discard(struct gw_job *j);
 size_t engine_gw_drain(struct engine *g);
 /* Extends the leases of every call in flight. */
 void engine_gw_renew_leases(struct engine *g);
-int engine_gw_inflight(struct engine *g);
 
 /* ---- inline TRANSFORM completion (inline.c) ------------------------------------
  * The worker that completes a step evaluates the TRANSFORMs that completion

@@ -527,14 +527,6 @@ const char *const engine_gw_classes[ENGINE_GW_NCLASSES] = {
 const long engine_gw_buckets_ms[ENGINE_GW_NBUCKETS - 1] = {5,   10,   25,   50,   100,  250,
                                                            500, 1000, 2500, 5000, 10000};
 
-int engine_gw_in_flight(struct engine *g)
-{
-    pthread_mutex_lock(&g->gmu);
-    int n = g->gw_inflight_n;
-    pthread_mutex_unlock(&g->gmu);
-    return n;
-}
-
 /* Counts a response in the metrics: its class and its duration. */
 static void count_response(struct engine *g, int verify, enum gw_class cls,
                            const struct gw_response *r)

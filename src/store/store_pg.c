@@ -603,7 +603,8 @@ struct pgtx {
     int begin_pending; /* M_TX: BEGIN goes out with the first statement */
     int wrote;         /* some statement changed a row */
     int notify;        /* a step became DISPATCHED: NOTIFY at commit */
-    int rerun;         /* not the unit's first run: an earlier one failed */
+    int batch;         /* body_many: several engine transactions in this one */
+    int after_lost;    /* an earlier run of this unit lost its connection */
     enum stmt mark;    /* finds a row only this unit can have written */
     struct args mark_args;
     /* Pipeline mode (libpq): statements sent whose results are not read
@@ -1063,7 +1064,7 @@ static int run_w(struct pg *s, body_fn body, void *arg, enum mode mode, int64_t 
 {
     int64_t deadline = clock_mono_ms() + window_ms;
     int64_t pause = 5;
-    int conflicts = 0, rerun = 0;
+    int conflicts = 0, lost = 0;
     struct ifl_err le;
     int rc;
     for (;;) {
@@ -1072,8 +1073,9 @@ static int run_w(struct pg *s, body_fn body, void *arg, enum mode mode, int64_t 
         rc = pool_get(s, deadline, &c, &le);
         if (rc)
             break;
-        struct pgtx t = {.base = {&s->base}, .s = s, .c = c, .rerun = rerun++ > 0};
+        struct pgtx t = {.base = {&s->base}, .s = s, .c = c, .after_lost = lost};
         enum outcome o = run_once(&t, body, arg, mode, &rc, &le);
+        lost |= t.fail == FAIL_CONN;
         if (o == O_UNKNOWN)
             o = resolve(&t, deadline, &rc, &le);
         pool_put(s, c);
@@ -1446,7 +1448,10 @@ static int exec_behind(struct pgtx *t, const PGresult *r, const char *id, struct
 {
     if (strcmp(PQgetvalue(r, 0, 14), "t") != 0)
         return 0;
-    return note_fail(t, FAIL_RETRY,
+    /* A batch fails without a re-run: op_tx_run_many then runs each of its
+     * transactions alone, and one alone is rarely behind (its id is taken
+     * at its first write, usually after this read's wait). */
+    return note_fail(t, t->batch ? FAIL_SQL : FAIL_RETRY,
                      err_set(e, IFL_ESTORE,
                              "execution %s has an event of a newer transaction; re-running so "
                              "that the feed keeps its versions in order",
@@ -1566,6 +1571,7 @@ struct engine_many {
 static int body_many(struct pgtx *t, void *arg, struct ifl_err *e)
 {
     struct engine_many *m = arg;
+    t->batch = 1;
     int rc = 0;
     for (size_t i = 0; i < m->n && !rc; i++)
         rc = m->fn(&t->base, m->args[i], e);
@@ -1960,12 +1966,13 @@ static int tx_idem_put(struct store_tx *tx, const char *ws, const char *scope, c
     arg_s(&lk, scope);
     arg_s(&lk, key);
     /* Run again after a lost connection, the lost session may still hold
-     * the lock (until the server notices): wait for it rather than answer
+     * the lock (until the server notices: at most its
+     * idle_in_transaction_session_timeout): wait for it rather than answer
      * the client's only request 409 for its own first run. */
-    PGresult *r = q(t, t->rerun ? S_IDEM_LOCK_WAIT : S_IDEM_LOCK, &lk, e);
+    PGresult *r = q(t, t->after_lost ? S_IDEM_LOCK_WAIT : S_IDEM_LOCK, &lk, e);
     if (!r)
         return t->fail_rc;
-    int locked = t->rerun || (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0);
+    int locked = t->after_lost || (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0);
     PQclear(r);
     if (!locked) {
         /* Held by another session: in flight, unless a committed record

@@ -645,13 +645,6 @@ static int state_valid(const char *s)
            strcmp(s, "dead") == 0;
 }
 
-/* Only an execution status ("?status=" goes into the URL as is). */
-static int status_valid(const char *s)
-{
-    return strcmp(s, "running") == 0 || strcmp(s, "completed") == 0 || strcmp(s, "failed") == 0 ||
-           strcmp(s, "requires_reconciliation") == 0 || strcmp(s, "stale") == 0;
-}
-
 static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
 {
     const char *cmd = op->name;
@@ -702,7 +695,7 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
                 "idemflow deliveries: --state must be pending, sending, delivered or dead\n");
         return 2;
     }
-    if (status && !status_valid(status)) {
+    if (status && !store_execution_status_valid(status)) { /* goes into the URL as is */
         fprintf(stderr, "idemflow executions: --status must be running, completed, failed, "
                         "requires_reconciliation or stale\n");
         return 2;

@@ -1051,12 +1051,7 @@ static void h_execution_list(struct call *c)
     struct ifl_err e = {0};
     struct store_exec_filter f = {c->req->query(c->req, "status"),
                                   c->req->query(c->req, "workflow")};
-    static const char *const statuses[] = {
-        "running", "completed", "failed", "requires_reconciliation", "stale", NULL};
-    int known = !f.status;
-    for (int i = 0; statuses[i] && !known; i++)
-        known = strcmp(f.status, statuses[i]) == 0;
-    if (!known) {
+    if (f.status && !store_execution_status_valid(f.status)) {
         api_problem(c->res, 400, "invalid-parameter",
                     "status must be running, completed, failed, requires_reconciliation or stale",
                     "/status");

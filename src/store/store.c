@@ -555,6 +555,16 @@ static int cursor_parse(const char *c, int64_t *ts, char id[65])
     return 0;
 }
 
+int store_execution_status_valid(const char *s)
+{
+    static const char *const statuses[] = {"running", "completed", "failed",
+                                           "requires_reconciliation", "stale"};
+    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+        if (strcmp(s, statuses[i]) == 0)
+            return 1;
+    return 0;
+}
+
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
                          struct store_execution **items, size_t *n, char **next, struct ifl_err *e)
 {

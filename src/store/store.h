@@ -105,7 +105,8 @@ struct store_execution {
     char *payload;  /* JSON text */
     char payload_hash[65];
     int test;
-    char *status;    /* running | completed | failed | requires_reconciliation */
+    char *status;    /* running | completed | failed | requires_reconciliation | stale
+                        (store_execution_status_valid), or purged */
     int64_t version; /* aggregate version, +1 per change */
     int64_t created_at, updated_at;
     char *started_over_from; /* NULL when none */
@@ -136,6 +137,9 @@ int store_execution_probe(struct store *s, const char *ws, const char *id,
  * the end.  IFL_EINVAL for a malformed cursor. */
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
                          struct store_execution **items, size_t *n, char **next, struct ifl_err *e);
+/* 1 when s is a status an execution that is listed can have (running,
+ * completed, failed, requires_reconciliation, stale). */
+int store_execution_status_valid(const char *s);
 /* Which executions a list holds (borrowed strings; NULL matches every one). */
 struct store_exec_filter {
     const char *status;   /* running | completed | failed | requires_reconciliation | stale */

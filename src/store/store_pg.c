@@ -64,6 +64,8 @@
 
 /* ---- statements --------------------------------------------------------------- */
 
+/* The advisory lock of an Idempotency-Key ($1 workspace, $2 scope, $3 key). */
+#define IDEM_LOCK_KEY "hashtextextended($1 || chr(10) || $2 || chr(10) || $3, 7238)"
 #define EXEC_COLS                                                                                  \
     "id, workspace, workflow, workflow_version, entry_point, identity, payload,"                   \
     " payload_hash, test, status, version, created_at, updated_at, started_over_from"
@@ -234,12 +236,11 @@ static const struct {
                         " data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"},
     [S_EVENT_MARK] = {"ifl_event_mark", "SELECT 1 FROM events WHERE seq = $1 AND id = $2"},
     /* Held by the transaction that claims the key, to its end: another
-     * session's claim of the key fails at once (409) instead of waiting.
-     * The key is hashed with its workspace and scope to 64 bits. */
-    [S_IDEM_LOCK] = {"ifl_idem_lock", "SELECT pg_try_advisory_xact_lock(hashtextextended("
-                                      "$1 || chr(10) || $2 || chr(10) || $3, 7238))"},
-    [S_IDEM_LOCK_WAIT] = {"ifl_idem_lock_wait", "SELECT pg_advisory_xact_lock(hashtextextended("
-                                                "$1 || chr(10) || $2 || chr(10) || $3, 7238))"},
+     * session's claim of the key fails at once (409) instead of waiting
+     * (the _WAIT form waits: tx_idem_put).  Both take one lock: the key
+     * hashed with its workspace and scope to 64 bits. */
+    [S_IDEM_LOCK] = {"ifl_idem_lock", "SELECT pg_try_advisory_xact_lock(" IDEM_LOCK_KEY ")"},
+    [S_IDEM_LOCK_WAIT] = {"ifl_idem_lock_wait", "SELECT pg_advisory_xact_lock(" IDEM_LOCK_KEY ")"},
     [S_IDEM_PUT] = {"ifl_idem_put",
                     "INSERT INTO idempotency_keys (workspace, scope, key, fingerprint, status,"
                     " response, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"

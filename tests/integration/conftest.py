@@ -118,6 +118,19 @@ class Server:
         return self.request("POST", path, body, **kw)
 
 
+def all_pages(server, path):
+    """Every item of a list (`{"items", "next"}`), page by page: path holds
+    its query (with its limit) but not `after`."""
+    seen, after = [], None
+    while True:
+        r = server.get(path + (f"&after={after}" if after else ""))
+        assert r.status == 200, r
+        seen += r.json["items"]
+        after = r.json["next"]
+        if not after:
+            return seen
+
+
 def new_db(tmp):
     if BACKEND == "postgres":
         base = os.environ["IDEMFLOW_TEST_PG"]

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import BACKEND
+from conftest import BACKEND, all_pages
 
 WSNAME = "subs"
 WS = f"/v1/workspaces/{WSNAME}"
@@ -728,14 +728,7 @@ def test_dead_deliveries_are_dead_letters_beside_failed_steps(server, receiver):
     def key(d):
         return (d["kind"], d.get("vertex") or d["eventId"], d["executionId"])
     for limit in (1, 2, 4, 5):
-        seen, after = [], None
-        while True:
-            r = server.get(f"{WS}/dead-letters?limit={limit}" + (f"&after={after}" if after else ""))
-            assert r.status == 200, r
-            seen += r.json["items"]
-            after = r.json["next"]
-            if not after:
-                break
+        seen = all_pages(server, f"{WS}/dead-letters?limit={limit}")
         assert [key(d) for d in seen] == [key(d) for d in items], (limit, seen)
     for cur in ("1~hook~dl~xyz", "1~hook~d%20l~" + "a" * 64, "1~hook~~" + "a" * 64,
                 "x~hook~dl~" + "a" * 64, "1~hook~dl~" + "a" * 64 + "~v"):

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from conftest import BACKEND, BIN, ORDERS
+from conftest import BACKEND, BIN, ORDERS, all_pages
 from jcs_ref import execution_id
 from test_engine import wait_for
 
@@ -403,14 +403,7 @@ def test_execution_list_filters_by_status_and_workflow(orders):
            .json["executionId"] for i in range(4)}
 
     def listed(query):
-        seen, after = [], None
-        while True:
-            r = s.get(f"/v1/workspaces/acme/executions?limit=2&{query}" + (f"&after={after}" if after else ""))
-            assert r.status == 200, r
-            seen += r.json["items"]
-            after = r.json["next"]
-            if not after:
-                return seen
+        return all_pages(s, f"/v1/workspaces/acme/executions?limit=2&{query}")
     wait_for(lambda: len(listed("status=failed")) == 4 and len(listed("status=completed")) == 5)
     failed = listed("status=failed")
     assert {x["id"] for x in failed} == bad and all(x["status"] == "failed" for x in failed)

@@ -351,6 +351,15 @@ const struct store_migration store_migrations[] = {
      "CREATE INDEX executions_tombstones ON executions (dedup_until)"
      " WHERE dedup_until IS NOT NULL;",
      NULL},
+    /* 10: the executions an operator lists to act on (failed, parked,
+     * stale; store_execution_list_where): only such rows are in the index,
+     * so a list filtered on one of them reads its page and no more however
+     * many completed executions the workspace holds, and a trigger that
+     * runs to completion never writes it */
+    {10,
+     "CREATE INDEX executions_attention ON executions (workspace, status, created_at, id)"
+     " WHERE status IN " STORE_EXEC_RARE ";",
+     NULL},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
@@ -563,6 +572,12 @@ int store_execution_status_valid(const char *s)
         if (strcmp(s, statuses[i]) == 0)
             return 1;
     return 0;
+}
+
+int store_execution_status_rare(const char *s)
+{
+    return s && (strcmp(s, "failed") == 0 || strcmp(s, "requires_reconciliation") == 0 ||
+                 strcmp(s, "stale") == 0);
 }
 
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,

@@ -164,6 +164,15 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e);
 int store_pg_open(const char *conninfo, struct store **out, struct ifl_err *e);
 char *store_pg_shown(const char *conninfo);
 
+/* The statuses an execution rarely ends in and an operator lists to act
+ * on: migration 10's partial index holds only rows in one of them.  A list
+ * statement filtered on such a status repeats this literal set, so that the
+ * planner (SQLite's and PostgreSQL's alike, with the status a parameter)
+ * can prove the index applies. */
+#define STORE_EXEC_RARE "('failed', 'requires_reconciliation', 'stale')"
+/* 1 when s is one of STORE_EXEC_RARE. */
+int store_execution_status_rare(const char *s);
+
 /* The schema, as ordered migrations shared by every backend.  Each entry's
  * SQL is portable (TEXT, BIGINT, INTEGER, ON CONFLICT); `sqlite_only` /
  * `pg_only` hold the rare dialect-specific statements. */

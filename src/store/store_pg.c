@@ -90,6 +90,7 @@ enum stmt {
     S_EXEC_GET,
     S_EXEC_GET_LOCK,
     S_EXEC_LIST,
+    S_EXEC_LIST_RARE,
     S_EXEC_INSERT,
     S_EXEC_STATUS,
     S_STEPS_OF,
@@ -176,6 +177,13 @@ static const struct {
                                       " AND ($5::text IS NULL OR status = $5::text)"
                                       " AND ($6::text IS NULL OR workflow = $6::text)"
                                       " ORDER BY created_at DESC, id DESC LIMIT $4"},
+    /* A rare status walks its partial index (STORE_EXEC_RARE). */
+    [S_EXEC_LIST_RARE] = {"ifl_exec_list_rare",
+                          "SELECT " EXEC_COLS " FROM executions WHERE workspace = $1"
+                          " AND status = $5::text AND status IN " STORE_EXEC_RARE
+                          " AND (created_at, id) < ($2::bigint, $3::text)"
+                          " AND ($6::text IS NULL OR workflow = $6::text)"
+                          " ORDER BY created_at DESC, id DESC LIMIT $4"},
     [S_EXEC_INSERT] = {"ifl_exec_insert",
                        "INSERT INTO executions (" EXEC_COLS ")"
                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $14, $11, $12, $13)"
@@ -1524,7 +1532,8 @@ static int body_exec_list(struct pgtx *t, void *arg, struct ifl_err *e)
     arg_i(&p, a->limit);
     arg_s(&p, a->f->status); /* NULL: SQL NULL */
     arg_s(&p, a->f->workflow);
-    PGresult *r = q(t, S_EXEC_LIST, &p, e);
+    PGresult *r =
+        q(t, store_execution_status_rare(a->f->status) ? S_EXEC_LIST_RARE : S_EXEC_LIST, &p, e);
     if (!r)
         return t->fail_rc;
     size_t n = (size_t)PQntuples(r);

@@ -972,8 +972,16 @@ static int op_execution_list(struct store *base, const char *ws, const struct st
         " AND (created_at, id) < (?2, ?3)"
         " AND (?5 IS NULL OR status = ?5) AND (?6 IS NULL OR workflow = ?6)"
         " ORDER BY created_at DESC, id DESC LIMIT ?4";
+    /* A rare status walks its partial index (STORE_EXEC_RARE), not every
+     * execution of the workspace. */
+    static const char sql_rare[] =
+        "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?1 AND status = ?5"
+        " AND status IN " STORE_EXEC_RARE " AND (created_at, id) < (?2, ?3)"
+        " AND (?6 IS NULL OR workflow = ?6)"
+        " ORDER BY created_at DESC, id DESC LIMIT ?4";
     struct conn *c;
-    sqlite3_stmt *st = read_begin(s, sql, &c, e);
+    sqlite3_stmt *st =
+        read_begin(s, store_execution_status_rare(f->status) ? sql_rare : sql, &c, e);
     if (!st)
         return IFL_ESTORE;
     bind_text(st, 1, ws);

@@ -679,6 +679,11 @@ static void test_subscriptions(void **state)
     check_subscriptions(*state);
 }
 
+static void test_execution_filters(void **state)
+{
+    check_execution_filters(*state);
+}
+
 static void test_ordering_keys(void **state)
 {
     check_ordering_keys(*state);
@@ -711,6 +716,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_execution_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),

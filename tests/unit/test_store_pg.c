@@ -1405,6 +1405,12 @@ static void test_subscriptions(void **state)
     check_subscriptions(S(state));
 }
 
+static void test_execution_filters(void **state)
+{
+    NEED_PG(state);
+    check_execution_filters(S(state));
+}
+
 static void test_ordering_keys(void **state)
 {
     NEED_PG(state);
@@ -1550,6 +1556,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_key_in_flight_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_execution_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_ordering_of_one_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),

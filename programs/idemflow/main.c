@@ -4,7 +4,7 @@
  *   idemflow serve [--listen HOST:PORT] [--db URL] [--load DIR] [--max-body BYTES]
  *   idemflow id WS WF VERTEX [--fields PATHS | --client-id K] < payload.json
  *   idemflow eval EXPR [--data FILE] [--bindings JSON]
- *   idemflow get|retry|resolve|start-over|dead-letters|subscriptions|deliveries|redeliver|
+ *   idemflow get|retry|cancel|resolve|start-over|dead-letters|subscriptions|deliveries|redeliver|
  *            tokens|token-create|token-revoke …   (operator commands over HTTP)
  *   idemflow version
  */
@@ -56,6 +56,7 @@ static void usage(FILE *f)
           "  idemflow get WS EXECUTION\n"
           "  idemflow executions WS [--status STATUS] [--workflow WF]\n"
           "  idemflow retry WS EXECUTION [--key IDEMPOTENCY_KEY]\n"
+          "  idemflow cancel WS EXECUTION [--reason TEXT] [--key KEY]\n"
           "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed) [--key KEY]\n"
           "  idemflow start-over WS EXECUTION --key IDEMPOTENCY_KEY\n"
           "  idemflow dead-letters WS\n"
@@ -619,6 +620,7 @@ static const struct op_cmd op_cmds[] = {
     {"get", 2, "GET", "/v1/workspaces/*/executions/*", 0},
     {"executions", 1, "GET", "/v1/workspaces/*/executions?limit=1000", 0},
     {"retry", 2, "POST", "/v1/workspaces/*/executions/*/retry", 0},
+    {"cancel", 2, "POST", "/v1/workspaces/*/executions/*/cancel", 0},
     {"resolve", 3, "POST", "/v1/workspaces/*/executions/*/steps/*/resolve", 0},
     {"start-over", 2, "POST", "/v1/workspaces/*/executions/*/start-over", 1},
     {"dead-letters", 1, "GET", "/v1/workspaces/*/dead-letters?limit=1000", 0},
@@ -650,7 +652,7 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
     const char *cmd = op->name;
     const char *url = getenv("IDEMFLOW_URL");
     const char *output = NULL, *key = NULL, *state = NULL, *name = NULL, *status = NULL,
-               *workflow = NULL;
+               *workflow = NULL, *reason = NULL;
     int failed = 0;
     const char *pos[4] = {0};
     int npos = 0;
@@ -671,6 +673,8 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
             status = argv[++i];
         else if (strcmp(argv[i], "--workflow") == 0 && i + 1 < argc && op == op_find("executions"))
             workflow = argv[++i];
+        else if (strcmp(argv[i], "--reason") == 0 && i + 1 < argc && op == op_find("cancel"))
+            reason = argv[++i];
         else if (argv[i][0] != '-' && npos < 4)
             pos[npos++] = argv[i];
         else {
@@ -697,7 +701,7 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
     }
     if (status && !store_execution_status_valid(status)) { /* goes into the URL as is */
         fprintf(stderr, "idemflow executions: --status must be running, completed, failed, "
-                        "requires_reconciliation or stale\n");
+                        "requires_reconciliation, stale or cancelled\n");
         return 2;
     }
     if (workflow && !wf_name_valid(workflow)) {
@@ -737,6 +741,10 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
             body = json_to_string(b);
             json_decref(b);
         }
+    } else if (op == op_find("cancel") && reason) {
+        json_t *b = json_pack("{s:s}", "reason", reason);
+        body = json_to_string(b);
+        json_decref(b);
     } else if (op == op_find("token-create")) {
         json_t *b = name ? json_pack("{s:s}", "name", name) : json_object();
         body = json_to_string(b);

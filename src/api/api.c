@@ -890,6 +890,66 @@ static void h_retry(struct call *c)
     reply_action(c, &k, 200, answer);
 }
 
+/* POST …/executions/{id}/cancel, body empty, {} or {"reason": "…"}. */
+static void h_cancel(struct call *c)
+{
+    const char *ws = c->seg[2], *id = c->seg[4];
+    if (workspace_exists(c, ws))
+        return;
+    json_t *body = body_json(c, json_object());
+    if (!body)
+        return;
+    const char *bad = NULL, *why = NULL;
+    const char *name;
+    json_t *v;
+    if (!json_is_object(body)) {
+        bad = "";
+        why = "expected an object: {} or {\"reason\": \"…\"}";
+    } else {
+        json_object_foreach(body, name, v)
+        {
+            if (strcmp(name, "reason") != 0) {
+                bad = name;
+                why = "unknown member; a cancel takes only \"reason\"";
+                break;
+            }
+            if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 512) {
+                bad = name;
+                why = "reason must be a string of 1 to 512 bytes";
+                break;
+            }
+        }
+    }
+    if (bad) {
+        struct buf ptr;
+        buf_init(&ptr, 0);
+        if (*bad)
+            json_pointer_push(&ptr, bad);
+        api_problem(c->res, 422, "validation-error", why, *bad ? ptr.p : "");
+        buf_free(&ptr);
+        json_decref(body);
+        return;
+    }
+    char key[256], fp[65];
+    struct engine_op_key k;
+    if (op_key(c, body, key, fp, &k)) {
+        json_decref(body);
+        return;
+    }
+    json_t *answer = NULL;
+    struct ifl_err e = {0};
+    int rc = engine_cancel(c->a->g, ws, id, json_string_value(json_object_get(body, "reason")), &k,
+                           &answer, &e);
+    json_decref(body);
+    if (rc) {
+        api_problem_err(c->res, &e);
+        if (strcmp(e.slug, "step-executing") == 0) /* its call ends within its timeoutMs */
+            http_res_header(c->res, "Retry-After", "1");
+        return;
+    }
+    reply_action(c, &k, 200, answer);
+}
+
 static void h_resolve(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4], *vx = c->seg[6];
@@ -1053,7 +1113,8 @@ static void h_execution_list(struct call *c)
                                   c->req->query(c->req, "workflow")};
     if (f.status && !store_execution_status_valid(f.status)) {
         api_problem(c->res, 400, "invalid-parameter",
-                    "status must be running, completed, failed, requires_reconciliation or stale",
+                    "status must be running, completed, failed, requires_reconciliation, stale or "
+                    "cancelled",
                     "/status");
         return;
     }
@@ -1150,6 +1211,7 @@ static void h_metrics(struct call *c)
         "idemflow_executions_finished_total{status=\"completed\"} %llu\n"
         "idemflow_executions_finished_total{status=\"failed\"} %llu\n"
         "idemflow_executions_finished_total{status=\"requires_reconciliation\"} %llu\n"
+        "idemflow_executions_finished_total{status=\"cancelled\"} %llu\n"
         "# HELP idemflow_uptime_seconds Seconds since start.\n"
         "# TYPE idemflow_uptime_seconds gauge\n"
         "idemflow_uptime_seconds %lld\n"
@@ -1194,6 +1256,7 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->executions_completed),
         (unsigned long long)atomic_load(&m->executions_failed),
         (unsigned long long)atomic_load(&m->executions_reconcile),
+        (unsigned long long)atomic_load(&m->executions_cancelled),
         (long long)((clock_mono_ms() - a->started_ms) / 1000),
         (unsigned long long)atomic_load(&m->hooks_delivered),
         (unsigned long long)atomic_load(&m->hooks_retried),
@@ -1492,6 +1555,7 @@ static const struct route routes[] = {
     {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get},
     {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list},
     {"POST", {"v1", "workspaces", "*", "executions", "*", "retry"}, 6, h_retry},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "cancel"}, 6, h_cancel},
     {"POST", {"v1", "workspaces", "*", "executions", "*", "start-over"}, 6, h_start_over},
     {"POST", {"v1", "workspaces", "*", "executions", "*", "steps", "*", "resolve"}, 8, h_resolve},
     {"GET", {"v1", "workspaces", "*", "dead-letters"}, 4, h_dead_letters},

@@ -65,7 +65,7 @@ json_t *api_event_json(const struct store_event *ev)
 static int terminal(const char *type)
 {
     return strcmp(type, "execution.completed") == 0 || strcmp(type, "execution.failed") == 0 ||
-           strcmp(type, "execution.stale") == 0;
+           strcmp(type, "execution.stale") == 0 || strcmp(type, "execution.cancelled") == 0;
 }
 
 static void sse_end(struct sse *s, const char *type, const char *status)

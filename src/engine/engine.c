@@ -1419,6 +1419,82 @@ int engine_retry(struct engine *g, const char *ws, const char *id, struct engine
     return rc;
 }
 
+struct cancel_args {
+    struct engine *g;
+    struct steps_cancel c;
+    struct engine_op_key *k;
+    char *replay;
+};
+
+static json_t *cancel_answer(const struct steps_cancel *c)
+{
+    return json_pack("{s:s, s:i, s:s}", "executionId", c->execution_id, "cancelledSteps",
+                     c->cancelled, "status", c->status);
+}
+
+static int tx_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct cancel_args *a = arg;
+    int rc = engine_op_key_claim(a->g, tx, a->c.workspace, "cancel", a->k, &a->replay, e);
+    if (rc || a->k->replayed)
+        return rc;
+    if ((rc = steps_cancel(tx, &a->c, e)) || !a->k->key)
+        return rc;
+    json_t *o = cancel_answer(&a->c);
+    char *text = json_to_string(o);
+    json_decref(o);
+    rc = engine_op_key_answer(tx, a->c.workspace, "cancel", a->k, 200, text, e);
+    free(text);
+    return rc;
+}
+
+static int cancel_keyed(struct engine *g, const char *ws, const char *id, const char *reason,
+                        struct engine_op_key *k, json_t **answer, struct ifl_err *e)
+{
+    struct engine_op_key none = {0};
+    if (!k)
+        k = &none;
+    struct store_execution x;
+    memset(&x, 0, sizeof x);
+    int rc = store_execution_get(g->store, ws, id, &x, e);
+    if (!rc)
+        rc = engine_gone(&x, e);
+    store_execution_clear(&x);
+    if (rc == IFL_EGONE)
+        return gone_or_replay(g, ws, "cancel", k, answer, e);
+    if (rc)
+        return rc;
+    struct cancel_args a = {
+        .g = g,
+        .c = {.workspace = ws, .execution_id = id, .reason = reason, .now = clock_now_ms()},
+        .k = k,
+    };
+    rc = store_tx_run(g->store, tx_cancel, &a, e);
+    if (!rc && k->replayed)
+        rc = engine_replay_answer(a.replay, answer, e);
+    else if (!rc)
+        *answer = cancel_answer(&a.c);
+    if (!rc && !k->replayed && a.c.cancelled) {
+        atomic_fetch_add(&g->m.executions_cancelled, 1);
+        engine_execution_moved(g, id, "cancelled");
+    }
+    free(a.replay);
+    return rc;
+}
+
+int engine_cancel(struct engine *g, const char *ws, const char *id, const char *reason,
+                  struct engine_op_key *k, json_t **answer, struct ifl_err *e)
+{
+    *answer = NULL;
+    struct engine_key_inflight n;
+    int rc = engine_op_key_enter(g, &n, ws, "cancel", k ? k->key : NULL, e);
+    if (!rc) {
+        rc = cancel_keyed(g, ws, id, reason, k, answer, e);
+        engine_op_key_leave(g, &n);
+    }
+    return rc;
+}
+
 struct resolve_args {
     struct engine *g;
     struct step_outcome *o;
@@ -1449,6 +1525,11 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
     }
     if ((rc = steps_apply(tx, a->o, e)))
         return rc;
+    if (a->o->cancelled) {
+        err_set(e, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
+                a->o->execution_id);
+        return e ? err_slug(e, "execution-cancelled") : IFL_ECONFLICT;
+    }
     if (a->o->fenced) { /* changed since it was read: nothing to keep */
         rc =
             err_set(e, IFL_ECONFLICT, "step '%s' changed while resolving; try again", a->o->vertex);

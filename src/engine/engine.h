@@ -46,6 +46,7 @@ struct engine_metrics {
      * tombstones deleted after their dedup window, events deleted */
     atomic_ullong purged_executions, expired_tombstones, expired_events, retention_sweeps;
     atomic_ullong executions_reconcile; /* finished as requires_reconciliation */
+    atomic_ullong executions_cancelled; /* cancelled by an operator */
     /* GATEWAY responses by request (0 the call, 1 its verify request) and
      * class (engine_gw_classes), and their durations: counts per bucket
      * (not cumulative; upper bounds engine_gw_buckets_ms, the last one
@@ -244,6 +245,12 @@ int engine_retry(struct engine *g, const char *ws, const char *id, struct engine
 int engine_resolve(struct engine *g, const char *ws, const char *id, const char *vertex,
                    int completed, json_t *output, struct engine_op_key *k, json_t **answer,
                    struct ifl_err *e);
+/* Cancels an unfinished execution (steps_cancel in steps.h says what it
+ * does and when it refuses).  reason: NULL or text for the steps' error and
+ * the event (borrowed).  *answer (new reference) = {"executionId",
+ * "cancelledSteps", "status"}, or the replayed one.  k may be NULL. */
+int engine_cancel(struct engine *g, const char *ws, const char *id, const char *reason,
+                  struct engine_op_key *k, json_t **answer, struct ifl_err *e);
 /* A new execution with a random id and startedOverFrom = id, made once per
  * Idempotency-Key: a repeat returns the same new id (*replayed = 1). */
 int engine_start_over(struct engine *g, const char *ws, const char *id, const char *key,

@@ -443,6 +443,7 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
     o->fenced = 0;
     o->over_budget = 0;
     o->dispatched = 0;
+    o->cancelled = 0;
     o->status[0] = '\0';
     struct store_execution x;
     struct store_step *rows = NULL;
@@ -461,7 +462,10 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         goto out;
     }
     struct store_step *st = &rows[r];
-    if (st->state != o->from || (o->epoch >= 0 && st->epoch != o->epoch)) {
+    /* A cancelled execution takes no outcome (steps_cancel left no step
+     * EXECUTING; this is the guard for an operator's resolve). */
+    o->cancelled = strcmp(x.status, "cancelled") == 0;
+    if (o->cancelled || st->state != o->from || (o->epoch >= 0 && st->epoch != o->epoch)) {
         o->fenced = 1;
         snprintf(o->status, sizeof o->status, "%s", x.status);
         goto out;
@@ -547,6 +551,15 @@ static int error_verify_first(const char *error)
     return v;
 }
 
+/* An IFL_ECONFLICT refusal (rc, the err_set that filled *e) with its
+ * problem slug; e may be NULL. */
+static int conflict(struct ifl_err *e, const char *slug, int rc)
+{
+    if (e)
+        err_slug(e, slug);
+    return rc;
+}
+
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_retry *a = arg;
@@ -560,6 +573,11 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         return rc;
     if (strcmp(x.status, "purged") == 0) /* purged since the caller looked */
         rc = err_set(e, IFL_EGONE, "execution %s was purged by retention", a->execution_id);
+    else if (strcmp(x.status, "cancelled") == 0)
+        rc = conflict(e, "execution-cancelled",
+                      err_set(e, IFL_ECONFLICT,
+                              "execution %s was cancelled; start it over to run it again",
+                              a->execution_id));
     for (size_t i = 0; !rc && i < n; i++) {
         struct store_step *st = &rows[i];
         enum step_state was = st->state;
@@ -607,6 +625,88 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (!rc)
             rc = store_tx_execution_set_status(tx, a->execution_id, status, x.version + 1, e);
     }
+    store_steps_free(rows, n);
+    store_execution_clear(&x);
+    return rc;
+}
+
+int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct steps_cancel *a = arg;
+    a->cancelled = 0;
+    a->status[0] = '\0';
+    struct store_execution x;
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    char *error = NULL;
+    int rc = store_tx_execution_load(tx, a->workspace, a->execution_id, &x, &rows, &n, e);
+    if (rc)
+        return rc;
+    snprintf(a->status, sizeof a->status, "%s", x.status);
+    if (strcmp(x.status, "purged") == 0) {
+        rc = err_set(e, IFL_EGONE, "execution %s was purged by retention", a->execution_id);
+        goto out;
+    }
+    if (strcmp(x.status, "cancelled") == 0)
+        goto out; /* cancelled before: nothing to do */
+    if (strcmp(x.status, "completed") == 0 || strcmp(x.status, "stale") == 0) {
+        rc = conflict(e, "execution-finished",
+                      err_set(e, IFL_ECONFLICT,
+                              "execution %s is %s; only an unfinished execution can be cancelled",
+                              a->execution_id, x.status));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].state == STEP_EXECUTING) {
+            rc = conflict(e, "step-executing",
+                          err_set(e, IFL_ECONFLICT,
+                                  "step '%s' is executing (its call may be on the wire); cancel "
+                                  "again once it has ended",
+                                  rows[i].vertex));
+            goto out;
+        }
+        if (rows[i].state == STEP_REQUIRES_RECONCILIATION) {
+            rc = conflict(e, "step-needs-reconciliation",
+                          err_set(e, IFL_ECONFLICT,
+                                  "step '%s' may have taken effect; resolve it first, then cancel",
+                                  rows[i].vertex));
+            goto out;
+        }
+    }
+    {
+        json_t *ej = json_pack("{s:s, s:s}", "code", "cancelled", "message",
+                               a->reason ? a->reason : "cancelled by an operator");
+        error = json_to_string(ej);
+        json_decref(ej);
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        struct store_step *st = &rows[i];
+        enum step_state was = st->state;
+        if (was != STEP_PENDING && was != STEP_DISPATCHED)
+            continue;
+        st->state = STEP_SKIPPED;
+        st->epoch++;
+        set_text(&st->error, error);
+        int changed = 0;
+        rc = store_tx_step_update(tx, st, was, -1, &changed, e);
+        if (!rc && !changed)
+            rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", st->vertex);
+        if (!rc)
+            a->cancelled++;
+    }
+    if (!rc) {
+        json_t *d = json_pack("{s:s, s:i}", "status", "cancelled", "cancelledSteps", a->cancelled);
+        if (a->reason)
+            json_object_set_new(d, "reason", json_string(a->reason));
+        rc = steps_event(tx, a->workspace, a->execution_id, "execution.cancelled", d, x.version + 1,
+                         e);
+    }
+    if (!rc)
+        rc = store_tx_execution_set_status(tx, a->execution_id, "cancelled", x.version + 1, e);
+    if (!rc)
+        snprintf(a->status, sizeof a->status, "cancelled");
+out:
+    free(error);
     store_steps_free(rows, n);
     store_execution_clear(&x);
     return rc;

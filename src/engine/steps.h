@@ -95,6 +95,7 @@ struct step_outcome {
     int fenced;         /* the guard failed: nothing was written */
     int over_budget;    /* a completion failed output_budget_exceeded instead */
     int dispatched;     /* some step became DISPATCHED (wake workers) */
+    int cancelled;      /* fenced because the execution was cancelled */
     char status[32];    /* the execution's status afterwards */
     int status_changed; /* … and it changed in this transaction */
 };
@@ -125,6 +126,27 @@ struct steps_retry {
     char status[32];
 };
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);
+
+/* store_tx_fn for an operator's cancel (an extension of spec §10): in one
+ * transaction, every PENDING and DISPATCHED step becomes SKIPPED with error
+ * {"code":"cancelled"} and a new epoch, and the execution `cancelled` (a
+ * final status: retry and resolve refuse it, its steps are never claimed
+ * again) with an `execution.cancelled` event.  Refused, changing nothing,
+ * with IFL_ECONFLICT and a slug when:
+ *   - a step is EXECUTING (`step-executing`): its call may be on the wire,
+ *     and what it did must be recorded; cancel again once it ends;
+ *   - a step is REQUIRES_RECONCILIATION (`step-needs-reconciliation`): its
+ *     effect is unknown, which cancelling would not settle; resolve it;
+ *   - the execution is completed or stale (`execution-finished`).
+ * Cancelling a cancelled execution changes nothing (cancelled = 0). */
+struct steps_cancel {
+    const char *workspace, *execution_id;
+    const char *reason; /* NULL or text (the caller bounds it) */
+    int64_t now;
+    int cancelled; /* result: steps skipped (0 when it was cancelled before) */
+    char status[32];
+};
+int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e);
 
 /* Appends an event of execution xid inside tx; takes ownership of data.
  * preset_version > 0: the caller already set the execution's version to it

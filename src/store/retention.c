@@ -9,27 +9,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FINISHED "('completed', 'failed', 'stale')"
+#define FINISHED "('completed', 'failed', 'stale', 'cancelled')"
 
 /* By the time an execution finished (its last update): a long-running one
- * is kept D days after it ended, not purged as it ends. */
+ * is kept D days after it ended, not purged as it ends.  The index's
+ * predicate is FINISHED word for word, so the candidates' scan can use it;
+ * `executions_purgeable`, the index of the set before `cancelled`, is
+ * dropped once this one exists. */
 static const struct store_sql q_prepare = {
     "retention_prepare",
-    "CREATE INDEX IF NOT EXISTS executions_purgeable ON executions (updated_at)"
+    "CREATE INDEX IF NOT EXISTS executions_finished ON executions (updated_at)"
     " WHERE status IN " FINISHED,
     /* PostgreSQL: without blocking other processes' writes meanwhile (run
      * outside a transaction) */
-    "CREATE INDEX CONCURRENTLY IF NOT EXISTS executions_purgeable ON executions (updated_at)"
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS executions_finished ON executions (updated_at)"
     " WHERE status IN " FINISHED};
+static const struct store_sql q_drop_old = {
+    "retention_drop_old", "DROP INDEX IF EXISTS executions_purgeable",
+    "DROP INDEX CONCURRENTLY IF EXISTS executions_purgeable"};
 /* A build of it that was interrupted leaves an invalid index behind, which
  * IF NOT EXISTS would keep: it is dropped and built again. */
 static const struct store_sql q_invalid = {
     "retention_invalid",
     "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-    " WHERE c.relname = 'executions_purgeable' AND NOT i.indisvalid",
+    " WHERE c.relname = 'executions_finished' AND NOT i.indisvalid",
     NULL};
 static const struct store_sql q_drop = {
-    "retention_drop", "DROP INDEX CONCURRENTLY IF EXISTS executions_purgeable", NULL};
+    "retention_drop", "DROP INDEX CONCURRENTLY IF EXISTS executions_finished", NULL};
 static const struct store_sql q_candidates = {
     "purge_candidates",
     "SELECT seq, id, workspace, workflow, workflow_version, entry_point, created_at"
@@ -76,7 +82,8 @@ static const struct store_sql q_tombstones = {
 static int tx_prepare(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     (void)arg;
-    return tx->s->ops->tx_query(tx, &q_prepare, NULL, 0, NULL, NULL, e);
+    int rc = tx->s->ops->tx_query(tx, &q_prepare, NULL, 0, NULL, NULL, e);
+    return rc ? rc : tx->s->ops->tx_query(tx, &q_drop_old, NULL, 0, NULL, NULL, e);
 }
 
 int store_retention_prepare(struct store *s, struct ifl_err *e)
@@ -87,7 +94,9 @@ int store_retention_prepare(struct store *s, struct ifl_err *e)
     int rc = s->ops->query(s, &q_invalid, NULL, 0, store_row_count, &invalid, e);
     if (!rc && invalid)
         rc = s->ops->query(s, &q_drop, NULL, 0, NULL, NULL, e);
-    return rc ? rc : s->ops->query(s, &q_prepare, NULL, 0, NULL, NULL, e);
+    if (!rc)
+        rc = s->ops->query(s, &q_prepare, NULL, 0, NULL, NULL, e);
+    return rc ? rc : s->ops->query(s, &q_drop_old, NULL, 0, NULL, NULL, e);
 }
 
 void store_purge_clear(struct store_purge *p)

@@ -352,7 +352,7 @@ const struct store_migration store_migrations[] = {
      " WHERE dedup_until IS NOT NULL;",
      NULL},
     /* 10: the executions an operator lists to act on (failed, parked,
-     * stale; store_execution_list_where): only such rows are in the index,
+     * stale, cancelled; store_execution_list_where): only such rows are in the index,
      * so a list filtered on one of them reads its page and no more however
      * many completed executions the workspace holds, and a trigger that
      * runs to completion never writes it */
@@ -566,8 +566,8 @@ static int cursor_parse(const char *c, int64_t *ts, char id[65])
 
 int store_execution_status_valid(const char *s)
 {
-    static const char *const statuses[] = {"running", "completed", "failed",
-                                           "requires_reconciliation", "stale"};
+    static const char *const statuses[] = {
+        "running", "completed", "failed", "requires_reconciliation", "stale", "cancelled"};
     for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
         if (strcmp(s, statuses[i]) == 0)
             return 1;
@@ -577,7 +577,7 @@ int store_execution_status_valid(const char *s)
 int store_execution_status_rare(const char *s)
 {
     return s && (strcmp(s, "failed") == 0 || strcmp(s, "requires_reconciliation") == 0 ||
-                 strcmp(s, "stale") == 0);
+                 strcmp(s, "stale") == 0 || strcmp(s, "cancelled") == 0);
 }
 
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,

@@ -105,8 +105,8 @@ struct store_execution {
     char *payload;  /* JSON text */
     char payload_hash[65];
     int test;
-    char *status;    /* running | completed | failed | requires_reconciliation | stale
-                        (store_execution_status_valid), or purged */
+    char *status;    /* running | completed | failed | requires_reconciliation | stale |
+                        cancelled (store_execution_status_valid), or purged */
     int64_t version; /* aggregate version, +1 per change */
     int64_t created_at, updated_at;
     char *started_over_from; /* NULL when none */
@@ -138,11 +138,11 @@ int store_execution_probe(struct store *s, const char *ws, const char *id,
 int store_execution_list(struct store *s, const char *ws, const char *after, int limit,
                          struct store_execution **items, size_t *n, char **next, struct ifl_err *e);
 /* 1 when s is a status an execution that is listed can have (running,
- * completed, failed, requires_reconciliation, stale). */
+ * completed, failed, requires_reconciliation, stale, cancelled). */
 int store_execution_status_valid(const char *s);
 /* Which executions a list holds (borrowed strings; NULL matches every one). */
 struct store_exec_filter {
-    const char *status;   /* running | completed | failed | requires_reconciliation | stale */
+    const char *status;   /* a store_execution_status_valid status */
     const char *workflow; /* a workflow name */
 };
 /* store_execution_list of only the executions f matches (f may be NULL).

@@ -169,7 +169,7 @@ char *store_pg_shown(const char *conninfo);
  * statement filtered on such a status repeats this literal set, so that the
  * planner (SQLite's and PostgreSQL's alike, with the status a parameter)
  * can prove the index applies. */
-#define STORE_EXEC_RARE "('failed', 'requires_reconciliation', 'stale')"
+#define STORE_EXEC_RARE "('failed', 'requires_reconciliation', 'stale', 'cancelled')"
 /* 1 when s is one of STORE_EXEC_RARE. */
 int store_execution_status_rare(const char *s);
 

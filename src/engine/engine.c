@@ -223,7 +223,7 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
         struct wf *w = NULL;
         rc = json_parse(sw.definition, strlen(sw.definition), NULL, &def, e);
         if (!rc)
-            rc = wf_compile(def, &w, e);
+            rc = wf_compile_stored(def, &w, e);
         json_decref(def);
         if (rc) {
             log_error("workflow.corrupt", "stored workflow %s/%s v%d does not compile: %s", ws, wf,

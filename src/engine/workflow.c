@@ -525,7 +525,69 @@ static int compile_transform(struct wf_vertex *v, json_t *cfg, struct ifl_err *e
     return rc;
 }
 
-static int compile_vertices(struct wf *w, json_t *vertices, struct ifl_err *e)
+/* A new definition's objects hold only the members this version reads: a
+ * misspelled one would otherwise be ignored and its default taken — an edge
+ * without its condition, a call without its retry limit.  IFL_EVALIDATION
+ * pointing at the first other member of obj (at pointer `at`), or 0. */
+static int only_members(json_t *obj, const char *const *known, const char *at, const char *what,
+                        struct ifl_err *e)
+{
+    const char *k;
+    json_t *m;
+    json_object_foreach(obj, k, m)
+    {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++)
+            ok = strcmp(k, known[i]) == 0;
+        if (ok)
+            continue;
+        struct buf p, list;
+        buf_init(&p, 0);
+        buf_init(&list, 0);
+        buf_puts(&p, at);
+        json_pointer_push(&p, k);
+        for (int i = 0; known[i]; i++)
+            buf_printf(&list, "%s%s", i ? ", " : "", known[i]);
+        int rc = err_setp(e, IFL_EVALIDATION, p.p, "'%.64s' is not a member of %s (%s)", k, what,
+                          list.p);
+        buf_free(&p);
+        buf_free(&list);
+        return rc;
+    }
+    return 0;
+}
+
+/* only_members for a new GATEWAY's or TRANSFORM's config, with the objects
+ * in it (an ENTRY_POINT's config is checked in compile_entry, always). */
+static int config_members(const struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
+{
+    static const char *const gateway[] = {
+        "method",    "url",        "headers", "query",           "body",
+        "timeoutMs", "deadlineMs", "retry",   "clientErrorMode", "onConflict",
+        "ambiguous", "verify",     NULL};
+    static const char *const retry[] = {"maxAttempts", "initialIntervalMs", "backoffCoefficient",
+                                        "maxIntervalMs", NULL};
+    static const char *const verify[] = {"method", "url", "headers", "query", "doneWhen", NULL};
+    static const char *const transform[] = {"output", NULL};
+    char p[IFL_ERR_PTR_MAX];
+    vptr(p, sizeof p, v->id, "/config");
+    if (v->type == WF_TRANSFORM)
+        return only_members(cfg, transform, p, "a TRANSFORM's config", e);
+    if (v->type != WF_GATEWAY)
+        return 0;
+    int rc = only_members(cfg, gateway, p, "a GATEWAY's config", e);
+    if (!rc && json_is_object(json_object_get(cfg, "retry"))) {
+        vptr(p, sizeof p, v->id, "/config/retry");
+        rc = only_members(json_object_get(cfg, "retry"), retry, p, "retry", e);
+    }
+    if (!rc && json_is_object(json_object_get(cfg, "verify"))) {
+        vptr(p, sizeof p, v->id, "/config/verify");
+        rc = only_members(json_object_get(cfg, "verify"), verify, p, "verify", e);
+    }
+    return rc;
+}
+
+static int compile_vertices(struct wf *w, json_t *vertices, int strict, struct ifl_err *e)
 {
     w->v = xcalloc(json_object_size(vertices), sizeof *w->v);
     const char *id;
@@ -544,6 +606,11 @@ static int compile_vertices(struct wf *w, json_t *vertices, struct ifl_err *e)
             vptr(p, sizeof p, id, NULL);
             return err_setp(e, IFL_EVALIDATION, p, "a vertex must be an object");
         }
+        static const char *const members[] = {"type", "config", NULL};
+        vptr(p, sizeof p, id, NULL);
+        int mrc = strict ? only_members(vx, members, p, "a vertex", e) : 0;
+        if (mrc)
+            return mrc;
         json_t *type = json_object_get(vx, "type");
         const char *t = json_string_value(type);
         if (!t) {
@@ -571,6 +638,9 @@ static int compile_vertices(struct wf *w, json_t *vertices, struct ifl_err *e)
             json_object_set_new(vx, "config", cfg);
         }
         v->config = cfg;
+        mrc = strict ? config_members(v, cfg, e) : 0;
+        if (mrc)
+            return mrc;
         int rc = v->type == WF_ENTRY_POINT ? compile_entry(v, cfg, e)
                  : v->type == WF_GATEWAY   ? compile_gateway(v, cfg, e)
                                            : compile_transform(v, cfg, e);
@@ -586,7 +656,7 @@ static void push_idx(size_t **arr, size_t *n, size_t v)
     (*arr)[(*n)++] = v;
 }
 
-static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
+static int compile_edges(struct wf *w, json_t *edges, int strict, struct ifl_err *e)
 {
     w->e = xcalloc(json_array_size(edges) + 1, sizeof *w->e);
     size_t i;
@@ -598,6 +668,11 @@ static int compile_edges(struct wf *w, json_t *edges, struct ifl_err *e)
             snprintf(p, sizeof p, "/edges/%zu", i);
             return err_setp(e, IFL_EVALIDATION, p, "an edge must be an object");
         }
+        static const char *const members[] = {"from", "to", "condition", NULL};
+        snprintf(p, sizeof p, "/edges/%zu", i);
+        int mrc = strict ? only_members(ed, members, p, "an edge", e) : 0;
+        if (mrc)
+            return mrc;
         const char *ends[2] = {"from", "to"};
         long idx[2];
         for (int k = 0; k < 2; k++) {
@@ -673,11 +748,15 @@ static int toposort(struct wf *w, struct ifl_err *e)
     return rc;
 }
 
-int wf_compile(json_t *def, struct wf **out, struct ifl_err *e)
+static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
 {
     *out = NULL;
     if (!json_is_object(def))
         return err_setp(e, IFL_EVALIDATION, "", "a workflow definition must be a JSON object");
+    static const char *const members[] = {"vertices", "edges", NULL};
+    int mrc = strict ? only_members(def, members, "", "a workflow definition", e) : 0;
+    if (mrc)
+        return mrc;
     json_t *vertices = json_object_get(def, "vertices");
     if (!json_is_object(vertices) || json_object_size(vertices) == 0)
         return err_setp(e, IFL_EVALIDATION, "/vertices",
@@ -695,9 +774,9 @@ int wf_compile(json_t *def, struct wf **out, struct ifl_err *e)
     w->def = json_deep_copy(def);
     vertices = json_object_get(w->def, "vertices");
     edges = json_object_get(w->def, "edges");
-    int rc = compile_vertices(w, vertices, e);
+    int rc = compile_vertices(w, vertices, strict, e);
     if (!rc && edges)
-        rc = compile_edges(w, edges, e);
+        rc = compile_edges(w, edges, strict, e);
     if (!rc) {
         int entries = 0;
         for (size_t i = 0; i < w->nv; i++)
@@ -714,4 +793,14 @@ int wf_compile(json_t *def, struct wf **out, struct ifl_err *e)
     }
     *out = w;
     return 0;
+}
+
+int wf_compile(json_t *def, struct wf **out, struct ifl_err *e)
+{
+    return compile(def, 1, out, e);
+}
+
+int wf_compile_stored(json_t *def, struct wf **out, struct ifl_err *e)
+{
+    return compile(def, 0, out, e);
 }

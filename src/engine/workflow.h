@@ -82,9 +82,16 @@ struct wf {
 #define WF_MAX_VERTICES 256
 #define WF_MAX_EDGES 4096
 
-/* Validates and compiles `def` (borrowed; the wf keeps its own reference).
- * *out is owned by the caller (wf_free). */
+/* Validates and compiles a new definition `def` (borrowed; the wf keeps its
+ * own reference): besides the rules of spec §3, every object in it holds
+ * only the members this version reads (a misspelled `condition` would
+ * otherwise make its edge unconditional).  *out is owned by the caller
+ * (wf_free). */
 int wf_compile(json_t *def, struct wf **out, struct ifl_err *e);
+/* The same for a definition stored earlier, which an older version may have
+ * accepted with members it ignored: they are ignored again, so every
+ * version the store holds keeps running as it did. */
+int wf_compile_stored(json_t *def, struct wf **out, struct ifl_err *e);
 void wf_free(struct wf *w);
 
 /* Index of the vertex named id, or -1. */

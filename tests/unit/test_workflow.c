@@ -157,6 +157,56 @@ static void test_rejections(void **state)
     wf_free(w);
 }
 
+/* A new definition holds only the members this version reads: a typo is
+ * 422 at its own pointer, not a default taken in silence.  A stored one
+ * (wf_compile_stored) compiles as the version that accepted it did. */
+static void test_unknown_members(void **state)
+{
+    (void)state;
+#define GW_TAIL "\"b\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\""
+    static const struct {
+        const char *def, *pointer;
+    } bad[] = {
+        /* the judge's case: the edge would have been unconditional */
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}," GW_TAIL "}}},"
+         "\"edges\":[{\"from\":\"a\",\"to\":\"b\",\"conditon\":\"= false\"}]}",
+         "/edges/0/conditon"},
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}},\"edgez\":[]}", "/edgez"},
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"extra\":1}}}", "/vertices/a/extra"},
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}," GW_TAIL ",\"timeoutms\":100}}}}",
+         "/vertices/b/config/timeoutms"},
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}," GW_TAIL
+         ",\"retry\":{\"maxAtempts\":1}}}}}",
+         "/vertices/b/config/retry/maxAtempts"},
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}," GW_TAIL
+         ",\"verify\":{\"url\":\"http://x\",\"doneWhen\":\"= true\",\"donewhen\":1}}}}}",
+         "/vertices/b/config/verify/donewhen"},
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+         "\"t\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1,\"outptu\":2}}}}",
+         "/vertices/t/config/outptu"},
+        /* a member name with / and ~ is escaped in the pointer */
+        {"{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"}}, \"a/b~c\":1}", "/a~1b~0c"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        expect_bad(bad[i].def, bad[i].pointer);
+        /* stored: the same text compiles, the unknown member ignored */
+        json_t *def = NULL;
+        assert_int_equal(json_parse(bad[i].def, strlen(bad[i].def), NULL, &def, NULL), 0);
+        struct wf *w = NULL;
+        struct ifl_err e = {0};
+        if (wf_compile_stored(def, &w, &e) != 0)
+            fail_msg("stored %s: %s", bad[i].def, e.msg);
+        wf_free(w);
+        json_decref(def);
+    }
+    /* the message names the member and what is allowed */
+    struct wf *w = NULL;
+    struct ifl_err e = {0};
+    assert_int_equal(compile(bad[0].def, &w, &e), IFL_EVALIDATION);
+    assert_non_null(strstr(e.msg, "'conditon' is not a member of an edge (from, to, condition)"));
+#undef GW_TAIL
+}
+
 static void test_good_graph(void **state)
 {
     struct wf *w = NULL;
@@ -251,9 +301,8 @@ static void test_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rejections),
-        cmocka_unit_test(test_good_graph),
-        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_rejections), cmocka_unit_test(test_unknown_members),
+        cmocka_unit_test(test_good_graph), cmocka_unit_test(test_names),
         cmocka_unit_test(test_signatures),
     };
     return cmocka_run_group_tests_name("workflow", tests, NULL, NULL);

@@ -203,6 +203,18 @@ static void h_workspace_put(struct call *c)
         api_problem(c->res, 422, "validation-error", "workspace settings must be an object", "");
         return;
     }
+    /* This version defines no workspace settings: a member is one it would
+     * keep and never read, which the sender cannot tell from one it reads. */
+    if (json_object_size(body)) {
+        struct buf ptr;
+        buf_init(&ptr, 0);
+        json_pointer_push(&ptr, json_object_iter_key(json_object_iter(body)));
+        api_problem(c->res, 422, "validation-error",
+                    "this version has no workspace settings: send {} (or no body)", ptr.p);
+        buf_free(&ptr);
+        json_decref(body);
+        return;
+    }
     char *settings = json_to_string(body);
     json_decref(body);
     int created = 0;
@@ -315,11 +327,31 @@ static void h_secret_put(struct call *c)
     if (!body)
         return;
     json_t *v = json_object_get(body, "value");
+    const char *why = NULL;
+    struct buf ptr;
+    buf_init(&ptr, 0);
     if (!json_is_object(body) || !json_is_string(v) || json_string_length(v) == 0 ||
         strlen(json_string_value(v)) != json_string_length(v)) {
-        json_decref(body);
-        api_problem(c->res, 422, "validation-error",
-                    "expected {\"value\": \"…\"} with a non-empty string without NUL", "/value");
+        why = "expected {\"value\": \"…\"} with a non-empty string without NUL";
+        json_pointer_push(&ptr, "value");
+    } else if (json_string_length(v) < GW_SECRET_MIN) {
+        why = "a secret value has at least 4 bytes: a shorter one is ordinary text (\"on\", "
+              "\"id\"), which could not be masked where a destination echoes it";
+        json_pointer_push(&ptr, "value");
+    } else if (json_object_size(body) != 1) {
+        why = "a secret takes only \"value\"";
+        const char *k;
+        json_t *m;
+        json_object_foreach(body, k, m) if (strcmp(k, "value") != 0)
+        {
+            json_pointer_push(&ptr, k);
+            break;
+        }
+    }
+    if (why) {
+        json_decref(body); /* jansson frees the plaintext copy */
+        api_problem(c->res, 422, "validation-error", why, ptr.p);
+        buf_free(&ptr);
         return;
     }
     struct ifl_err e = {0};
@@ -872,10 +904,38 @@ static void reply_action(struct call *c, const struct engine_op_key *k, int stat
     reply_json(c->res, k->replayed ? k->status : status, answer);
 }
 
+/* An action that takes no body (retry, start-over) refuses one that asks
+ * for something (malformed JSON, or any member: a client passing steps or
+ * a new payload would otherwise get another action than it asked for):
+ * empty or {} pass.  0, or -1 after a 400/422. */
+static int no_body(struct call *c, const char *action)
+{
+    json_t *body = body_json(c, json_object());
+    if (!body)
+        return -1;
+    const char *bad = NULL;
+    if (!json_is_object(body))
+        bad = "";
+    else if (json_object_size(body))
+        bad = json_object_iter_key(json_object_iter(body));
+    if (bad) {
+        struct buf ptr;
+        buf_init(&ptr, 0);
+        if (*bad)
+            json_pointer_push(&ptr, bad);
+        char why[96];
+        snprintf(why, sizeof why, "%s takes no body (send none, or {})", action);
+        api_problem(c->res, 422, "validation-error", why, *bad ? ptr.p : "");
+        buf_free(&ptr);
+    }
+    json_decref(body);
+    return bad ? -1 : 0;
+}
+
 static void h_retry(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4];
-    if (workspace_exists(c, ws))
+    if (workspace_exists(c, ws) || no_body(c, "retry"))
         return;
     char key[256], fp[65];
     struct engine_op_key k;
@@ -968,6 +1028,25 @@ static void h_resolve(struct call *c)
                     "/outcome");
         return;
     }
+    /* Any other member — a misspelled "output" — would complete the step
+     * with a null output, which cannot be taken back. */
+    const char *name;
+    json_t *v;
+    json_object_foreach(body, name, v)
+    {
+        if (strcmp(name, "outcome") == 0 || (completed && strcmp(name, "output") == 0))
+            continue;
+        struct buf ptr;
+        buf_init(&ptr, 0);
+        json_pointer_push(&ptr, name);
+        api_problem(c->res, 422, "validation-error",
+                    completed ? "a completed resolution takes only \"outcome\" and \"output\""
+                              : "a failed resolution takes only \"outcome\"",
+                    ptr.p);
+        buf_free(&ptr);
+        json_decref(body);
+        return;
+    }
     char key[256], fp[65];
     struct engine_op_key k;
     if (op_key(c, body, key, fp, &k)) {
@@ -989,7 +1068,7 @@ static void h_resolve(struct call *c)
 static void h_start_over(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4];
-    if (workspace_exists(c, ws))
+    if (workspace_exists(c, ws) || no_body(c, "start-over"))
         return;
     char key[256];
     int k = idempotency_key(c->req, key, sizeof key);
@@ -1614,6 +1693,8 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
 {
     struct api *a = ctx;
     struct call c = {.a = a, .req = req, .res = res};
+    struct buf allow; /* the methods the path takes, for a 405's Allow (RFC 9110 §15.5.6) */
+    buf_init(&allow, 0);
     atomic_fetch_add(&a->requests, 1);
     if (split(&c, req->path)) {
         api_problem(res, 404, "not-found", "no such resource", NULL);
@@ -1660,13 +1741,16 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
             r->fn(&c);
             goto done;
         }
+        buf_printf(&allow, "%s%s", allow.len ? ", " : "", r->method);
     }
-    if (path_matched)
+    if (path_matched) {
         api_problem(res, 405, "method-not-allowed", "this resource does not accept that method",
                     NULL);
-    else
+        http_res_header(res, "Allow", allow.p);
+    } else
         api_problem(res, 404, "not-found", "no such resource", NULL);
 done:
+    buf_free(&allow);
     if (!c.deferred)
         count_response(a, res->status);
     for (int i = 0; i < c.nseg; i++)

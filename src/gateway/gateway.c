@@ -550,7 +550,7 @@ void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
     for (size_t i = 0; req && i < req->nsecrets; i++) {
         const char *sec = req->secrets[i];
         size_t slen = strlen(sec);
-        if (slen < 4)
+        if (slen < GW_SECRET_MIN)
             continue;
         scrub_form(resp, sec, slen);
         /* as the engine itself wrote it, and a provider may echo it: a
@@ -599,7 +599,7 @@ static char *scrub_secrets(const char *s, size_t n, const struct gw_request *req
     for (size_t i = 0; i < req->nsecrets; i++) {
         const char *sec = req->secrets[i];
         size_t slen = strlen(sec), m = 0;
-        char *next = slen >= 4 ? scrub_bytes(cur ? cur : s, cn, sec, slen, &m) : NULL;
+        char *next = slen >= GW_SECRET_MIN ? scrub_bytes(cur ? cur : s, cn, sec, slen, &m) : NULL;
         if (next) {
             free(cur);
             cur = next;

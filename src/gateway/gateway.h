@@ -172,6 +172,10 @@ int64_t gw_retry_after_ms(const struct gw_response *r, int64_t now_ms);
 /* The output of a step: {status, headers, body} with JSON bodies parsed
  * (new reference). */
 json_t *gw_output(const struct gw_response *r);
+/* The shortest secret value the scrubs below recognise: a shorter one would
+ * match ordinary text ("on", "id"), so the API refuses to store one. */
+#define GW_SECRET_MIN 4
+
 /* Replaces a secret value req sent (4 bytes or more) with "****" in every
  * string of out, the parsed output: a body may spell a secret with JSON
  * escapes (\/, \u0041) that the byte scrub cannot see. */

@@ -57,6 +57,12 @@ def test_a_cancelled_retry_is_never_sent(clock_server, mock):
     assert last["type"] == "execution.cancelled", ev
     assert last["data"] == {"status": "cancelled", "cancelledSteps": 2,
                             "reason": "customer cancelled the order"}
+    # every type the feed held is one a subscription may name
+    types = sorted({e["type"] for e in s.get(f"{WS}/events?limit=1000").json["items"]})
+    assert "execution.cancelled" in types, types
+    r = s.put(f"{WS}/subscriptions/all", {"url": "http://127.0.0.1:9/x", "events": types,
+                                           "secret": "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"})
+    assert r.status == 201, r
     listed = s.get(f"{WS}/executions?status=cancelled").json["items"]
     assert [x["id"] for x in listed] == [gone]
     m = s.get("/metrics").raw.decode()

@@ -363,6 +363,14 @@ def test_resolve_completes_a_failed_step_and_continues(server):
     put_workflow(server, "secretive", secret_flow(server))
     xid = run(server, "secretive", {"n": 2})
     finished(server, xid)
+    # a misspelled output would complete the step with null, for good: 422,
+    # and the step is still FAILED
+    url = f"{WS}/executions/{xid}/steps/needs_secret/resolve"
+    for body, pointer in (({"outcome": "completed", "ouput": {"auth": "x"}}, "/ouput"),
+                          ({"outcome": "failed", "output": {"auth": "x"}}, "/output")):
+        r = server.post(url, body)
+        assert r.status == 422 and r.json["pointer"] == pointer, (body, r)
+    assert steps_of(server.get(f"{WS}/executions/{xid}").json)["needs_secret"]["state"] == "FAILED"
     r = server.post(f"{WS}/executions/{xid}/steps/needs_secret/resolve",
                     {"outcome": "completed", "output": {"auth": "manual"}})
     assert r.status == 200, r
@@ -381,6 +389,16 @@ def test_start_over_needs_a_key_and_is_idempotent(server):
     finished(server, xid)
     r = server.post(f"{WS}/executions/{xid}/start-over")
     assert r.status == 400 and r.json["type"] == "/problems/idempotency-key-required"
+    # no body, or {}: one that asks for something is refused, and nothing starts
+    for action in ("start-over", "retry"):
+        for body, status, pointer in (({"payload": {"n": 1}}, 422, "/payload"),
+                                      ([1], 422, ""), (b'{"payload":', 400, "")):
+            raw = body if isinstance(body, bytes) else None
+            r = server.request("POST", f"{WS}/executions/{xid}/{action}",
+                               None if raw else body, raw=raw,
+                               headers={"Idempotency-Key": "body-1"})
+            assert r.status == status and r.json["pointer"] == pointer, (action, body, r)
+    assert len(server.get(f"{WS}/executions").json["items"]) == 1
     a = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": '"again-1"'})
     assert a.status == 201, a
     b = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "again-1"})

@@ -15,6 +15,8 @@ def test_workspace_put_is_idempotent(server):
     assert server.put("/v1/workspaces/w1", raw=b"").status == 200
     assert server.put("/v1/workspaces/bad%20name", {}).status == 400
     assert server.put("/v1/workspaces/w2", [1]).status == 422
+    r = server.put("/v1/workspaces/w2", {"retentionDays": 3})  # no such setting (yet)
+    assert r.status == 422 and r.json["pointer"] == "/retentionDays", r
     assert server.get("/v1/workspaces/w2").status == 404
 
 
@@ -80,7 +82,12 @@ def test_secrets_are_write_only(server):
     server.put("/v1/workspaces/w", {})
     r = server.put("/v1/workspaces/w/secrets/PAYMENTS_KEY", {"value": "sk_live_very_secret"})
     assert r.status == 204 and r.raw == b""
-    assert server.put("/v1/workspaces/w/secrets/OTHER", {"value": "x"}).status == 204
+    assert server.put("/v1/workspaces/w/secrets/OTHER", {"value": "xyzw"}).status == 204
+    # a value too short to be told from ordinary text (it could not be
+    # masked where echoed), or a member beside value: 422, nothing stored
+    for body, pointer in (({"value": "on"}, "/value"), ({"value": "abcd", "vaule": 1}, "/vaule")):
+        r = server.put("/v1/workspaces/w/secrets/SHORT", body)
+        assert r.status == 422 and r.json["pointer"] == pointer, (body, r)
     assert server.put("/v1/workspaces/w/secrets/PAYMENTS_KEY", {"value": "sk_rotated"}).status == 204
     r = server.get("/v1/workspaces/w/secrets")
     assert r.status == 200 and r.json["items"] == [{"name": "OTHER"}, {"name": "PAYMENTS_KEY"}]

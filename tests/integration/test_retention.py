@@ -65,8 +65,9 @@ def test_purge_keeps_identity_for_the_dedup_window(make_server):
     other = trig(s, "keep3d", {"id": "a", "amount": 2})
     assert other.status == 200 and other.json["samePayload"] is False
     # operator actions on it are refused: nothing is left to act on
-    for path in (f"{WS}/executions/{xa}/retry", f"{WS}/executions/{xa}/steps/t/resolve"):
-        r = s.post(path, {"outcome": "failed"})
+    for path, body in ((f"{WS}/executions/{xa}/retry", None),
+                       (f"{WS}/executions/{xa}/steps/t/resolve", {"outcome": "failed"})):
+        r = s.post(path, body)
         assert r.status == 410, (path, r)
     r = s.post(f"{WS}/executions/{xa}/start-over", None, headers={"Idempotency-Key": "so-1"})
     assert r.status == 410, r

@@ -338,6 +338,10 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
         (dict(good, events=["*", "bogus"]), "/events/1"),
         (dict(good, events=["execution.COMPLETED"]), "/events/0"),
         (dict(good, events=["workflow.created"]), "/events/0"),
+        # types the feed never holds: such a subscription would never be sent anything
+        (dict(good, events=["execution.complete"]), "/events/0"),
+        (dict(good, events=["step.completed", "step.compelted"]), "/events/1"),
+        (dict(good, events=["execution.finished"]), "/events/0"),
         (dict(good, events=["step.completed", 5]), "/events/1"),
         (without("secret"), "/secret"),
         (dict(good, secret=KEY_B64), "/secret"),

@@ -366,7 +366,10 @@ def test_unknown_things_are_404(orders):
     assert r.status == 404
     assert s.get("/v1/workspaces/acme/executions/" + "0" * 64).status == 404
     assert s.get("/v1/nothing").status == 404
-    assert s.request("DELETE", "/v1/workspaces/acme").status == 405
+    r = s.request("DELETE", "/v1/workspaces/acme")
+    assert r.status == 405 and r.headers.get("allow") == "PUT, GET", r  # RFC 9110 §15.5.6
+    r = s.request("GET", "/v1/workspaces/acme/executions/" + "0" * 64 + "/cancel")
+    assert r.status == 405 and r.headers.get("allow") == "POST", r
     assert count_executions(s) == 0
 
 

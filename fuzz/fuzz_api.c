@@ -72,6 +72,19 @@ static const char *get_query(const struct http_req *r, const char *name)
     return find(f->qry, f->nqry, name, 0);
 }
 
+static const char *get_query_other(const struct http_req *r, const char *const *known)
+{
+    const struct freq *f = (const struct freq *)r;
+    for (int i = 0; i < f->nqry; i++) {
+        int ok = 0;
+        for (int k = 0; known[k] && !ok; k++)
+            ok = strcmp(f->qry[i].k, known[k]) == 0;
+        if (!ok)
+            return f->qry[i].k;
+    }
+    return NULL;
+}
+
 static char dir[64], dbpath[96];
 static struct store *store;
 static struct engine *engine;
@@ -137,6 +150,7 @@ static int handle(struct freq *f, struct http_res *res)
     memset(res, 0, sizeof *res);
     f->base.header = get_header;
     f->base.query = get_query;
+    f->base.query_other = get_query_other;
     f->base.impl = NULL; /* not from the server: never deferred */
     api_handle(api, &f->base, res);
     check(res);

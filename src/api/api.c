@@ -605,6 +605,21 @@ static void trigger(struct call *c, int mode)
     if (check_name(c, "workspace", ws) || check_name(c, "workflow", wf) ||
         check_name(c, "vertex", vx))
         goto rejected;
+    /* A misspelled parameter would be ignored, and the execution keyed on
+     * another identity than the caller chose. */
+    static const char *const params[] = {"clientIdempotencyId", "forceNewExecution", NULL};
+    const char *other = c->req->query_other ? c->req->query_other(c->req, params) : NULL;
+    if (other) {
+        struct buf ptr;
+        buf_init(&ptr, 0);
+        json_pointer_push(&ptr, other);
+        api_problem(c->res, 400, "invalid-parameter",
+                    "unknown query parameter: a trigger takes clientIdempotencyId and "
+                    "forceNewExecution",
+                    ptr.p);
+        buf_free(&ptr);
+        goto rejected;
+    }
     int force = query_bool(c, "forceNewExecution");
     if (force == -2)
         goto rejected;

@@ -33,6 +33,9 @@ struct http_req {
      * valid for the duration of the handler call. */
     const char *(*header)(const struct http_req *r, const char *name);
     const char *(*query)(const struct http_req *r, const char *name);
+    /* The first query parameter whose name is not in `known` (NULL-
+     * terminated), or NULL: a misspelled one would otherwise be ignored. */
+    const char *(*query_other)(const struct http_req *r, const char *const *known);
     void *impl;
 };
 

@@ -166,6 +166,32 @@ static const char *get_query(const struct http_req *r, const char *name)
     return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
+struct other {
+    const char *const *known;
+    const char *found;
+};
+
+static enum MHD_Result other_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value)
+{
+    (void)kind;
+    (void)value;
+    struct other *o = cls;
+    for (int i = 0; o->known[i]; i++)
+        if (strcmp(key, o->known[i]) == 0)
+            return MHD_YES;
+    o->found = key;
+    return MHD_NO;
+}
+
+static const char *get_query_other(const struct http_req *r, const char *const *known)
+{
+    struct reqctx *c = r->impl;
+    struct other o = {known, NULL};
+    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, other_arg, &o);
+    return o.found;
+}
+
 static int stopping(struct http_server *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -326,6 +352,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         .body_len = c->body.len,
         .header = get_header,
         .query = get_query,
+        .query_other = get_query_other,
         .impl = c,
     };
     struct http_res res = {0};
@@ -370,7 +397,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!c)
         return;
     if (c->finish) { /* resumed, but the connection ended before the answer */
-        struct http_req req = {.body = "", .header = get_header, .query = get_query, .impl = c};
+        struct http_req req = {.body = "",
+                               .header = get_header,
+                               .query = get_query,
+                               .query_other = get_query_other,
+                               .impl = c};
         run_finish(c, &req, NULL);
     }
     if (c->counted)

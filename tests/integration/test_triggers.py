@@ -203,6 +203,22 @@ def test_idempotency_key_header_means_client_id(orders):
     assert bad.status == 400 and bad.json["pointer"] == "/clientIdempotencyId"
 
 
+def test_a_misspelled_query_parameter_is_refused(orders):
+    """?clientIdempotencyID=K would otherwise be ignored and the execution
+    keyed on its payload: 400 naming it, and nothing is created — on the
+    trigger, test runs and streaming runs alike."""
+    s, _ = orders
+    before = count_executions(s)
+    for kind in ("trigger", "test-runs", "run"):
+        r = s.post(f"/v1/workspaces/acme/workflows/orders/entry-points/by_payload/{kind}"
+                   "?clientIdempotencyID=k-1", {"a": 1})
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-parameter", (kind, r)
+        assert r.json["pointer"] == "/clientIdempotencyID", r
+    assert count_executions(s) == before
+    ok = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=k-1")
+    assert ok.status == 201, ok
+
+
 def test_force_new_refused_on_production_trigger(orders):
     s, _ = orders
     r = trigger(s, "by_payload", {"a": 1}, query="?forceNewExecution=true")

@@ -124,6 +124,7 @@ enum stmt {
     S_NEXT_DUE,
     S_DEAD,
     S_EVENTS,
+    S_EVENTS_AHEAD,
     S_SETTLE,
     S_COUNT
 };
@@ -345,6 +346,10 @@ static const struct {
                   /* by the column, not the text output (a bare ORDER BY txid
                    * would name the output column: '10' < '9') */
                   " ORDER BY e.txid, e.seq LIMIT $4"},
+    /* A cursor whose transaction id was never handed out: no page ever
+     * gave it, and taking it would skip every event up to it. */
+    [S_EVENTS_AHEAD] = {"ifl_events_ahead",
+                        "SELECT $1::xid8 >= pg_snapshot_xmax(pg_current_snapshot())"},
     /* Terminates the server process of a broken connection (identified by
      * pid and start time) and reports it while it still exists. */
     [S_SETTLE] = {"ifl_settle", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -2440,7 +2445,16 @@ static int body_events(struct pgtx *t, void *arg, struct ifl_err *e)
     }
     *a->n = n;
     PQclear(r);
-    return 0;
+    if (n || !a->after_tx || strcmp(a->after_tx, "0") == 0)
+        return 0;
+    struct args pa = {0};
+    arg_s(&pa, a->after_tx);
+    if (!(r = q(t, S_EVENTS_AHEAD, &pa, e)))
+        return t->fail_rc;
+    int ahead = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return ahead ? err_set(e, IFL_EINVAL, "the event cursor is ahead of the feed: no page gave it")
+                 : 0;
 }
 
 /* Cursor "TXID-SEQ" (or a bare SEQ from before migration 3). */

@@ -2108,6 +2108,20 @@ static int op_events_list(struct store *base, const char *ws, const char *after,
     }
     int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "events_list");
     read_end(s, c, st);
+    if (rc || *n || after_seq == 0)
+        return rc;
+    /* An empty page: a cursor past every seq handed out was never a page's
+     * `next` (the newest event outlives retention, so the maximum never
+     * falls), and taking it would skip every event up to it. */
+    static const char max_sql[] = "SELECT COALESCE(MAX(seq), 0) FROM events";
+    if (!(st = read_begin(s, max_sql, &c, e)))
+        return IFL_ESTORE;
+    r = sqlite3_step(st);
+    long long max = r == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    rc = r == SQLITE_ROW ? 0 : db_err(c, e, "events_list");
+    read_end(s, c, st);
+    if (!rc && after_seq > max)
+        rc = err_set(e, IFL_EINVAL, "the event cursor is ahead of the feed: no page gave it");
     return rc;
 }
 

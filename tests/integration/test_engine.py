@@ -267,7 +267,12 @@ def test_events_carry_increasing_aggregate_versions(server):
         seen += [e["id"] for e in r.json["items"]]
         cur = r.json["next"]
     assert seen == [e["id"] for e in server.get(f"{WS}/events?limit=1000").json["items"]]
-    for bad in ("x", "-1", "1-", "a-1", "99999999999999999999999", "99999999999999999999999-1"):
+    # a cursor of the feed's own shape that no page gave (ahead of every
+    # event): taking it would skip every event up to it
+    tx, _, seq = cur.rpartition("-")
+    ahead = f"{int(tx) + 10 ** 9}-{seq}" if tx else str(int(seq) + 10 ** 6)
+    for bad in ("x", "-1", "1-", "a-1", "99999999999999999999999", "99999999999999999999999-1",
+                ahead):
         r = server.get(f"{WS}/events?after={bad}")
         assert r.status == 400 and r.json["pointer"] == "/after", (bad, r)
         assert r.json["type"] == "/problems/invalid-parameter", r

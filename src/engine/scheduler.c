@@ -203,6 +203,12 @@ void *engine_scheduler_main(void *arg)
         if (now >= rescan_at || atomic_exchange(&g->sched_dirty, 0)) {
             rescan(g, &s, now);
             rescan_at = now + RESCAN_MS;
+            /* A listing's new entries whose latest tick is already due (this
+             * process started, or learned of the version, after it) fire in
+             * this pass, at the same `now`: a second later a boundary may
+             * have passed, and due() would take that tick for a missed one
+             * (found by a crash-test audit). */
+            due(g, &s, now);
         }
         if (engine_nap(g, TICK_MS))
             break;

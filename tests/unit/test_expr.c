@@ -129,7 +129,11 @@ static void t_limits(void **s)
         run("($f := function($n){ $n = 0 ? 0 : 1 + $f($n - 1) }; $f(1000))", NULL, NULL, &lim);
     assert_string_equal(r, "ERR:U1001");
     free(r);
-    struct expr_limits quick = {0, 50, 0};
+    /* an endless tail call ends in the time limit: with room for 1 GiB of
+     * values, which it fills at about 0.5 GiB/s here, not in the default
+     * 16 MiB (reached in about 30 ms on a fast machine: U1002, a race with
+     * the 50 ms under test) */
+    struct expr_limits quick = {0, 50, (size_t)1 << 30};
     r = run("($f := function($n){ $f($n + 1) }; $f(0))", NULL, NULL, &quick);
     assert_string_equal(r, "ERR:U1001");
     free(r);

@@ -217,3 +217,45 @@ def test_a_cancelled_execution_is_purged_by_retention(make_server, mock):
     assert s.get(f"{WS}/executions/{xid}").status == 410
     r = cancel(s, xid)
     assert r.status == 410 and r.json["type"] == "/problems/execution-purged", r
+
+
+def test_a_cancel_ends_streams_and_waiting_triggers(clock_server, mock):
+    """Whoever waits for the execution to end — a `…/run` stream, a trigger
+    with `Prefer: wait` — is answered when it is cancelled, with that status."""
+    import threading
+    import time
+
+    from test_run_stream import Stream
+    s = clock_server
+    other, = waiting_an_hour(s, mock, "c-11")  # the workflow
+    mock.faults("status=503:retry_after=3600")
+    st = Stream(s, f"{WS}/workflows/pay/entry-points/order/run",
+                {"order": {"id": "c-12", "amount": 1250}})
+    events = st.events()
+    first = next(events)
+    streamed = first["data"]["executionId"]
+    answer = {}
+
+    def wait_trigger():
+        t = time.monotonic()
+        answer["r"] = s.post(f"{WS}/workflows/pay/entry-points/order/trigger",
+                             {"order": {"id": "c-13", "amount": 1250}},
+                             headers={"Prefer": "wait=30"})
+        answer["took"] = time.monotonic() - t
+    th = threading.Thread(target=wait_trigger)
+    th.start()
+    waiting(s, streamed, 1)
+    held = wait_for(lambda: [x["id"] for x in s.get(f"{WS}/executions?status=running").json["items"]
+                             if x["id"] not in (streamed, other)])
+    waiting(s, held[0], 1)
+    assert cancel(s, streamed).status == 200
+    assert cancel(s, held[0]).status == 200
+    rest = list(events)
+    st.conn.close()
+    assert rest[-1]["event"] == "end", rest
+    assert rest[-1]["data"] == {"executionId": streamed, "status": "cancelled"}
+    assert [e["event"] for e in rest[:-1]][-1] == "execution.cancelled"
+    th.join(timeout=30)
+    r = answer["r"]
+    assert r.status == 201 and r.json["status"] == "cancelled", r
+    assert answer["took"] < 25, answer

@@ -5,9 +5,12 @@ resolved first, and the cancel is final — with a key, like every operator
 action (spec §7)."""
 import json
 import subprocess
+import threading
+import time
 
 from conftest import BIN
 from test_engine import WS, finished, metric, steps_of, wait_for
+from test_run_stream import Stream
 from test_gateway import (advance, charge_step, clock_server, mock, pay, posts,  # noqa: F401
                           setup_pay, waiting)
 
@@ -222,10 +225,6 @@ def test_a_cancelled_execution_is_purged_by_retention(make_server, mock):
 def test_a_cancel_ends_streams_and_waiting_triggers(clock_server, mock):
     """Whoever waits for the execution to end — a `…/run` stream, a trigger
     with `Prefer: wait` — is answered when it is cancelled, with that status."""
-    import threading
-    import time
-
-    from test_run_stream import Stream
     s = clock_server
     other, = waiting_an_hour(s, mock, "c-11")  # the workflow
     mock.faults("status=503:retry_after=3600")

@@ -76,7 +76,7 @@ static const char *get_query_other(const struct http_req *r, const char *const *
 {
     const struct freq *f = (const struct freq *)r;
     for (int i = 0; i < f->nqry; i++) {
-        int ok = 0;
+        int ok = !*f->qry[i].k; /* an empty segment names nothing */
         for (int k = 0; known[k] && !ok; k++)
             ok = strcmp(f->qry[i].k, known[k]) == 0;
         if (!ok)

@@ -988,9 +988,10 @@ static void h_cancel(struct call *c)
                 why = "unknown member; a cancel takes only \"reason\"";
                 break;
             }
-            if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 512) {
+            if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 512 ||
+                strlen(json_string_value(v)) != json_string_length(v)) {
                 bad = name;
-                why = "reason must be a string of 1 to 512 bytes";
+                why = "reason must be a string of 1 to 512 bytes without NUL";
                 break;
             }
         }

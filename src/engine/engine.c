@@ -1464,9 +1464,38 @@ static int cancel_keyed(struct engine *g, const char *ws, const char *id, const 
         return gone_or_replay(g, ws, "cancel", k, answer, e);
     if (rc)
         return rc;
+    /* Whether a waiting GATEWAY step's earlier call may have taken effect
+     * is in its attempts, read here; the transaction checks that each such
+     * step is still at the epoch read (no attempt since). */
+    struct store_step *rows = NULL;
+    struct store_attempt *at = NULL;
+    size_t n = 0, na = 0, ng = 0;
+    if ((rc = store_steps_get(g->store, id, &rows, &n, e)) ||
+        (rc = store_attempts_get(g->store, id, &at, &na, e))) {
+        store_steps_free(rows, n);
+        return rc;
+    }
+    const char **gv = xcalloc(n ? n : 1, sizeof *gv);
+    int64_t *ge = xcalloc(n ? n : 1, sizeof *ge);
+    const char *unknown = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].state != STEP_DISPATCHED || strcmp(rows[i].kind, "GATEWAY") != 0)
+            continue;
+        gv[ng] = rows[i].vertex;
+        ge[ng++] = rows[i].epoch;
+        if (!unknown && steps_effect_unknown(at, na, rows[i].vertex))
+            unknown = rows[i].vertex;
+    }
     struct cancel_args a = {
         .g = g,
-        .c = {.workspace = ws, .execution_id = id, .reason = reason, .now = clock_now_ms()},
+        .c = {.workspace = ws,
+              .execution_id = id,
+              .reason = reason,
+              .now = clock_now_ms(),
+              .gw_vertex = gv,
+              .gw_epoch = ge,
+              .n_gw = ng,
+              .unknown = unknown},
         .k = k,
     };
     rc = store_tx_run(g->store, tx_cancel, &a, e);
@@ -1474,11 +1503,15 @@ static int cancel_keyed(struct engine *g, const char *ws, const char *id, const 
         rc = engine_replay_answer(a.replay, answer, e);
     else if (!rc)
         *answer = cancel_answer(&a.c);
-    if (!rc && !k->replayed && a.c.cancelled) {
+    if (!rc && !k->replayed && a.c.moved) {
         atomic_fetch_add(&g->m.executions_cancelled, 1);
         engine_execution_moved(g, id, "cancelled");
     }
     free(a.replay);
+    free(gv);
+    free(ge);
+    store_attempts_free(at, na);
+    store_steps_free(rows, n);
     return rc;
 }
 
@@ -1577,7 +1610,18 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
     for (size_t i = 0; i < n; i++)
         if (strcmp(rows[i].vertex, vertex) == 0)
             from = rows[i].state;
-    if (from != STEP_FAILED && from != STEP_REQUIRES_RECONCILIATION) {
+    if (strcmp(x.status, "cancelled") == 0) { /* whatever the step's state */
+        err_set(&refuse, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
+                id);
+        err_slug(&refuse, "execution-cancelled");
+        if (!k->key) {
+            rc = refuse.code;
+            if (e)
+                *e = refuse;
+            goto out;
+        }
+        a.refuse = &refuse;
+    } else if (from != STEP_FAILED && from != STEP_REQUIRES_RECONCILIATION) {
         err_set(&refuse, IFL_ECONFLICT,
                 "step '%s' is %s; only FAILED or REQUIRES_RECONCILIATION steps can be "
                 "resolved",

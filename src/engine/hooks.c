@@ -135,9 +135,10 @@ static void settings_of(const char *text, struct hook_settings *s)
 }
 
 /* "*", "execution.*", "step.*", or (execution|step).[a-z_]+ */
-/* Every type the feed holds (steps.c, engine.c): a subscription to a type
- * that does not exist — a typo — would never receive anything, so it is
- * refused (docs/api.md lists them). */
+/* Every type the feed holds (steps.c, engine.c; steps.c writes no event for
+ * a step becoming PENDING or DISPATCHED): a subscription to a type that does
+ * not exist — a typo — would never receive anything, so it is refused
+ * (docs/api.md lists them). */
 static const char *const event_types[] = {
     "execution.created",
     "execution.running",
@@ -147,12 +148,10 @@ static const char *const event_types[] = {
     "execution.stale",
     "execution.retried",
     "execution.cancelled",
-    "step.dispatched",
     "step.completed",
     "step.failed",
     "step.skipped",
     "step.requires_reconciliation",
-    "step.updated",
     NULL,
 };
 

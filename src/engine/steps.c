@@ -630,10 +630,38 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
+int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
+{
+    /* attempt outcomes (gwstep.c, runner.c) after which the call's effect
+     * is not known */
+    static const char *const unknown[] = {"ambiguous",
+                                          "ambiguous_outcome",
+                                          "conflict",
+                                          "verify_failed",
+                                          "verify_inconclusive",
+                                          "lease_expired",
+                                          STEPS_CRASHED,
+                                          STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
+                                          STEPS_CRASHED_AFTER_RESPONSE,
+                                          NULL};
+    int64_t last_unknown = -1, last_settled = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(a[i].vertex, vertex) != 0 || !a[i].outcome)
+            continue;
+        if (strcmp(a[i].outcome, "verified_not_done") == 0 && a[i].epoch > last_settled)
+            last_settled = a[i].epoch;
+        for (int k = 0; unknown[k]; k++)
+            if (strcmp(a[i].outcome, unknown[k]) == 0 && a[i].epoch > last_unknown)
+                last_unknown = a[i].epoch;
+    }
+    return last_unknown >= 0 && last_unknown > last_settled;
+}
+
 int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_cancel *a = arg;
     a->cancelled = 0;
+    a->moved = 0;
     a->status[0] = '\0';
     struct store_execution x;
     struct store_step *rows = NULL;
@@ -657,7 +685,10 @@ int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        if (rows[i].state == STEP_EXECUTING) {
+        int seen = rows[i].state != STEP_DISPATCHED || strcmp(rows[i].kind, "GATEWAY") != 0;
+        for (size_t k = 0; !seen && k < a->n_gw; k++)
+            seen = strcmp(a->gw_vertex[k], rows[i].vertex) == 0 && a->gw_epoch[k] == rows[i].epoch;
+        if (rows[i].state == STEP_EXECUTING || !seen) {
             rc = conflict(e, "step-executing",
                           err_set(e, IFL_ECONFLICT,
                                   "step '%s' is executing (its call may be on the wire); cancel "
@@ -672,6 +703,15 @@ int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
                                   rows[i].vertex));
             goto out;
         }
+    }
+    if (a->unknown) {
+        rc = conflict(e, "step-outcome-unknown",
+                      err_set(e, IFL_ECONFLICT,
+                              "step '%s' sent a call whose effect is unknown (the charge may have "
+                              "happened): its next attempt settles that with the same key or a "
+                              "verify; cancel once it has ended",
+                              a->unknown));
+        goto out;
     }
     {
         json_t *ej = json_pack("{s:s, s:s}", "code", "cancelled", "message",
@@ -689,8 +729,12 @@ int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
         set_text(&st->error, error);
         int changed = 0;
         rc = store_tx_step_update(tx, st, was, -1, &changed, e);
-        if (!rc && !changed)
-            rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", st->vertex);
+        if (!rc && !changed) /* a claim from another process took it meanwhile */
+            rc = conflict(e, "step-executing",
+                          err_set(e, IFL_ECONFLICT,
+                                  "step '%s' was claimed while cancelling; cancel again once its "
+                                  "attempt has ended",
+                                  st->vertex));
         if (!rc)
             a->cancelled++;
     }
@@ -703,8 +747,10 @@ int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
     }
     if (!rc)
         rc = store_tx_execution_set_status(tx, a->execution_id, "cancelled", x.version + 1, e);
-    if (!rc)
+    if (!rc) {
         snprintf(a->status, sizeof a->status, "cancelled");
+        a->moved = 1;
+    }
 out:
     free(error);
     store_steps_free(rows, n);

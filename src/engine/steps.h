@@ -133,20 +133,37 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);
  * final status: retry and resolve refuse it, its steps are never claimed
  * again) with an `execution.cancelled` event.  Refused, changing nothing,
  * with IFL_ECONFLICT and a slug when:
- *   - a step is EXECUTING (`step-executing`): its call may be on the wire,
+ *   - a step is EXECUTING, or a DISPATCHED GATEWAY step is not at the epoch
+ *     the caller saw it at (`step-executing`): its call may be on the wire,
  *     and what it did must be recorded; cancel again once it ends;
- *   - a step is REQUIRES_RECONCILIATION (`step-needs-reconciliation`): its
- *     effect is unknown, which cancelling would not settle; resolve it;
+ *   - a step is REQUIRES_RECONCILIATION (`step-needs-reconciliation`), or a
+ *     DISPATCHED GATEWAY step's earlier call may have taken effect
+ *     (`step-outcome-unknown`: the caller judged it from the step's
+ *     attempts, steps_effect_unknown): cancelling would not settle it;
  *   - the execution is completed or stale (`execution-finished`).
- * Cancelling a cancelled execution changes nothing (cancelled = 0). */
+ * Cancelling a cancelled execution changes nothing (moved = 0). */
 struct steps_cancel {
     const char *workspace, *execution_id;
     const char *reason; /* NULL or text (the caller bounds it) */
     int64_t now;
-    int cancelled; /* result: steps skipped (0 when it was cancelled before) */
+    /* The DISPATCHED GATEWAY steps the caller judged, at the epochs it saw
+     * (any other is refused as changed), and the first it found whose
+     * effect is unknown (NULL: none). */
+    const char *const *gw_vertex;
+    const int64_t *gw_epoch;
+    size_t n_gw;
+    const char *unknown;
+    int cancelled; /* result: steps skipped */
+    int moved;     /* result: the execution became cancelled here */
     char status[32];
 };
 int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e);
+/* Whether a DISPATCHED GATEWAY step's earlier attempts (its rows among a,
+ * from store_attempts_get) leave a call whose effect is unknown: an
+ * ambiguous outcome, an in-progress conflict, a verify that did not settle
+ * it, or a worker that died with the call on the wire or its answer in
+ * hand — not followed by a verify that found it not done. */
+int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex);
 
 /* Appends an event of execution xid inside tx; takes ownership of data.
  * preset_version > 0: the caller already set the execution's version to it

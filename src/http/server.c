@@ -177,6 +177,8 @@ static enum MHD_Result other_arg(void *cls, enum MHD_ValueKind kind, const char 
     (void)kind;
     (void)value;
     struct other *o = cls;
+    if (!key || !*key) /* "?&", "&&": an empty segment names nothing */
+        return MHD_YES;
     for (int i = 0; o->known[i]; i++)
         if (strcmp(key, o->known[i]) == 0)
             return MHD_YES;

@@ -80,10 +80,10 @@ def test_cancel_is_final_and_repeats_change_nothing(clock_server, mock):
     assert again.status == 200 and again.json["cancelledSteps"] == 0, again
     r = s.post(f"{WS}/executions/{xid}/retry")
     assert r.status == 409 and r.json["type"] == "/problems/execution-cancelled", r
-    # a resolve finds no resolvable step; a trigger of the same order
+    # resolve, whatever the step's state; a trigger of the same order
     # answers the cancelled execution; start-over makes a new one
     r = s.post(f"{WS}/executions/{xid}/steps/charge/resolve", {"outcome": "failed"})
-    assert r.status == 409, r
+    assert r.status == 409 and r.json["type"] == "/problems/execution-cancelled", r
     r = s.post(f"{WS}/workflows/pay/entry-points/order/trigger",
                {"order": {"id": "c-3", "amount": 1250}})
     assert r.status == 200 and r.json["executionId"] == xid and r.json["status"] == "cancelled", r
@@ -145,14 +145,45 @@ def test_a_step_of_unknown_effect_is_resolved_before_a_cancel(server, mock):
     assert x["status"] == "cancelled"
     assert steps_of(x)["charge"]["state"] == "FAILED"
     assert steps_of(x)["paid"]["state"] == "SKIPPED"
+    # its FAILED step is not resolvable any more (the guard in the outcome's
+    # own transaction, not only the read before it)
+    r = server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
+                    {"outcome": "completed", "output": {}}, headers={"Idempotency-Key": "r-7"})
+    assert r.status == 409 and r.json["type"] == "/problems/execution-cancelled", r
+    assert server.get(f"{WS}/executions/{xid}").json["status"] == "cancelled"
     assert mock.charges("c-7") == 1
+
+
+def test_a_call_of_unknown_effect_is_settled_before_a_cancel(clock_server, mock):
+    """Found by a review: a charge whose answer was lost after the provider
+    committed it waits for its next attempt (DISPATCHED), which settles it
+    with the same key.  Cancelling then would stop the execution with the
+    charge made and nobody told: 409 step-outcome-unknown instead, and the
+    next attempt finishes it with the charge's own answer."""
+    s = clock_server
+    day = 86400 * 1000
+    setup_pay(s, mock, retry={"maxAttempts": 3, "initialIntervalMs": day, "maxIntervalMs": day},
+              deadlineMs=3 * day)
+    mock.faults("drop_after_commit:count=1")
+    xid = pay(s, "c-14")
+    waiting(s, xid, 1)
+    assert mock.charges("c-14") == 1
+    r = cancel(s, xid)
+    assert r.status == 409 and r.json["type"] == "/problems/step-outcome-unknown", r
+    assert "charge" in r.json["detail"]
+    assert s.get(f"{WS}/executions/{xid}").json["status"] == "running"
+    advance(s, day + 60000)
+    x = finished(s, xid)
+    assert x["status"] == "completed" and steps_of(x)["charge"]["output"]["status"] == 201, x
+    assert mock.charges("c-14") == 1
 
 
 def test_bad_cancels_change_nothing(clock_server, mock):
     s = clock_server
     xid, = waiting_an_hour(s, mock, "c-8")
     for body, pointer in (([], ""), ({"reason": 5}, "/reason"), ({"reason": ""}, "/reason"),
-                          ({"reason": "x" * 513}, "/reason"), ({"why": "x"}, "/why")):
+                          ({"reason": "x" * 513}, "/reason"), ({"reason": "a\u0000b"}, "/reason"),
+                          ({"why": "x"}, "/why")):
         r = cancel(s, xid, body)
         assert r.status == 422 and r.json["pointer"] == pointer, (body, r)
     r = s.request("POST", f"{WS}/executions/{xid}/cancel", raw=b'{"reason":')

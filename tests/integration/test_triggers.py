@@ -217,6 +217,9 @@ def test_a_misspelled_query_parameter_is_refused(orders):
     assert count_executions(s) == before
     ok = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=k-1")
     assert ok.status == 201, ok
+    # an empty segment names nothing: "?&" and "&&" as URL builders write them
+    again = trigger(s, "by_payload", {"a": 1}, query="?&clientIdempotencyId=k-1&&")
+    assert again.status == 200 and again.json["executionId"] == ok.json["executionId"], again
 
 
 def test_force_new_refused_on_production_trigger(orders):

@@ -471,8 +471,8 @@ static size_t list_filtered(struct store *s, const char *ws, const char *status,
 static void check_execution_filters(struct store *s)
 {
     static const char *const statuses[] = {"running", "completed", "failed",
-                                           "requires_reconciliation", "stale"};
-    enum { N = 30, OTHER = 6 };
+                                           "requires_reconciliation", "stale", "cancelled"};
+    enum { K = sizeof statuses / sizeof statuses[0], N = 36, OTHER = 6 };
     int created = 0;
     assert_int_equal(store_workspace_put(s, "fws", "{}", &created, NULL), 0);
     assert_int_equal(store_workspace_put(s, "fws2", "{}", &created, NULL), 0);
@@ -491,18 +491,18 @@ static void check_execution_filters(struct store *s)
         assert_int_equal(store_execution_create(s, &x, &created, NULL, NULL), 0);
         assert_int_equal(created, 1);
         /* the other workspace's all failed: a filter must not leak them */
-        struct status_set o = {ids[i], i < N ? statuses[i % 5] : "failed"};
+        struct status_set o = {ids[i], i < N ? statuses[i % K] : "failed"};
         if (strcmp(o.status, "running") != 0)
             assert_int_equal(store_tx_run(s, status_set_tx, &o, NULL), 0);
     }
     char got[N + OTHER][65];
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < K; k++) {
         for (int w = 0; w < 3; w++) {
             const char *wf = w == 0 ? NULL : w == 1 ? "a" : "b";
             size_t n = list_filtered(s, "fws", statuses[k], wf, got, N + OTHER);
             size_t want = 0;
             for (int i = 0; i < N; i++) {
-                if (i % 5 != k || (wf && strcmp(wf, i % 2 ? "a" : "b") != 0))
+                if (i % K != k || (wf && strcmp(wf, i % 2 ? "a" : "b") != 0))
                     continue;
                 want++;
                 size_t j = 0;

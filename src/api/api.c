@@ -146,6 +146,15 @@ static json_t *body_json(struct call *c, json_t *empty_as)
     return v;
 }
 
+/* body_json with an empty body read as {} (a new reference either way). */
+static json_t *body_or_empty(struct call *c)
+{
+    json_t *empty = json_object();
+    json_t *body = body_json(c, empty);
+    json_decref(empty);
+    return body;
+}
+
 static int check_name(struct call *c, const char *what, const char *name)
 {
     if (wf_name_valid(name))
@@ -193,9 +202,7 @@ static void h_workspace_put(struct call *c)
     const char *ws = c->seg[2];
     if (check_name(c, "workspace", ws))
         return;
-    json_t *empty = json_object();
-    json_t *body = body_json(c, empty);
-    json_decref(empty);
+    json_t *body = body_or_empty(c);
     if (!body)
         return;
     if (!json_is_object(body)) {
@@ -925,7 +932,7 @@ static void reply_action(struct call *c, const struct engine_op_key *k, int stat
  * empty or {} pass.  0, or -1 after a 400/422. */
 static int no_body(struct call *c, const char *action)
 {
-    json_t *body = body_json(c, json_object());
+    json_t *body = body_or_empty(c);
     if (!body)
         return -1;
     const char *bad = NULL;
@@ -971,7 +978,7 @@ static void h_cancel(struct call *c)
     const char *ws = c->seg[2], *id = c->seg[4];
     if (workspace_exists(c, ws))
         return;
-    json_t *body = body_json(c, json_object());
+    json_t *body = body_or_empty(c);
     if (!body)
         return;
     const char *bad = NULL, *why = NULL;

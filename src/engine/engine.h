@@ -211,10 +211,6 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
 void engine_stop(struct engine *g);
 /* Wakes idle workers: call after committing work. Cheap. */
 void engine_wake(struct engine *g);
-/* After the test clock moved (serve --test-clock): wakes the workers, and
- * the scheduler and the sweeper from their naps, so what fell due runs now
- * rather than at their next real-time pass. */
-void engine_clock_advanced(struct engine *g);
 const struct engine_metrics *engine_metrics(const struct engine *g);
 
 /* ---- operator actions ------------------------------------------------------ */

@@ -60,14 +60,6 @@ void engine_wake(struct engine *g)
     wake(g, 1);
 }
 
-void engine_clock_advanced(struct engine *g)
-{
-    wake(g, 1);
-    pthread_mutex_lock(&g->wmu);
-    pthread_cond_broadcast(&g->scv); /* the scheduler and the sweeper look again now */
-    pthread_mutex_unlock(&g->wmu);
-}
-
 void engine_wake_drain(struct engine *g)
 {
     wake(g, 0);

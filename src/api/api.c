@@ -82,6 +82,19 @@ void api_problem_err(struct http_res *res, const struct ifl_err *e)
     api_problem(res, status, slug, e->msg[0] ? e->msg : NULL, has_ptr ? e->pointer : NULL);
 }
 
+/* api_problem whose pointer names one member of the body or query
+ * (escaped), or the whole body when member is NULL. */
+static void member_problem(struct http_res *res, int status, const char *slug, const char *why,
+                           const char *member)
+{
+    struct buf ptr;
+    buf_init(&ptr, 0);
+    if (member)
+        json_pointer_push(&ptr, member);
+    api_problem(res, status, slug, why, member ? ptr.p : "");
+    buf_free(&ptr);
+}
+
 void api_toobig(void *ctx, size_t limit, struct http_res *res)
 {
     struct api *a = ctx;
@@ -213,12 +226,9 @@ static void h_workspace_put(struct call *c)
     /* This version defines no workspace settings: a member is one it would
      * keep and never read, which the sender cannot tell from one it reads. */
     if (json_object_size(body)) {
-        struct buf ptr;
-        buf_init(&ptr, 0);
-        json_pointer_push(&ptr, json_object_iter_key(json_object_iter(body)));
-        api_problem(c->res, 422, "validation-error",
-                    "this version has no workspace settings: send {} (or no body)", ptr.p);
-        buf_free(&ptr);
+        member_problem(c->res, 422, "validation-error",
+                       "this version has no workspace settings: send {} (or no body)",
+                       json_object_iter_key(json_object_iter(body)));
         json_decref(body);
         return;
     }
@@ -334,31 +344,26 @@ static void h_secret_put(struct call *c)
     if (!body)
         return;
     json_t *v = json_object_get(body, "value");
-    const char *why = NULL;
-    struct buf ptr;
-    buf_init(&ptr, 0);
+    const char *why = NULL, *member = "value";
     if (!json_is_object(body) || !json_is_string(v) || json_string_length(v) == 0 ||
         strlen(json_string_value(v)) != json_string_length(v)) {
         why = "expected {\"value\": \"…\"} with a non-empty string without NUL";
-        json_pointer_push(&ptr, "value");
     } else if (json_string_length(v) < GW_SECRET_MIN) {
         why = "a secret value has at least 4 bytes: a shorter one is ordinary text (\"on\", "
               "\"id\"), which could not be masked where a destination echoes it";
-        json_pointer_push(&ptr, "value");
     } else if (json_object_size(body) != 1) {
         why = "a secret takes only \"value\"";
         const char *k;
         json_t *m;
         json_object_foreach(body, k, m) if (strcmp(k, "value") != 0)
         {
-            json_pointer_push(&ptr, k);
+            member = k;
             break;
         }
     }
     if (why) {
+        member_problem(c->res, 422, "validation-error", why, member);
         json_decref(body); /* jansson frees the plaintext copy */
-        api_problem(c->res, 422, "validation-error", why, ptr.p);
-        buf_free(&ptr);
         return;
     }
     struct ifl_err e = {0};
@@ -617,14 +622,10 @@ static void trigger(struct call *c, int mode)
     static const char *const params[] = {"clientIdempotencyId", "forceNewExecution", NULL};
     const char *other = c->req->query_other ? c->req->query_other(c->req, params) : NULL;
     if (other) {
-        struct buf ptr;
-        buf_init(&ptr, 0);
-        json_pointer_push(&ptr, other);
-        api_problem(c->res, 400, "invalid-parameter",
-                    "unknown query parameter: a trigger takes clientIdempotencyId and "
-                    "forceNewExecution",
-                    ptr.p);
-        buf_free(&ptr);
+        member_problem(c->res, 400, "invalid-parameter",
+                       "unknown query parameter: a trigger takes clientIdempotencyId and "
+                       "forceNewExecution",
+                       other);
         goto rejected;
     }
     int force = query_bool(c, "forceNewExecution");
@@ -941,14 +942,9 @@ static int no_body(struct call *c, const char *action)
     else if (json_object_size(body))
         bad = json_object_iter_key(json_object_iter(body));
     if (bad) {
-        struct buf ptr;
-        buf_init(&ptr, 0);
-        if (*bad)
-            json_pointer_push(&ptr, bad);
         char why[96];
         snprintf(why, sizeof why, "%s takes no body (send none, or {})", action);
-        api_problem(c->res, 422, "validation-error", why, *bad ? ptr.p : "");
-        buf_free(&ptr);
+        member_problem(c->res, 422, "validation-error", why, *bad ? bad : NULL);
     }
     json_decref(body);
     return bad ? -1 : 0;
@@ -1004,12 +1000,7 @@ static void h_cancel(struct call *c)
         }
     }
     if (bad) {
-        struct buf ptr;
-        buf_init(&ptr, 0);
-        if (*bad)
-            json_pointer_push(&ptr, bad);
-        api_problem(c->res, 422, "validation-error", why, *bad ? ptr.p : "");
-        buf_free(&ptr);
+        member_problem(c->res, 422, "validation-error", why, *bad ? bad : NULL);
         json_decref(body);
         return;
     }
@@ -1059,14 +1050,10 @@ static void h_resolve(struct call *c)
     {
         if (strcmp(name, "outcome") == 0 || (completed && strcmp(name, "output") == 0))
             continue;
-        struct buf ptr;
-        buf_init(&ptr, 0);
-        json_pointer_push(&ptr, name);
-        api_problem(c->res, 422, "validation-error",
-                    completed ? "a completed resolution takes only \"outcome\" and \"output\""
-                              : "a failed resolution takes only \"outcome\"",
-                    ptr.p);
-        buf_free(&ptr);
+        member_problem(c->res, 422, "validation-error",
+                       completed ? "a completed resolution takes only \"outcome\" and \"output\""
+                                 : "a failed resolution takes only \"outcome\"",
+                       name);
         json_decref(body);
         return;
     }

@@ -253,27 +253,54 @@ static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e
     return 0;
 }
 
+/* An object holds only the members this version reads: a misspelled one
+ * would otherwise be ignored and its default taken — an edge without its
+ * condition, a call without its retry limit, an entry point without its
+ * signature check.  IFL_EVALIDATION pointing at the first other member of
+ * obj (at pointer `at`), or 0. */
+static int only_members(json_t *obj, const char *const *known, const char *at, const char *what,
+                        struct ifl_err *e)
+{
+    const char *k;
+    json_t *m;
+    json_object_foreach(obj, k, m)
+    {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++)
+            ok = strcmp(k, known[i]) == 0;
+        if (ok)
+            continue;
+        struct buf p, list;
+        buf_init(&p, 0);
+        buf_init(&list, 0);
+        buf_puts(&p, at);
+        json_pointer_push(&p, k);
+        for (int i = 0; known[i]; i++)
+            buf_printf(&list, "%s%s", i ? ", " : "", known[i]);
+        int rc = err_setp(e, IFL_EVALIDATION, p.p, "'%.64s' is not a member of %s (%s)", k, what,
+                          list.p);
+        buf_free(&p);
+        buf_free(&list);
+        return rc;
+    }
+    return 0;
+}
+
 /* "ordering" of spec §8: {"key": PATH, "version": PATH}, one payload path
  * each. */
 static int compile_ordering(struct wf_vertex *v, json_t *ord, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
-    const char *k;
-    json_t *m;
     if (!json_is_object(ord)) {
         vptr(p, sizeof p, v->id, "/config/ordering");
         return err_setp(e, IFL_EVALIDATION, p,
                         "ordering must be an object: {\"key\": PATH, \"version\": PATH}");
     }
-    json_object_foreach(ord, k, m)
-    {
-        if (strcmp(k, "key") != 0 && strcmp(k, "version") != 0) {
-            member_ptr(p, sizeof p, v->id, "/config/ordering", k);
-            return err_setp(e, IFL_EVALIDATION, p, "%s is not a member of ordering (key, version)",
-                            k);
-        }
-    }
-    static const char *const members[] = {"key", "version"};
+    static const char *const members[] = {"key", "version", NULL};
+    vptr(p, sizeof p, v->id, "/config/ordering");
+    int rc = only_members(ord, members, p, "ordering", e);
+    if (rc)
+        return rc;
     struct id_fields *out[] = {&v->ord_key, &v->ord_version};
     for (int i = 0; i < 2; i++) {
         member_ptr(p, sizeof p, v->id, "/config/ordering", members[i]);
@@ -299,23 +326,12 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
      * workflow that asks for signature checks must not run unsigned
      * payloads, a schedule must not be silently idle, and a typo must not
      * fall back to another identity mode. */
-    const char *k;
-    json_t *m;
-    json_object_foreach(cfg, k, m)
-    {
-        static const char *const known[] = {"idempotencyFields", "dedupWindow", "signature",
-                                            "ordering",          "schedule",    NULL};
-        int ok = 0;
-        for (int i = 0; known[i] && !ok; i++)
-            ok = strcmp(k, known[i]) == 0;
-        if (!ok) {
-            member_ptr(p, sizeof p, v->id, "/config", k);
-            return err_setp(e, IFL_EVALIDATION, p,
-                            "%s is not a member of an ENTRY_POINT's config (idempotencyFields, "
-                            "dedupWindow, signature, ordering, schedule)",
-                            k);
-        }
-    }
+    static const char *const known[] = {"idempotencyFields", "dedupWindow", "signature",
+                                        "ordering",          "schedule",    NULL};
+    vptr(p, sizeof p, v->id, "/config");
+    int mrc = only_members(cfg, known, p, "an ENTRY_POINT's config", e);
+    if (mrc)
+        return mrc;
     json_t *sig = json_object_get(cfg, "signature");
     if (sig) {
         int rc = compile_signature(v, sig, e);
@@ -523,38 +539,6 @@ static int compile_transform(struct wf_vertex *v, json_t *cfg, struct ifl_err *e
                       "{{ secrets.… }} is only allowed in a GATEWAY request (url, headers, query, "
                       "body, verify): a TRANSFORM output is stored and shown");
     return rc;
-}
-
-/* A new definition's objects hold only the members this version reads: a
- * misspelled one would otherwise be ignored and its default taken — an edge
- * without its condition, a call without its retry limit.  IFL_EVALIDATION
- * pointing at the first other member of obj (at pointer `at`), or 0. */
-static int only_members(json_t *obj, const char *const *known, const char *at, const char *what,
-                        struct ifl_err *e)
-{
-    const char *k;
-    json_t *m;
-    json_object_foreach(obj, k, m)
-    {
-        int ok = 0;
-        for (int i = 0; known[i] && !ok; i++)
-            ok = strcmp(k, known[i]) == 0;
-        if (ok)
-            continue;
-        struct buf p, list;
-        buf_init(&p, 0);
-        buf_init(&list, 0);
-        buf_puts(&p, at);
-        json_pointer_push(&p, k);
-        for (int i = 0; known[i]; i++)
-            buf_printf(&list, "%s%s", i ? ", " : "", known[i]);
-        int rc = err_setp(e, IFL_EVALIDATION, p.p, "'%.64s' is not a member of %s (%s)", k, what,
-                          list.p);
-        buf_free(&p);
-        buf_free(&list);
-        return rc;
-    }
-    return 0;
 }
 
 /* only_members for a new GATEWAY's or TRANSFORM's config, with the objects

@@ -275,8 +275,9 @@ struct store_dead_cursor {
     char vertex[129];
 };
 /* FAILED and REQUIRES_RECONCILIATION steps of a workspace, newest first
- * (ties by execution id, then vertex, descending); after: NULL for the
- * first page, else only those listed after it. */
+ * (ties by execution id, then vertex, descending), leaving out those of
+ * cancelled executions (nothing an operator can do clears them); after:
+ * NULL for the first page, else only those listed after it. */
 int store_dead_letters(struct store *s, const char *ws, const struct store_dead_cursor *after,
                        int limit, struct store_step **items, size_t *n, struct ifl_err *e);
 /* The event feed of a workspace after the position `after` (an event's

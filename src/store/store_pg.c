@@ -330,6 +330,8 @@ static const struct {
     [S_DEAD] = {"ifl_dead",
                 "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
                 " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
+                " AND NOT EXISTS (SELECT 1 FROM executions x WHERE x.seq = steps.execution_seq"
+                " AND x.status = 'cancelled')"
                 " AND ($2::int = 0 OR (updated_at, execution_id, vertex) < ($3::bigint, $4, $5))"
                 " ORDER BY updated_at DESC, execution_id DESC, vertex DESC LIMIT $6"},
     /* (txid, seq) after the cursor, only transactions older than the oldest

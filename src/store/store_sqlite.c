@@ -2051,6 +2051,8 @@ static int op_dead_letters(struct store *base, const char *ws,
     struct sq *s = (struct sq *)base;
     static const char sql[] = "SELECT " STEP_COLS " FROM steps WHERE workspace = ?1"
                               " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
+                              " AND NOT EXISTS (SELECT 1 FROM executions x"
+                              " WHERE x.seq = steps.execution_seq AND x.status = 'cancelled')"
                               " AND (?2 = 0 OR (updated_at, execution_id, vertex) < (?3, ?4, ?5))"
                               " ORDER BY updated_at DESC, execution_id DESC, vertex DESC LIMIT ?6";
     struct conn *c;

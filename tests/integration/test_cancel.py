@@ -20,6 +20,12 @@ def cancel(server, xid, body=None, key=None):
     return server.post(f"{WS}/executions/{xid}/cancel", body, headers=headers)
 
 
+def dead_letters(server):
+    r = server.get(f"{WS}/dead-letters")
+    assert r.status == 200, r
+    return {(d["executionId"], d["vertex"]) for d in r.json["items"] if d["kind"] == "step"}
+
+
 def waiting_an_hour(s, mock, *orders, faults=None):
     """The pay workflow with a long deadline; each order's charge answered
     503 with an hour's Retry-After (or `faults`), and waiting it out."""
@@ -137,14 +143,17 @@ def test_a_step_of_unknown_effect_is_resolved_before_a_cancel(server, mock):
                        {"outcome": "failed"}).status == 200
     x = finished(server, xid)
     assert x["status"] == "failed"
+    assert dead_letters(server) == {(xid, "charge")}
     # a failed execution can be closed: its PENDING steps are skipped, the
-    # failed one stays FAILED (the record of what happened)
+    # failed one stays FAILED (the record of what happened) but leaves the
+    # dead letters, where nothing could clear it any more
     r = cancel(server, xid)
     assert r.status == 200 and r.json["cancelledSteps"] == 1, r
     x = server.get(f"{WS}/executions/{xid}").json
     assert x["status"] == "cancelled"
     assert steps_of(x)["charge"]["state"] == "FAILED"
     assert steps_of(x)["paid"]["state"] == "SKIPPED"
+    assert dead_letters(server) == set()
     # its FAILED step is not resolvable any more (the guard in the outcome's
     # own transaction, not only the read before it)
     r = server.post(f"{WS}/executions/{xid}/steps/charge/resolve",

@@ -1420,7 +1420,7 @@ static void h_test_clock(struct call *c)
         return;
     }
     int64_t off = clock_advance(ms);
-    engine_wake(c->a->g);
+    engine_clock_advanced(c->a->g);
     json_t *o = json_object();
     json_object_set_new(o, "offsetMs", json_integer(off));
     json_object_set_new(o, "now", json_time(clock_now_ms()));

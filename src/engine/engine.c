@@ -54,6 +54,7 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     pthread_mutex_init(&g->kmu, NULL);
     pthread_cond_init(&g->wcv, NULL);
     pthread_cond_init(&g->scv, NULL);
+    pthread_cond_init(&g->ncv, NULL);
     g->trace_fd = -1;
     g->waiters = engine_waiters_new();
     *out = g;
@@ -72,6 +73,7 @@ void engine_free(struct engine *g)
     pthread_mutex_destroy(&g->kmu);
     pthread_cond_destroy(&g->wcv);
     pthread_cond_destroy(&g->scv);
+    pthread_cond_destroy(&g->ncv);
     for (int i = 0; i < CACHE_BUCKETS; i++) {
         struct latest *l = g->latest[i];
         while (l) {

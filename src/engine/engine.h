@@ -211,6 +211,11 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
 void engine_stop(struct engine *g);
 /* Wakes idle workers: call after committing work. Cheap. */
 void engine_wake(struct engine *g);
+/* After the test clock moved (serve --test-clock): wakes the workers, and
+ * the scheduler from its nap, so a tick that fell due fires now rather than
+ * at its next real-time pass (the sweeper and the webhook thread keep
+ * their own pace). */
+void engine_clock_advanced(struct engine *g);
 const struct engine_metrics *engine_metrics(const struct engine *g);
 
 /* ---- operator actions ------------------------------------------------------ */

@@ -51,7 +51,9 @@ struct engine {
     int started;
     pthread_t *workers;
     pthread_t sweeper;
-    pthread_t scheduler; /* fires schedules (scheduler.c); waits on scv */
+    pthread_t scheduler; /* fires schedules (scheduler.c); naps on ncv */
+    pthread_cond_t ncv;  /* the scheduler's naps: engine_stop, a test-clock move */
+    int sched_woken;     /* the test clock moved since the scheduler's last nap (wmu) */
     int has_scheduler;
     atomic_int sched_dirty; /* a workflow was put here: rescan the schedules now */
     pthread_t hooks;        /* outgoing webhooks (hooks.c); waits on scv */
@@ -87,8 +89,11 @@ struct gw_job;
 void engine_wake_drain(struct engine *g);
 /* The scheduler thread (scheduler.c): fires the schedules of the latest
  * workflow versions, each tick once across processes (spec §9).  Exits
- * once g->stopping is set (under wmu; engine_stop signals scv). */
+ * once g->stopping is set (under wmu; engine_stop signals ncv). */
 void *engine_scheduler_main(void *arg);
+/* The scheduler's nap: ms, or until engine_stop or a test-clock move
+ * (engine_clock_advanced); 1 once stopping. */
+int engine_sched_nap(struct engine *g, int64_t ms);
 /* Waits ms (0: not at all) or until engine_stop; 1 once stopping. */
 int engine_nap(struct engine *g, int64_t ms);
 /* The outgoing-webhook thread (hooks.c): fans the feed out to the

@@ -836,6 +836,32 @@ int engine_nap(struct engine *g, int64_t ms)
     return stop;
 }
 
+int engine_sched_nap(struct engine *g, int64_t ms)
+{
+    int64_t until = clock_now_ms() + ms;
+    struct timespec ts;
+    clock_abstime(until, &ts);
+    pthread_mutex_lock(&g->wmu);
+    /* Its own condition variable: a clock move wakes neither the sweeper
+     * nor the webhook thread, whose passes tests time by the clock too. */
+    while (!g->stopping && !g->sched_woken && clock_now_ms() < until)
+        if (pthread_cond_timedwait(&g->ncv, &g->wmu, &ts) == ETIMEDOUT)
+            break;
+    g->sched_woken = 0;
+    int stop = g->stopping;
+    pthread_mutex_unlock(&g->wmu);
+    return stop;
+}
+
+void engine_clock_advanced(struct engine *g)
+{
+    wake(g, 1);
+    pthread_mutex_lock(&g->wmu);
+    g->sched_woken = 1;
+    pthread_cond_broadcast(&g->ncv);
+    pthread_mutex_unlock(&g->wmu);
+}
+
 /* Shared stores (PostgreSQL): other processes' commits arrive as
  * notifications; each one wakes this process's idle workers. */
 static void *listener_main(void *arg)
@@ -943,6 +969,7 @@ void engine_stop(struct engine *g)
     g->stopping = 1;
     pthread_cond_broadcast(&g->wcv);
     pthread_cond_broadcast(&g->scv);
+    pthread_cond_broadcast(&g->ncv);
     pthread_mutex_unlock(&g->wmu);
     /* first: a fire may start a GATEWAY call, which needs the client */
     if (g->has_scheduler)

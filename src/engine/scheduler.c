@@ -210,7 +210,7 @@ void *engine_scheduler_main(void *arg)
              * (found by a crash-test audit). */
             due(g, &s, now);
         }
-        if (engine_nap(g, TICK_MS))
+        if (engine_sched_nap(g, TICK_MS))
             break;
     }
     for (size_t i = 0; i < s.n; i++)

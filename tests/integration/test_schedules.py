@@ -185,3 +185,39 @@ def test_two_processes_fire_a_tick_once(make_server):
     assert fired(a) + fired(b) == 1
     assert len(executions(a)) == 1
 
+
+@pytest.mark.skipif(BACKEND != "postgres", reason="a second process learns of a version by listing")
+def test_a_due_tick_a_listing_finds_fires_in_the_same_pass(make_server):
+    """Found by a crash-test audit: a process whose listing finds a schedule
+    whose latest tick is already due (it started, or learned of the
+    version, after the tick) fires that tick at once.  Before, it waited a
+    second; when a minute boundary passed meanwhile, it fired only the next
+    tick and counted this one as missed — a tick lost on SQLite, a false
+    `missed` and warning on PostgreSQL."""
+    a = make_server(extra=["--test-clock"])
+    a.start()
+    a.put(WS, {})
+    b = make_server(db=a.db, extra=["--test-clock"])
+    b.start()
+    # b's first listing (at start) is over before the version is put, so b
+    # first finds it when its clock has moved past `tick`
+    scans = wait_for(lambda: metric(b, "idemflow_schedule_scans_total"))
+    tick, expr = future_minutes(a)
+    assert a.put(f"{WS}/workflows/minutely", every(expr)).status == 201
+    # b lists again only on its own clock (a move of it wakes b's scheduler
+    # for one pass): half a second before the next boundary, with `tick`
+    # due; then past it.  One move each, measured from a's clock (b's still
+    # runs with it) and from the last move's answer: a second move (as
+    # advance_to's reading makes) would wake b's scheduler for a second
+    # pass before the boundary, which fires `tick` even without the fix.
+    r = b.post("/v1/test/clock", {"advanceMs": tick + 59500 - clock_now(a)})
+    assert r.status == 200, r
+    scanned(b, scans, 1)
+    r = b.post("/v1/test/clock", {"advanceMs": tick + 60500 - time_ms(r.json["now"])})
+    assert r.status == 200, r
+    wait_for(lambda: fired(b) >= 2)
+    ticks = sorted(time_ms(b.get(f"{WS}/executions/{i['id']}").json["payload"]["scheduledAt"])
+                   for i in executions(b))
+    assert ticks == [tick, tick + 60000], ticks
+    assert metric(b, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
+    assert "schedule.missed" not in b.logs()

@@ -617,17 +617,6 @@ static void trigger(struct call *c, int mode)
     if (check_name(c, "workspace", ws) || check_name(c, "workflow", wf) ||
         check_name(c, "vertex", vx))
         goto rejected;
-    /* A misspelled parameter would be ignored, and the execution keyed on
-     * another identity than the caller chose. */
-    static const char *const params[] = {"clientIdempotencyId", "forceNewExecution", NULL};
-    const char *other = c->req->query_other ? c->req->query_other(c->req, params) : NULL;
-    if (other) {
-        member_problem(c->res, 400, "invalid-parameter",
-                       "unknown query parameter: a trigger takes clientIdempotencyId and "
-                       "forceNewExecution",
-                       other);
-        goto rejected;
-    }
     int force = query_bool(c, "forceNewExecution");
     if (force == -2)
         goto rejected;
@@ -1620,48 +1609,81 @@ struct route {
     const char *pattern[MAX_SEGS]; /* "*" matches one segment */
     int nseg;
     void (*fn)(struct call *c);
+    /* The query parameters it takes, NULL-terminated (NULL: none); any
+     * other is 400 before the handler runs: a misspelled filter or cursor
+     * would otherwise be ignored and answer something else than was asked
+     * (a trigger's, keyed on another identity than the caller chose). */
+    const char *const *params;
+    int any_query; /* the probes: parameters ignored (scrapers add their own) */
 };
 
+static const char *const q_trigger[] = {"clientIdempotencyId", "forceNewExecution", NULL};
+static const char *const q_version[] = {"version", NULL};
+static const char *const q_page[] = {"after", "limit", NULL};
+static const char *const q_executions[] = {"after", "limit", "status", "workflow", NULL};
+static const char *const q_deliveries[] = {"after", "limit", "state", NULL};
+
 static const struct route routes[] = {
-    {"GET", {"healthz"}, 1, h_healthz},
-    {"GET", {"readyz"}, 1, h_readyz},
-    {"GET", {"metrics"}, 1, h_metrics},
-    {"PUT", {"v1", "workspaces", "*"}, 3, h_workspace_put},
-    {"GET", {"v1", "workspaces", "*"}, 3, h_workspace_get},
-    {"PUT", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_put},
-    {"GET", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_get},
-    {"PUT", {"v1", "workspaces", "*", "secrets", "*"}, 5, h_secret_put},
-    {"GET", {"v1", "workspaces", "*", "secrets"}, 4, h_secret_list},
+    {"GET", {"healthz"}, 1, h_healthz, NULL, 1},
+    {"GET", {"readyz"}, 1, h_readyz, NULL, 1},
+    {"GET", {"metrics"}, 1, h_metrics, NULL, 1},
+    {"PUT", {"v1", "workspaces", "*"}, 3, h_workspace_put, NULL, 0},
+    {"GET", {"v1", "workspaces", "*"}, 3, h_workspace_get, NULL, 0},
+    {"PUT", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_put, NULL, 0},
+    {"GET", {"v1", "workspaces", "*", "workflows", "*"}, 5, h_workflow_get, q_version, 0},
+    {"PUT", {"v1", "workspaces", "*", "secrets", "*"}, 5, h_secret_put, NULL, 0},
+    {"GET", {"v1", "workspaces", "*", "secrets"}, 4, h_secret_list, NULL, 0},
     {"POST",
      {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "trigger"},
      8,
-     h_trigger},
+     h_trigger,
+     q_trigger,
+     0},
     {"POST",
      {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "test-runs"},
      8,
-     h_test_run},
-    {"POST", {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "run"}, 8, h_run},
-    {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get},
-    {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list},
-    {"POST", {"v1", "workspaces", "*", "executions", "*", "retry"}, 6, h_retry},
-    {"POST", {"v1", "workspaces", "*", "executions", "*", "cancel"}, 6, h_cancel},
-    {"POST", {"v1", "workspaces", "*", "executions", "*", "start-over"}, 6, h_start_over},
-    {"POST", {"v1", "workspaces", "*", "executions", "*", "steps", "*", "resolve"}, 8, h_resolve},
-    {"GET", {"v1", "workspaces", "*", "dead-letters"}, 4, h_dead_letters},
-    {"GET", {"v1", "workspaces", "*", "events"}, 4, h_events},
-    {"PUT", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_put},
-    {"GET", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_get},
-    {"DELETE", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_delete},
-    {"GET", {"v1", "workspaces", "*", "subscriptions"}, 4, h_sub_list},
-    {"GET", {"v1", "workspaces", "*", "subscriptions", "*", "deliveries"}, 6, h_deliveries},
+     h_test_run,
+     q_trigger,
+     0},
+    {"POST",
+     {"v1", "workspaces", "*", "workflows", "*", "entry-points", "*", "run"},
+     8,
+     h_run,
+     q_trigger,
+     0},
+    {"GET", {"v1", "workspaces", "*", "executions", "*"}, 5, h_execution_get, NULL, 0},
+    {"GET", {"v1", "workspaces", "*", "executions"}, 4, h_execution_list, q_executions, 0},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "retry"}, 6, h_retry, NULL, 0},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "cancel"}, 6, h_cancel, NULL, 0},
+    {"POST", {"v1", "workspaces", "*", "executions", "*", "start-over"}, 6, h_start_over, NULL, 0},
+    {"POST",
+     {"v1", "workspaces", "*", "executions", "*", "steps", "*", "resolve"},
+     8,
+     h_resolve,
+     NULL,
+     0},
+    {"GET", {"v1", "workspaces", "*", "dead-letters"}, 4, h_dead_letters, q_page, 0},
+    {"GET", {"v1", "workspaces", "*", "events"}, 4, h_events, q_page, 0},
+    {"PUT", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_put, NULL, 0},
+    {"GET", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_get, NULL, 0},
+    {"DELETE", {"v1", "workspaces", "*", "subscriptions", "*"}, 5, h_sub_delete, NULL, 0},
+    {"GET", {"v1", "workspaces", "*", "subscriptions"}, 4, h_sub_list, NULL, 0},
+    {"GET",
+     {"v1", "workspaces", "*", "subscriptions", "*", "deliveries"},
+     6,
+     h_deliveries,
+     q_deliveries,
+     0},
     {"POST",
      {"v1", "workspaces", "*", "subscriptions", "*", "deliveries", "*", "redeliver"},
      8,
-     h_redeliver},
-    {"POST", {"v1", "workspaces", "*", "tokens"}, 4, h_token_create},
-    {"GET", {"v1", "workspaces", "*", "tokens"}, 4, h_token_list},
-    {"DELETE", {"v1", "workspaces", "*", "tokens", "*"}, 5, h_token_delete},
-    {"POST", {"v1", "test", "clock"}, 3, h_test_clock},
+     h_redeliver,
+     NULL,
+     0},
+    {"POST", {"v1", "workspaces", "*", "tokens"}, 4, h_token_create, NULL, 0},
+    {"GET", {"v1", "workspaces", "*", "tokens"}, 4, h_token_list, NULL, 0},
+    {"DELETE", {"v1", "workspaces", "*", "tokens", "*"}, 5, h_token_delete, NULL, 0},
+    {"POST", {"v1", "test", "clock"}, 3, h_test_clock, NULL, 0},
 };
 
 static int split(struct call *c, const char *path)
@@ -1681,6 +1703,27 @@ static int split(struct call *c, const char *path)
         if (*p == '/')
             p++;
     }
+    return 0;
+}
+
+/* 1 when every query parameter is one of params (NULL: none is);
+ * else answers 400 with the first other one and returns 0. */
+static int query_known(struct call *c, const char *const *params)
+{
+    static const char *const none[] = {NULL};
+    const char *const *known = params ? params : none;
+    const char *other = c->req->query_other ? c->req->query_other(c->req, known) : NULL;
+    if (!other)
+        return 1;
+    struct buf why;
+    buf_init(&why, 0);
+    buf_printf(&why, "unknown query parameter '%s': ", other);
+    if (!known[0])
+        buf_printf(&why, "this resource takes none");
+    for (size_t i = 0; known[i]; i++)
+        buf_printf(&why, "%s%s", i == 0 ? "this resource takes " : ", ", known[i]);
+    member_problem(c->res, 400, "invalid-parameter", why.p, other);
+    buf_free(&why);
     return 0;
 }
 
@@ -1748,6 +1791,8 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
             continue;
         path_matched = 1;
         if (strcmp(r->method, req->method) == 0) {
+            if (!r->any_query && !query_known(&c, r->params))
+                goto done;
             r->fn(&c);
             goto done;
         }

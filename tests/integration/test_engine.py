@@ -278,6 +278,40 @@ def test_events_carry_increasing_aggregate_versions(server):
         assert r.json["type"] == "/problems/invalid-parameter", r
 
 
+def test_an_unknown_query_parameter_is_refused_everywhere(server):
+    """?stauts=failed would otherwise list every execution, and a
+    misspelled cursor restart the feed from its start: each resource names
+    the parameters it takes, anything else is 400 naming the first other one,
+    and a POST with one changes nothing.  The probes take any (scrapers add
+    their own)."""
+    put_workflow(server, "chain", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "t": {"type": "TRANSFORM", "config": {"output": "= payload"}}},
+        "edges": [{"from": "start", "to": "t"}]})
+    xid = run(server, "chain", {"n": 1})
+    assert finished(server, xid)["status"] == "completed"
+    events = len(server.get(f"{WS}/events?limit=1000").json["items"])
+    for path in (f"{WS}/executions?stauts=failed", f"{WS}/executions?status=failed&x=1",
+                 f"{WS}/events?afterr=1", f"{WS}/dead-letters?limit=5&cursor=x",
+                 f"{WS}/executions/{xid}?verbose=1", f"{WS}/workflows/chain?versoin=1",
+                 f"{WS}?x", f"{WS}/secrets?x=", f"{WS}/subscriptions?all=1"):
+        r = server.get(path)
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-parameter", (path, r)
+        bad = path.rpartition("?")[2].split("&")[-1].split("=")[0]
+        assert r.json["pointer"] == "/" + bad and bad in r.json["detail"], (path, r.json)
+    r = server.post(f"{WS}/executions/{xid}/retry?force=1")
+    assert r.status == 400 and r.json["pointer"] == "/force", r
+    r = server.post(f"{WS}/executions/{xid}/cancel?reason=x")
+    assert r.status == 400 and r.json["pointer"] == "/reason", r
+    assert server.get(f"{WS}/executions/{xid}").json["status"] == "completed"
+    assert len(server.get(f"{WS}/events?limit=1000").json["items"]) == events
+    # the parameters each one takes still work, and the probes take any
+    assert server.get(f"{WS}/executions?status=completed&workflow=chain&limit=5").status == 200
+    assert server.get(f"{WS}/workflows/chain?version=1").status == 200
+    for probe in ("/healthz?x=1", "/readyz?x=1", "/metrics?name[]=x"):
+        assert server.get(probe).status == 200, probe
+
+
 def test_condition_error_fails_the_target_and_the_source_stands(server):
     put_workflow(server, "bad_cond", {
         "vertices": {

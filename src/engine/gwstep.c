@@ -57,6 +57,11 @@ struct gw_job {
      * first of them started — since the last operator retry, if any. */
     int budget_attempts;
     int64_t first_attempt_ms;
+    /* The last moment the call may leave (gw_request.send_by of req and
+     * vreq): a quarter of a lease before the lease this process last knew
+     * it held runs out — the sweeper moves it on at each renewal, and to
+     * the past when a renewal finds the lease taken over. */
+    _Atomic int64_t send_by;
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
     char *worker;
@@ -130,6 +135,11 @@ static void on_done(void *ctx, struct gw_response *resp)
     struct gw_job *j = ctx;
     struct engine *g = j->g;
     j->resp = resp;
+    if (resp->late)
+        log_warn("step.lease_lost",
+                 "%s/%s epoch %lld: the lease ran out before the request left (the process "
+                 "paused?); not sent",
+                 j->execution_id, j->vertex, (long long)j->epoch);
     pthread_mutex_lock(&g->gmu);
     int first = g->gw_done == NULL;
     j->next = g->gw_done;
@@ -179,6 +189,28 @@ static void inflight_remove(struct gw_job *j)
     pthread_mutex_unlock(&g->gmu);
 }
 
+/* The send_by of a lease held until `until`: a quarter of a lease earlier,
+ * for clocks a little apart across machines (another process takes the
+ * step over once its own clock passes `until`). */
+static int64_t send_by_of(const struct engine *g, int64_t until)
+{
+    return until - g->run.lease_ms / 4;
+}
+
+/* Moves the send_by of the job of (id, vertex, epoch), if still out here. */
+static void send_by_set(struct engine *g, const char *id, const char *vertex, int64_t epoch,
+                        int64_t at)
+{
+    pthread_mutex_lock(&g->gmu);
+    for (struct gw_job *j = g->gw_inflight; j; j = j->inext)
+        if (j->epoch == epoch && strcmp(j->execution_id, id) == 0 &&
+            strcmp(j->vertex, vertex) == 0) {
+            atomic_store(&j->send_by, at);
+            break;
+        }
+    pthread_mutex_unlock(&g->gmu);
+}
+
 /* Whether the call of (id, vertex, epoch) is still on the wire here. */
 static int still_inflight(struct engine *g, const char *id, const char *vertex, int64_t epoch)
 {
@@ -211,17 +243,22 @@ void engine_gw_renew_leases(struct engine *g)
     for (size_t i = 0; i < n; i++) {
         int ok = 0;
         struct ifl_err e = {0};
-        if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch,
-                              clock_now_ms() + g->run.lease_ms, &ok, &e))
+        int64_t until = clock_now_ms() + g->run.lease_ms;
+        if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch, until, &ok, &e)) {
             log_warn("step.lease_renew_failed", "%s/%s: %s", r[i].id, r[i].vertex, e.msg);
-        else if (!ok && still_inflight(g, r[i].id, r[i].vertex, r[i].epoch))
-            /* taken over: this call's outcome will be fenced.  (A call that
-             * ended since the list was made and whose outcome committed
-             * holds no lease any more: nothing was lost.) */
+        } else if (ok) {
+            send_by_set(g, r[i].id, r[i].vertex, r[i].epoch, send_by_of(g, until));
+        } else if (still_inflight(g, r[i].id, r[i].vertex, r[i].epoch)) {
+            /* taken over: a call not yet sent never leaves now, and the
+             * outcome of one that did will be fenced.  (A call that ended
+             * since the list was made and whose outcome committed holds no
+             * lease any more: nothing was lost.) */
+            send_by_set(g, r[i].id, r[i].vertex, r[i].epoch, INT64_MIN);
             log_warn("step.lease_lost",
                      "%s/%s epoch %lld: the lease of a call in flight was "
                      "taken over",
                      r[i].id, r[i].vertex, (long long)r[i].epoch);
+        }
         free(r[i].vertex);
     }
     free(r);
@@ -361,12 +398,16 @@ void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
     /* The call must not leave once its lease may have lapsed (a long batch
      * or commit since the claim): by then another worker may have the step,
      * and a second send of an unkeyed call is a second effect.  Past half
-     * the lease, renew it first, fenced by the epoch, or drop the call. */
+     * the lease, renew it first, fenced by the epoch, or drop the call.
+     * Once out, it leaves only while the lease is held (send_by), which a
+     * pause of the whole process (a VM frozen, swapped out) between here
+     * and the write could otherwise outlast. */
+    int64_t until = claimed_at + g->run.lease_ms;
     if (clock_now_ms() - claimed_at > g->run.lease_ms / 2) {
         int ok = 0;
         struct ifl_err e = {0};
-        if (store_lease_renew(g->store, j->execution_id, j->vertex, j->epoch,
-                              clock_now_ms() + g->run.lease_ms, &ok, &e) ||
+        until = clock_now_ms() + g->run.lease_ms;
+        if (store_lease_renew(g->store, j->execution_id, j->vertex, j->epoch, until, &ok, &e) ||
             !ok) {
             log_warn("step.lease_lost",
                      "%s/%s epoch %lld: lease lost before the call left; not "
@@ -376,6 +417,8 @@ void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
             return;
         }
     }
+    atomic_store(&j->send_by, send_by_of(g, until));
+    j->req.send_by = j->vreq.send_by = &j->send_by;
     inflight_add(j);
     submit(j, j->phase ? &j->vreq : &j->req);
 }

@@ -775,8 +775,24 @@ struct xfer {
     int too_large;   /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
     char denied[64]; /* the address the egress policy refused ("" none) */
     int opened;      /* sockets opened: a name with an allowed address too */
+    int late;        /* req->send_by had passed when the request was to leave */
     struct xfer *next;
 };
+
+/* Called once a connection (new or reused) is ready, before any byte of
+ * the request is written: the last moment a lapsed lease can stop it.
+ * What remains is the few instructions up to the write itself. */
+static int before_request(void *ud, char *primary_ip, char *local_ip, int primary_port,
+                          int local_port)
+{
+    (void)primary_ip, (void)local_ip, (void)primary_port, (void)local_port;
+    struct xfer *x = ud;
+    if (x->req->send_by && clock_now_ms() >= atomic_load(x->req->send_by)) {
+        x->late = 1;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+}
 
 /* Every new connection's socket: refused (nothing sent) when the egress
  * policy denies its address (gw_egress_set). */
@@ -863,6 +879,10 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, x);
+    if (req->send_by) {
+        curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, before_request);
+        curl_easy_setopt(h, CURLOPT_PREREQDATA, x);
+    }
     if (!req->resend_safe) /* never a silent second send (gateway.h) */
         curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
     if (strcmp(req->method, "HEAD") == 0)
@@ -906,6 +926,12 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
         /* Not sent only when libcurl proves no request byte left. */
         r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));
+        if (x->late && cc == CURLE_ABORTED_BY_CALLBACK) {
+            r->transport = GW_T_NOT_SENT;
+            r->late = 1;
+            snprintf(r->error, sizeof r->error,
+                     "the lease ran out before the request left; not sent");
+        }
         if (x->denied[0] && !x->opened && req_size == 0) { /* no address was allowed */
             r->transport = GW_T_NOT_SENT;
             r->denied = 1;

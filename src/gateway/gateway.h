@@ -19,6 +19,7 @@
 #define IFL_GATEWAY_GATEWAY_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -75,6 +76,13 @@ struct gw_request {
      * looks like — so a request without this flag always gets a fresh
      * connection of its own.  gw_request_build sets 0. */
     int resend_safe;
+    /* When set: the clock_now_ms() time from which the request must not
+     * leave any more (its sender's lease, which another process may take
+     * over once it lapses), read just before libcurl writes the request on
+     * a connection; past it the call ends GW_T_NOT_SENT and nothing is
+     * written.  Not owned; the sender moves it (renewals) while the call is
+     * out.  gw_request_build sets NULL: no limit. */
+    const _Atomic int64_t *send_by;
     /* The secret values substituted on the wire (wiped on clear), so that a
      * response echoing one can be scrubbed (gw_response_scrub). */
     char **secrets;
@@ -144,6 +152,7 @@ struct gw_response {
                            the output says "bodyTooLarge": true */
     char error[256];    /* transport error text */
     int denied;         /* not sent: the egress policy refused the address */
+    int late;           /* not sent: the request's send_by had passed */
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);

@@ -314,3 +314,58 @@ def test_a_draining_process_keeps_the_leases_of_its_calls_in_flight(make_server,
         assert "lease_lost" not in a.logs()
     finally:
         mock.stop()
+
+
+def test_a_call_whose_process_paused_past_its_lease_never_leaves(make_server, workdir):
+    """Found by a chaos judge: the whole process pauses (SIGSTOP here; a
+    frozen VM or a swap storm in life) after the call's last lease check and
+    before its bytes leave, for longer than the lease.  Another process
+    takes the step over, verifies (nothing there) and charges.  The paused
+    one, continued, must not send its request: the provider ignores keys,
+    so it would be a second charge.  The fault point only widens the window
+    so that the pause lands in it."""
+    from test_gateway import Mock, verify_flow
+    mock = Mock(workdir)
+    try:
+        db = new_db(workdir)
+        common = ["--workers", "2", "--lease-ms", "1500"]
+        a = make_server(db=db, extra=common,
+                        env={"IDEMFLOW_FAULT": "gateway.before_send:sleep=2500@1"})
+        b = make_server(db=db, extra=common)
+        a.start()
+        b.start()
+        a.put(WS, {})
+        assert a.put(f"{WS}/workflows/rvw", verify_flow(mock)).status == 201
+        mock.faults("ignore_idempotency")
+        answers = []
+        # the trigger launches the call on its own thread, whose answer the
+        # pause holds up
+        t = threading.Thread(target=lambda: answers.append(a.post(
+            f"{WS}/workflows/rvw/entry-points/order/trigger", {"order": {"id": "ps-1"}},
+            timeout=60)), daemon=True)
+        t.start()
+        wait_for(lambda: "fault.fired" in a.logs())
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            xs = wait_for(lambda: b.get(f"{WS}/executions").json["items"])
+            xid = xs[0]["id"]
+
+            def done():
+                x = b.get(f"{WS}/executions/{xid}").json
+                return x if x["status"] != "running" else None
+            x = wait_for(done, timeout=30)
+            assert x["status"] == "completed", x
+            assert mock.charges("ps-1") == 1
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        # a's late attempt ends, and changes nothing (fenced), either way
+        wait_for(lambda: "step.fenced" in a.logs(), timeout=30)
+        t.join(timeout=30)
+        assert mock.charges("ps-1") == 1
+        assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+        assert "the lease ran out before the request left" in a.logs()
+        ch = [st for st in b.get(f"{WS}/executions/{xid}").json["steps"]
+              if st["vertex"] == "charge"][0]
+        assert [h["outcome"] for h in ch["history"]] == ["lease_expired", "success"], ch
+    finally:
+        mock.stop()

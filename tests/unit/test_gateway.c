@@ -1,7 +1,8 @@
 /*
- * test_gateway — the GATEWAY rules that need no network: the spec's
- * outcome table, Retry-After in both forms, full-jitter backoff bounds,
- * policy defaults, and secret masking in rendered requests.
+ * test_gateway — the GATEWAY rules: the spec's outcome table, Retry-After
+ * in both forms, full-jitter backoff bounds, policy defaults, secret
+ * masking in rendered requests, the egress policy, and (over loopback) a
+ * request whose lease ran out never leaving.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,10 +11,14 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "base/clock.h"
 #include "gateway/gateway.h"
 #include "json/json.h"
 
@@ -331,6 +336,69 @@ static void test_egress_policy(void **state)
     assert_true(denied("127.0.0.1")); /* what failed to parse changed nothing */
 }
 
+/* A loopback listener that never accepts on its own: what a call wrote
+ * stays in the accepted socket for the test to read. */
+static int listener(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* The bytes the call left on its connection (-1: it never connected). */
+static ssize_t bytes_written(int lfd)
+{
+    int c = accept(lfd, NULL, NULL);
+    if (c < 0)
+        return -1;
+    char buf[4096];
+    ssize_t n = recv(c, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        n = 0;
+    close(c);
+    return n;
+}
+
+static void test_a_lapsed_lease_stops_the_request(void **state)
+{
+    (void)state;
+    struct ifl_err e = {0};
+    assert_int_equal(gw_egress_set("none", &e), 0); /* loopback, whatever ran before */
+    int port = 0, lfd = listener(&port);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/charges", port);
+    json_t *rendered = json_pack("{s:s, s:{s:s}, s:{s:i}}", "url", url, "headers",
+                                 "Idempotency-Key", "k-1", "body", "amount", 7);
+    struct gw_request r;
+    assert_int_equal(gw_request_build("POST", rendered, &r, NULL), 0);
+    /* the lease ran out (a pause of the whole process, say): connected,
+     * nothing written, and the outcome says so */
+    _Atomic int64_t send_by = clock_now_ms() - 1;
+    r.send_by = &send_by;
+    struct gw_response out;
+    assert_int_equal(gw_call(&r, 2000, &out), 0);
+    assert_int_equal(out.transport, GW_T_NOT_SENT);
+    assert_true(out.late);
+    assert_non_null(strstr(out.error, "lease"));
+    gw_response_clear(&out);
+    assert_int_equal(bytes_written(lfd), 0);
+    /* still held: the request leaves (no answer comes, so it times out) */
+    atomic_store(&send_by, clock_now_ms() + 60000);
+    assert_int_equal(gw_call(&r, 300, &out), 0);
+    assert_int_equal(out.transport, GW_T_AMBIGUOUS);
+    gw_response_clear(&out);
+    assert_true(bytes_written(lfd) > 0);
+    gw_request_clear(&r);
+    json_decref(rendered);
+    close(lfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -341,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_secrets_are_masked),
         cmocka_unit_test(test_secrets_in_query_and_body),
         cmocka_unit_test(test_egress_policy),
+        cmocka_unit_test(test_a_lapsed_lease_stops_the_request),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);
 }

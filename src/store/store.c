@@ -382,11 +382,28 @@ int store_open(const char *url, struct store **out, struct ifl_err *e)
     *out = NULL;
     if (!url || !*url)
         return err_set(e, IFL_EINVAL, "empty database url");
+    int rc;
     if (!store_url_is_sqlite(url))
-        return store_pg_open(url, out, e);
-    if (strncmp(url, "sqlite:", 7) == 0)
-        url += 7;
-    return store_sqlite_open(url, out, e);
+        rc = store_pg_open(url, out, e);
+    else
+        rc = store_sqlite_open(strncmp(url, "sqlite:", 7) == 0 ? url + 7 : url, out, e);
+    if (rc)
+        return rc;
+    /* A database a newer engine migrated: this one does not know what its
+     * later migrations mean (a status it never wrote, a column it never
+     * fills), so it does not guess. */
+    int have = 0, known = store_migrations[store_migrations_count - 1].version;
+    rc = store_schema_version(*out, &have, e);
+    if (!rc && have > known)
+        rc = err_set(e, IFL_EINVAL,
+                     "the database's schema is at version %d, newer than this engine's %d: a "
+                     "newer idemflow migrated it; run that version (going back is not supported)",
+                     have, known);
+    if (rc) {
+        store_close(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 char *store_url_shown(const char *url)

@@ -31,7 +31,9 @@ struct store;
 /* Opens the store named by url: "sqlite:PATH" (or a bare path), or
  * PostgreSQL: "postgres://…", "postgresql://…" or a libpq key=value
  * conninfo naming dbname= or host= (docs/postgres.md).  Applies pending
- * schema migrations.  On success *out is owned by the caller (store_close). */
+ * schema migrations; IFL_EINVAL when the database holds migrations newer
+ * than this engine knows (a newer engine's).  On success *out is owned by
+ * the caller (store_close). */
 int store_open(const char *url, struct store **out, struct ifl_err *e);
 /* 1 when url names the embedded SQLite store (a path or "sqlite:PATH"). */
 int store_url_is_sqlite(const char *url);

@@ -201,6 +201,17 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
     return 0;
 }
 
+char *engine_broken_error(const struct wf_vertex *v)
+{
+    char *msg = xasprintf("an earlier engine stored this workflow version, and this vertex no "
+                          "longer compiles (%s): resolve the step, or put a corrected version "
+                          "and start the execution over",
+                          v->broken);
+    char *t = steps_error_json("workflow_invalid", msg);
+    free(msg);
+    return t;
+}
+
 int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int version,
                         const struct wf **out, int *version_out, struct ifl_err *e)
 {
@@ -223,13 +234,21 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
     if (!c) {
         json_t *def = NULL;
         struct wf *w = NULL;
-        rc = json_parse(sw.definition, strlen(sw.definition), NULL, &def, e);
+        struct ifl_err ce = {0}; /* e may be NULL: the log says why all the same */
+        rc = json_parse(sw.definition, strlen(sw.definition), NULL, &def, &ce);
         if (!rc)
-            rc = wf_compile_stored(def, &w, e);
+            rc = wf_compile_stored(def, &w, &ce);
         json_decref(def);
+        if (!rc)
+            for (size_t i = 0; i < w->nv; i++)
+                if (w->v[i].broken)
+                    log_warn("workflow.broken_vertex",
+                             "stored workflow %s/%s v%d: vertex %s no longer compiles (%s); its "
+                             "steps fail with workflow_invalid",
+                             ws, wf, sw.version, w->v[i].id, w->v[i].broken);
         if (rc) {
             log_error("workflow.corrupt", "stored workflow %s/%s v%d does not compile: %s", ws, wf,
-                      sw.version, e ? e->msg : "");
+                      sw.version, ce.msg);
             store_workflow_clear(&sw);
             return err_set(e, IFL_EINTERNAL, "stored workflow version does not compile");
         }

@@ -87,6 +87,9 @@ struct gw_job;
  * claimable, so a worker that found nothing to claim does not ask again
  * (engine_wake is the one for dispatched work). */
 void engine_wake_drain(struct engine *g);
+/* The error JSON text (owned) of a step whose vertex is `broken` in its
+ * stored workflow version (wf_compile_stored): workflow_invalid. */
+char *engine_broken_error(const struct wf_vertex *v);
 /* The scheduler thread (scheduler.c): fires the schedules of the latest
  * workflow versions, each tick once across processes (spec §9).  Exits
  * once g->stopping is set (under wmu; engine_stop signals ncv). */

@@ -327,6 +327,10 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                                  char **err_text)
 {
     const struct wf_vertex *v = &w->v[vi];
+    if (v->broken) {
+        *err_text = engine_broken_error(v);
+        return NULL;
+    }
     struct gw_job *j = xcalloc(1, sizeof *j);
     j->g = g;
     memcpy(j->execution_id, c->execution_id, sizeof j->execution_id);

@@ -36,6 +36,10 @@ int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, 
     struct ifl_err te = {0};
     *out = NULL;
     *out_text = NULL;
+    if (w->v[vi].broken) {
+        *err_text = engine_broken_error(&w->v[vi]);
+        return -1;
+    }
     if (tmpl_eval(w->v[vi].output, ctx, secret_lookup, &sc, out, &te)) {
         *err_text = steps_error_json("expression_error", te.msg);
         return -1;

@@ -58,6 +58,7 @@ void wf_free(struct wf *w)
         tmpl_free(v->request);
         tmpl_free(v->verify);
         expr_free(v->done_when);
+        free(v->broken);
         free(v->in);
         free(v->out);
     }
@@ -386,7 +387,7 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     return 0;
 }
 
-static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
+static int compile_gateway(struct wf_vertex *v, json_t *cfg, int strict, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
     static const char *methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", NULL};
@@ -397,10 +398,16 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         json_t *mm = json_object_get(k ? verify_cfg : cfg, "method");
         if (!mm)
             continue;
-        int ok = 0;
-        for (int i = 0; json_is_string(mm) && methods[i]; i++)
-            ok |= strcmp(json_string_value(mm), methods[i]) == 0;
-        if (!ok) {
+        /* A stored version from before the method of verify was checked
+         * (49514b2) may spell it in lower case: it runs as the method it
+         * names, in the case that goes on the wire. */
+        const char *mv = json_string_value(mm), *canon = NULL;
+        for (int i = 0; mv && methods[i] && !canon; i++)
+            if (strcmp(mv, methods[i]) == 0 || (!strict && strcasecmp(mv, methods[i]) == 0))
+                canon = methods[i];
+        if (canon && strcmp(mv, canon) != 0) /* frees mm and mv */
+            json_object_set_new(k ? verify_cfg : cfg, "method", json_string(canon));
+        if (!canon) {
             vptr(p, sizeof p, v->id, k ? "/config/verify/method" : "/config/method");
             return err_setp(e, IFL_EVALIDATION, p,
                             "method must be one of GET, POST, PUT, PATCH, DELETE, HEAD");
@@ -625,11 +632,24 @@ static int compile_vertices(struct wf *w, json_t *vertices, int strict, struct i
         mrc = strict ? config_members(v, cfg, e) : 0;
         if (mrc)
             return mrc;
-        int rc = v->type == WF_ENTRY_POINT ? compile_entry(v, cfg, e)
-                 : v->type == WF_GATEWAY   ? compile_gateway(v, cfg, e)
-                                           : compile_transform(v, cfg, e);
-        if (rc)
+        struct ifl_err ve = {0};
+        int rc = v->type == WF_ENTRY_POINT ? compile_entry(v, cfg, &ve)
+                 : v->type == WF_GATEWAY   ? compile_gateway(v, cfg, strict, &ve)
+                                           : compile_transform(v, cfg, &ve);
+        if (rc && !strict && v->type != WF_ENTRY_POINT) {
+            /* A stored version that an earlier engine accepted and this one
+             * no longer compiles: its executions must not be stranded.  The
+             * vertex stays, marked, and its steps fail (workflow_invalid,
+             * a dead letter) instead of every load of the version failing
+             * and its claimed steps waiting for leases forever. */
+            v->broken = xasprintf("%s%s%s", ve.pointer, ve.pointer[0] ? ": " : "", ve.msg);
+            continue;
+        }
+        if (rc) {
+            if (e)
+                *e = ve;
             return rc;
+        }
     }
     return 0;
 }
@@ -745,13 +765,15 @@ static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
     if (!json_is_object(vertices) || json_object_size(vertices) == 0)
         return err_setp(e, IFL_EVALIDATION, "/vertices",
                         "vertices must be a non-empty object keyed by vertex id");
-    if (json_object_size(vertices) > WF_MAX_VERTICES)
+    /* The limits bind new versions; a stored one an engine without them
+     * accepted (before 1bb5a1b) still runs. */
+    if (strict && json_object_size(vertices) > WF_MAX_VERTICES)
         return err_setp(e, IFL_EVALIDATION, "/vertices", "a workflow has at most %d vertices",
                         WF_MAX_VERTICES);
     json_t *edges = json_object_get(def, "edges");
     if (edges && !json_is_array(edges))
         return err_setp(e, IFL_EVALIDATION, "/edges", "edges must be an array");
-    if (json_array_size(edges) > WF_MAX_EDGES)
+    if (strict && json_array_size(edges) > WF_MAX_EDGES)
         return err_setp(e, IFL_EVALIDATION, "/edges", "a workflow has at most %d edges",
                         WF_MAX_EDGES);
     struct wf *w = xcalloc(1, sizeof *w);

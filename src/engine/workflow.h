@@ -59,8 +59,12 @@ struct wf_vertex {
     struct tmpl *verify;     /* GATEWAY: compiled verify {url, headers, query}, or NULL */
     const char *verify_method;
     struct expr *done_when; /* GATEWAY: verify's doneWhen */
-    size_t *in, n_in;       /* indexes of incoming edges */
-    size_t *out, n_out;     /* indexes of outgoing edges */
+    /* A stored version only (wf_compile_stored): why this GATEWAY's or
+     * TRANSFORM's config no longer compiles (owned), else NULL.  Its steps
+     * fail with workflow_invalid; nothing else of the vertex is set. */
+    char *broken;
+    size_t *in, n_in;   /* indexes of incoming edges */
+    size_t *out, n_out; /* indexes of outgoing edges */
 };
 
 struct wf_edge {
@@ -88,9 +92,13 @@ struct wf {
  * otherwise make its edge unconditional).  *out is owned by the caller
  * (wf_free). */
 int wf_compile(json_t *def, struct wf **out, struct ifl_err *e);
-/* The same for a definition stored earlier, which an older version may have
- * accepted with members it ignored: they are ignored again, so every
- * version the store holds keeps running as it did. */
+/* The same for a definition stored earlier, which an older engine may have
+ * accepted under rules since tightened: members it ignored are ignored
+ * again, the vertex and edge limits do not apply, a method in lower case
+ * is read in upper case, and a GATEWAY or TRANSFORM whose config no longer
+ * compiles is kept `broken` (its steps fail) rather than failing the whole
+ * version — so every version the store holds keeps running, and no
+ * execution of it is stranded. */
 int wf_compile_stored(json_t *def, struct wf **out, struct ifl_err *e);
 void wf_free(struct wf *w);
 

@@ -207,6 +207,37 @@ static void test_unknown_members(void **state)
 #undef GW_TAIL
 }
 
+/* What an earlier engine accepted and this one would refuse as new still
+ * compiles when stored: a verify method in lower case (read in upper
+ * case), and a GATEWAY whose config no longer compiles kept `broken`. */
+static void test_stored_versions_stay_runnable(void **state)
+{
+    (void)state;
+    static const char def_text[] =
+        "{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
+        "\"c\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
+        "\"verify\":{\"method\":\"get\",\"url\":\"http://x\",\"doneWhen\":\"= true\"}}},"
+        "\"b\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
+        "\"headers\":{\"Bad Header\":\"1\"}}}},"
+        "\"edges\":[{\"from\":\"a\",\"to\":\"b\"},{\"from\":\"a\",\"to\":\"c\"}]}";
+    expect_bad(def_text, "/vertices/c/config/verify/method");
+    json_t *def = NULL;
+    assert_int_equal(json_parse(def_text, strlen(def_text), NULL, &def, NULL), 0);
+    struct wf *w = NULL;
+    struct ifl_err e = {0};
+    if (wf_compile_stored(def, &w, &e) != 0)
+        fail_msg("stored: %s", e.msg);
+    const struct wf_vertex *b = &w->v[wf_vertex_index(w, "b")];
+    const struct wf_vertex *c = &w->v[wf_vertex_index(w, "c")];
+    assert_null(c->broken);
+    assert_string_equal(c->verify_method, "GET");
+    assert_non_null(b->broken);
+    assert_non_null(strstr(b->broken, "/vertices/b/config/headers/Bad Header"));
+    assert_int_equal(w->v[wf_vertex_index(w, "a")].n_out, 2); /* the graph is whole */
+    wf_free(w);
+    json_decref(def);
+}
+
 static void test_good_graph(void **state)
 {
     struct wf *w = NULL;
@@ -303,7 +334,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rejections), cmocka_unit_test(test_unknown_members),
         cmocka_unit_test(test_good_graph), cmocka_unit_test(test_names),
-        cmocka_unit_test(test_signatures),
+        cmocka_unit_test(test_signatures), cmocka_unit_test(test_stored_versions_stay_runnable),
     };
     return cmocka_run_group_tests_name("workflow", tests, NULL, NULL);
 }

@@ -243,8 +243,8 @@ void engine_gw_renew_leases(struct engine *g)
     for (size_t i = 0; i < n; i++) {
         int ok = 0;
         struct ifl_err e = {0};
-        int64_t until = clock_now_ms() + g->run.lease_ms;
-        if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch, until, &ok, &e)) {
+        int64_t now = clock_now_ms(), until = now + g->run.lease_ms;
+        if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch, now, until, &ok, &e)) {
             log_warn("step.lease_renew_failed", "%s/%s: %s", r[i].id, r[i].vertex, e.msg);
         } else if (ok) {
             send_by_set(g, r[i].id, r[i].vertex, r[i].epoch, send_by_of(g, until));
@@ -410,8 +410,10 @@ void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
     if (clock_now_ms() - claimed_at > g->run.lease_ms / 2) {
         int ok = 0;
         struct ifl_err e = {0};
-        until = clock_now_ms() + g->run.lease_ms;
-        if (store_lease_renew(g->store, j->execution_id, j->vertex, j->epoch, until, &ok, &e) ||
+        int64_t now = clock_now_ms();
+        until = now + g->run.lease_ms;
+        if (store_lease_renew(g->store, j->execution_id, j->vertex, j->epoch, now, until, &ok,
+                              &e) ||
             !ok) {
             log_warn("step.lease_lost",
                      "%s/%s epoch %lld: lease lost before the call left; not "

@@ -153,8 +153,9 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     trace(g, "run", c);
     if (clock_now_ms() - claimed_at > g->run.lease_ms / 2) {
         int ok = 0;
-        if (store_lease_renew(g->store, c->execution_id, c->vertex, c->epoch,
-                              clock_now_ms() + g->run.lease_ms, &ok, &e) ||
+        int64_t now = clock_now_ms();
+        if (store_lease_renew(g->store, c->execution_id, c->vertex, c->epoch, now,
+                              now + g->run.lease_ms, &ok, &e) ||
             !ok) {
             log_warn("step.lease_lost", "%s/%s epoch %lld: lease lost before start",
                      c->execution_id, c->vertex, (long long)c->epoch);

@@ -382,28 +382,25 @@ int store_open(const char *url, struct store **out, struct ifl_err *e)
     *out = NULL;
     if (!url || !*url)
         return err_set(e, IFL_EINVAL, "empty database url");
-    int rc;
     if (!store_url_is_sqlite(url))
-        rc = store_pg_open(url, out, e);
-    else
-        rc = store_sqlite_open(strncmp(url, "sqlite:", 7) == 0 ? url + 7 : url, out, e);
-    if (rc)
-        return rc;
+        return store_pg_open(url, out, e);
+    if (strncmp(url, "sqlite:", 7) == 0)
+        url += 7;
+    return store_sqlite_open(url, out, e);
+}
+
+int store_schema_newer(int have, struct ifl_err *e)
+{
     /* A database a newer engine migrated: this one does not know what its
      * later migrations mean (a status it never wrote, a column it never
-     * fills), so it does not guess. */
-    int have = 0, known = store_migrations[store_migrations_count - 1].version;
-    rc = store_schema_version(*out, &have, e);
-    if (!rc && have > known)
-        rc = err_set(e, IFL_EINVAL,
-                     "the database's schema is at version %d, newer than this engine's %d: a "
-                     "newer idemflow migrated it; run that version (going back is not supported)",
-                     have, known);
-    if (rc) {
-        store_close(*out);
-        *out = NULL;
-    }
-    return rc;
+     * fills), so it does not guess — and applies none of its own. */
+    int known = store_migrations[store_migrations_count - 1].version;
+    if (have <= known)
+        return 0;
+    return err_set(e, IFL_EINVAL,
+                   "the database's schema is at version %d, newer than this engine's %d: a "
+                   "newer idemflow migrated it; run that version (going back is not supported)",
+                   have, known);
 }
 
 char *store_url_shown(const char *url)
@@ -785,10 +782,10 @@ int store_claim_noted(struct store *s, const char *worker, int limit, int64_t no
 }
 
 int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
-                      int64_t until, int *ok, struct ifl_err *e)
+                      int64_t now, int64_t until, int *ok, struct ifl_err *e)
 {
     *ok = 0;
-    return s->ops->lease_renew(s, execution_id, vertex, epoch, until, ok, e);
+    return s->ops->lease_renew(s, execution_id, vertex, epoch, now, until, ok, e);
 }
 
 int store_expired(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,

@@ -31,8 +31,9 @@ struct store;
 /* Opens the store named by url: "sqlite:PATH" (or a bare path), or
  * PostgreSQL: "postgres://…", "postgresql://…" or a libpq key=value
  * conninfo naming dbname= or host= (docs/postgres.md).  Applies pending
- * schema migrations; IFL_EINVAL when the database holds migrations newer
- * than this engine knows (a newer engine's).  On success *out is owned by
+ * schema migrations; IFL_EINVAL, before migrating anything, when the
+ * database holds migrations newer than this engine knows (a newer
+ * engine's).  On success *out is owned by
  * the caller (store_close). */
 int store_open(const char *url, struct store **out, struct ifl_err *e);
 /* 1 when url names the embedded SQLite store (a path or "sqlite:PATH"). */
@@ -260,9 +261,12 @@ int store_claim(struct store *s, const char *worker, int limit, int64_t now, int
 int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                       const char *retry_note, struct store_claim **items, size_t *n,
                       struct ifl_err *e);
-/* Extends a lease; *ok = 0 when the step is no longer ours (fenced). */
+/* Extends a lease to `until`; *ok = 0 when the step is no longer ours
+ * (fenced) or its lease had already run out at `now`: a lapsed lease is not
+ * revived, since another process may be recovering the step (it listed it
+ * as expired) while this one would go on and send its call. */
 int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
-                      int64_t until, int *ok, struct ifl_err *e);
+                      int64_t now, int64_t until, int *ok, struct ifl_err *e);
 /* Steps left EXECUTING whose lease expired before `now` (all EXECUTING
  * steps when now < 0), up to limit. */
 int store_expired(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,

@@ -68,7 +68,7 @@ struct store_ops {
     int (*claim)(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                  const char *retry_note, struct store_claim **items, size_t *n, struct ifl_err *e);
     int (*lease_renew)(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
-                       int64_t until, int *ok, struct ifl_err *e);
+                       int64_t now, int64_t until, int *ok, struct ifl_err *e);
     int (*expired)(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,
                    struct ifl_err *e);
     int (*next_due)(struct store *s, int64_t *when, struct ifl_err *e);
@@ -183,5 +183,8 @@ struct store_migration {
 };
 extern const struct store_migration store_migrations[];
 extern const int store_migrations_count;
+/* IFL_EINVAL, saying so, when a database's highest applied migration
+ * `have` is newer than this engine's last: checked before migrating. */
+int store_schema_newer(int have, struct ifl_err *e);
 
 #endif

@@ -319,7 +319,8 @@ static const struct {
                       " AND epoch = $3 AND worker = $4"},
     [S_RENEW] = {"ifl_renew", "UPDATE steps SET lease_expires_at = $1"
                               " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $2)"
-                              " AND vertex = $3 AND state = 'EXECUTING' AND epoch = $4"},
+                              " AND vertex = $3 AND state = 'EXECUTING' AND epoch = $4"
+                              " AND lease_expires_at >= $5"},
     [S_EXPIRED] = {"ifl_expired", "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING'"
                                   " AND lease_expires_at < $1 ORDER BY lease_expires_at"
                                   " LIMIT $2"},
@@ -1144,6 +1145,14 @@ static int body_migrate(struct pgtx *t, void *arg, struct ifl_err *e)
     PGresult *r = PQexec(t->c->pg, "SELECT version FROM schema_migrations");
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
         rc = fail(t, r, "migrate", e);
+        PQclear(r);
+        return rc;
+    }
+    int newest = 0;
+    for (int k = 0; k < PQntuples(r); k++)
+        if (col_i64(r, k, 0) > newest)
+            newest = (int)col_i64(r, k, 0);
+    if ((rc = store_schema_newer(newest, e))) {
         PQclear(r);
         return rc;
     }
@@ -2335,12 +2344,13 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
 
 struct renew_args {
     const char *id, *vertex;
-    int64_t epoch, until;
+    int64_t epoch, now, until;
     int ok;
 };
 
-/* Guarded by state and epoch; setting the same expiry again is harmless,
- * so an unknown commit is simply run again. */
+/* Guarded by state, epoch and a lease not yet run out (never revived: the
+ * complement of S_EXPIRED); setting the same expiry again is harmless, so
+ * an unknown commit is simply run again. */
 static int body_renew(struct pgtx *t, void *arg, struct ifl_err *e)
 {
     struct renew_args *a = arg;
@@ -2349,6 +2359,7 @@ static int body_renew(struct pgtx *t, void *arg, struct ifl_err *e)
     arg_s(&p, a->id);
     arg_s(&p, a->vertex);
     arg_i(&p, a->epoch);
+    arg_i(&p, a->now);
     PGresult *r = q(t, S_RENEW, &p, e);
     if (!r)
         return t->fail_rc;
@@ -2358,9 +2369,9 @@ static int body_renew(struct pgtx *t, void *arg, struct ifl_err *e)
 }
 
 static int op_lease_renew(struct store *base, const char *execution_id, const char *vertex,
-                          int64_t epoch, int64_t until, int *ok, struct ifl_err *e)
+                          int64_t epoch, int64_t now, int64_t until, int *ok, struct ifl_err *e)
 {
-    struct renew_args a = {execution_id, vertex, epoch, until, 0};
+    struct renew_args a = {execution_id, vertex, epoch, now, until, 0};
     int rc = run((struct pg *)base, body_renew, &a, M_WRITE, e);
     *ok = rc ? 0 : a.ok;
     return rc;

@@ -587,6 +587,14 @@ static int migrate(struct sq *s, struct ifl_err *e)
                   e);
     if (rc)
         return rc;
+    sqlite3_stmt *vs = NULL;
+    if (sqlite3_prepare_v2(c->db, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", -1,
+                           &vs, NULL) != SQLITE_OK)
+        return db_err(c, e, "migrate");
+    int newest = sqlite3_step(vs) == SQLITE_ROW ? sqlite3_column_int(vs, 0) : 0;
+    sqlite3_finalize(vs);
+    if ((rc = store_schema_newer(newest, e)))
+        return rc;
     for (int i = 0; i < store_migrations_count; i++) {
         const struct store_migration *m = &store_migrations[i];
         if ((rc = exec(c, "BEGIN IMMEDIATE", e)))
@@ -1974,7 +1982,7 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
 
 struct renew_args {
     const char *id, *vertex;
-    int64_t epoch, until;
+    int64_t epoch, now, until;
     int ok;
 };
 
@@ -1983,7 +1991,8 @@ static int job_renew(struct conn *c, void *arg, struct ifl_err *e)
     struct renew_args *a = arg;
     static const char sql[] = "UPDATE steps SET lease_expires_at = ? WHERE execution_seq = "
                               "(SELECT seq FROM executions WHERE id = ?)"
-                              " AND vertex = ? AND state = 'EXECUTING' AND epoch = ?";
+                              " AND vertex = ? AND state = 'EXECUTING' AND epoch = ?"
+                              " AND lease_expires_at >= ?";
     sqlite3_stmt *st = stmt(c, sql, e);
     if (!st)
         return IFL_ESTORE;
@@ -1991,6 +2000,7 @@ static int job_renew(struct conn *c, void *arg, struct ifl_err *e)
     bind_text(st, 2, a->id);
     bind_text(st, 3, a->vertex);
     sqlite3_bind_int64(st, 4, a->epoch);
+    sqlite3_bind_int64(st, 5, a->now);
     int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "lease_renew");
     done_stmt(st);
     a->ok = !rc && sqlite3_changes(c->db) == 1;
@@ -1998,9 +2008,9 @@ static int job_renew(struct conn *c, void *arg, struct ifl_err *e)
 }
 
 static int op_lease_renew(struct store *base, const char *execution_id, const char *vertex,
-                          int64_t epoch, int64_t until, int *ok, struct ifl_err *e)
+                          int64_t epoch, int64_t now, int64_t until, int *ok, struct ifl_err *e)
 {
-    struct renew_args a = {execution_id, vertex, epoch, until, 0};
+    struct renew_args a = {execution_id, vertex, epoch, now, until, 0};
     int rc = write_job((struct sq *)base, job_renew, &a, e);
     *ok = a.ok;
     return rc;

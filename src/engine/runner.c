@@ -603,7 +603,11 @@ static int recover(struct engine *g, int64_t now)
          * or park for an operator). */
         long vi = wf_vertex_index(w, st->vertex);
         int gateway = vi >= 0 && w->v[vi].type == WF_GATEWAY;
-        enum gw_ambiguous amb = gateway ? w->v[vi].policy.ambiguous : GW_AMB_RETRY;
+        /* A broken vertex (a stored version that no longer compiles) has no
+         * policy to trust: an operator decides. */
+        enum gw_ambiguous amb = !gateway          ? GW_AMB_RETRY
+                                : w->v[vi].broken ? GW_AMB_RECONCILE
+                                                  : w->v[vi].policy.ambiguous;
         int park = gateway && amb == GW_AMB_RECONCILE;
         enum death death = DIED_MID_CALL;
         int expiries = 1, poison = 0, crashed = 0;

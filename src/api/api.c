@@ -1791,8 +1791,11 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
             continue;
         path_matched = 1;
         if (strcmp(r->method, req->method) == 0) {
-            if (!r->any_query && !query_known(&c, r->params))
+            if (!r->any_query && !query_known(&c, r->params)) {
+                if (r->params == q_trigger) /* a trigger refused, as trigger() counts them */
+                    atomic_fetch_add(&a->triggers_rejected, 1);
                 goto done;
+            }
             r->fn(&c);
             goto done;
         }

@@ -209,12 +209,15 @@ def test_a_misspelled_query_parameter_is_refused(orders):
     trigger, test runs and streaming runs alike."""
     s, _ = orders
     before = count_executions(s)
+    from test_engine import metric
+    rejected = metric(s, 'idemflow_triggers_total{outcome="rejected"}')
     for kind in ("trigger", "test-runs", "run"):
         r = s.post(f"/v1/workspaces/acme/workflows/orders/entry-points/by_payload/{kind}"
                    "?clientIdempotencyID=k-1", {"a": 1})
         assert r.status == 400 and r.json["type"] == "/problems/invalid-parameter", (kind, r)
         assert r.json["pointer"] == "/clientIdempotencyID", r
     assert count_executions(s) == before
+    assert metric(s, 'idemflow_triggers_total{outcome="rejected"}') == rejected + 3
     ok = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=k-1")
     assert ok.status == 201, ok
     # an empty segment names nothing: "?&" and "&&" as URL builders write them

@@ -197,28 +197,19 @@ static int64_t send_by_of(const struct engine *g, int64_t until)
     return until - g->run.lease_ms / 4;
 }
 
-/* Moves the send_by of the job of (id, vertex, epoch), if still out here. */
-static void send_by_set(struct engine *g, const char *id, const char *vertex, int64_t epoch,
-                        int64_t at)
-{
-    pthread_mutex_lock(&g->gmu);
-    for (struct gw_job *j = g->gw_inflight; j; j = j->inext)
-        if (j->epoch == epoch && strcmp(j->execution_id, id) == 0 &&
-            strcmp(j->vertex, vertex) == 0) {
-            atomic_store(&j->send_by, at);
-            break;
-        }
-    pthread_mutex_unlock(&g->gmu);
-}
-
-/* Whether the call of (id, vertex, epoch) is still on the wire here. */
-static int still_inflight(struct engine *g, const char *id, const char *vertex, int64_t epoch)
+/* Moves the send_by of the call of (id, vertex, epoch); 1 when that call
+ * is still out here, 0 (nothing moved) when it ended meanwhile. */
+static int send_by_set(struct engine *g, const char *id, const char *vertex, int64_t epoch,
+                       int64_t at)
 {
     int found = 0;
     pthread_mutex_lock(&g->gmu);
-    for (const struct gw_job *j = g->gw_inflight; j && !found; j = j->inext)
-        found =
-            j->epoch == epoch && strcmp(j->execution_id, id) == 0 && strcmp(j->vertex, vertex) == 0;
+    for (struct gw_job *j = g->gw_inflight; j && !found; j = j->inext)
+        if (j->epoch == epoch && strcmp(j->execution_id, id) == 0 &&
+            strcmp(j->vertex, vertex) == 0) {
+            atomic_store(&j->send_by, at);
+            found = 1;
+        }
     pthread_mutex_unlock(&g->gmu);
     return found;
 }
@@ -248,12 +239,11 @@ void engine_gw_renew_leases(struct engine *g)
             log_warn("step.lease_renew_failed", "%s/%s: %s", r[i].id, r[i].vertex, e.msg);
         } else if (ok) {
             send_by_set(g, r[i].id, r[i].vertex, r[i].epoch, send_by_of(g, until));
-        } else if (still_inflight(g, r[i].id, r[i].vertex, r[i].epoch)) {
+        } else if (send_by_set(g, r[i].id, r[i].vertex, r[i].epoch, INT64_MIN)) {
             /* taken over: a call not yet sent never leaves now, and the
              * outcome of one that did will be fenced.  (A call that ended
              * since the list was made and whose outcome committed holds no
              * lease any more: nothing was lost.) */
-            send_by_set(g, r[i].id, r[i].vertex, r[i].epoch, INT64_MIN);
             log_warn("step.lease_lost",
                      "%s/%s epoch %lld: the lease of a call in flight was "
                      "taken over",

@@ -228,7 +228,8 @@ def index_names(db):
     return set(out.stdout.split())
 
 
-def make_index(db, sql):
+def run_sql(db, sql):
+    """Runs one SQL statement on the store (the server stopped)."""
     if db.startswith("sqlite:"):
         import sqlite3
         with sqlite3.connect(db[len("sqlite:"):]) as c:
@@ -245,8 +246,8 @@ def test_a_cancelled_execution_is_purged_by_retention(make_server, mock):
     s.start()
     s.stop()
     # a database an earlier version swept: its index did not count cancelled
-    make_index(s.db, "DROP INDEX executions_finished")
-    make_index(s.db, "CREATE INDEX executions_purgeable ON executions (updated_at)"
+    run_sql(s.db, "DROP INDEX executions_finished")
+    run_sql(s.db, "CREATE INDEX executions_purgeable ON executions (updated_at)"
                      " WHERE status IN ('completed', 'failed', 'stale')")
     s.start()
     names = index_names(s.db)

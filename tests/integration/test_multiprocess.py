@@ -349,11 +349,7 @@ def test_a_call_whose_process_paused_past_its_lease_never_leaves(make_server, wo
         try:
             xs = wait_for(lambda: b.get(f"{WS}/executions").json["items"])
             xid = xs[0]["id"]
-
-            def done():
-                x = b.get(f"{WS}/executions/{xid}").json
-                return x if x["status"] != "running" else None
-            x = wait_for(done, timeout=30)
+            x = finished(b, xid)
             assert x["status"] == "completed", x
             assert mock.charges("ps-1") == 1
         finally:

@@ -7,6 +7,7 @@ import json
 import subprocess
 
 from test_engine import WS, finished, run, steps_of
+from test_cancel import run_sql
 from test_gateway import mock, verify_flow  # noqa: F401
 
 
@@ -95,12 +96,6 @@ def test_a_database_a_newer_engine_migrated_is_refused(make_server):
     s.start()
     s.put(WS, {})
     s.stop()
-    sql = "INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)"
-    if s.db.startswith("sqlite:"):
-        import sqlite3
-        with sqlite3.connect(s.db[len("sqlite:"):]) as c:
-            c.execute(sql)
-    else:
-        subprocess.run(["psql", s.db, "-qc", sql], check=True, capture_output=True)
+    run_sql(s.db, "INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)")
     assert s.start(expect_fail=True) != 0
     assert "schema is at version 9999, newer than this engine's" in s.logs()

@@ -85,6 +85,15 @@ static const char *get_query_other(const struct http_req *r, const char *const *
     return NULL;
 }
 
+static int get_header_count(const struct http_req *r, const char *name)
+{
+    const struct freq *f = (const struct freq *)r;
+    int n = 0;
+    for (int i = 0; i < f->nhdr; i++)
+        n += strcasecmp(f->hdr[i].k, name) == 0;
+    return n;
+}
+
 static char dir[64], dbpath[96];
 static struct store *store;
 static struct engine *engine;
@@ -151,6 +160,7 @@ static int handle(struct freq *f, struct http_res *res)
     f->base.header = get_header;
     f->base.query = get_query;
     f->base.query_other = get_query_other;
+    f->base.header_count = get_header_count;
     f->base.impl = NULL; /* not from the server: never deferred */
     api_handle(api, &f->base, res);
     check(res);

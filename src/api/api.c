@@ -117,12 +117,25 @@ static void reply_json(struct http_res *res, int status, json_t *body /* stolen 
 
 /* ---- request helpers ----------------------------------------------------------- */
 
+/* A body is JSON when it comes without a Content-Type or with a media type
+ * (parameters aside) of application/json or any type/…+json; a type that
+ * merely starts with "application/json" or has "+json" in a parameter is
+ * not. */
 static int content_type_ok(const struct http_req *r)
 {
     const char *ct = r->header(r, "Content-Type");
     if (!ct || !*ct || r->body_len == 0)
         return 1;
-    return strncasecmp(ct, "application/json", 16) == 0 || strstr(ct, "+json") != NULL;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    size_t n = strcspn(ct, ";");
+    while (n && (ct[n - 1] == ' ' || ct[n - 1] == '\t'))
+        n--;
+    if (n == 16 && strncasecmp(ct, "application/json", 16) == 0)
+        return 1;
+    const char *slash = memchr(ct, '/', n);
+    return slash && slash > ct && (size_t)(ct + n - slash) > 6 &&
+           strncasecmp(ct + n - 5, "+json", 5) == 0;
 }
 
 /* Parses the body as JSON.  An empty body yields `empty_as` (a new ref of it,
@@ -609,6 +622,8 @@ static const char *req_header(const void *req, const char *name)
 }
 
 /* mode: 0 the trigger, 1 a test run, 2 a streaming run (…/run) */
+static void key_problem(struct call *c, int k, const char *required_why);
+
 static void trigger(struct call *c, int mode)
 {
     struct api *a = c->a;
@@ -629,6 +644,10 @@ static void trigger(struct call *c, int mode)
     }
     const char *qk = c->req->query(c->req, "clientIdempotencyId");
     const char *hk = c->req->header(c->req, "Idempotency-Key");
+    if (hk && c->req->header_count && c->req->header_count(c->req, "Idempotency-Key") > 1) {
+        key_problem(c, -2, NULL);
+        goto rejected;
+    }
     /* The header is an RFC 8941 sf-string (spec §7): `"k-1"` is the key
      * k-1, as ?clientIdempotencyId=k-1 is; any other value (a bare token,
      * or text with spaces) is the key as sent. */
@@ -673,6 +692,7 @@ static void trigger(struct call *c, int mode)
         .vertex = vx,
         .payload = payload,
         .client_key = qk ? qk : hk,
+        .key_in_header = !qk && hk,
         .test = test,
         .force_new = force == 1,
         .body = c->req->body,
@@ -855,12 +875,15 @@ static void h_execution_get(struct call *c)
 }
 
 /* Reads an Idempotency-Key header: 0 and the key in out, 1 when absent, -1
- * when malformed. */
+ * when malformed, -2 when sent more than once (the values would combine
+ * into a list, which is not one sf-string: the draft's 400). */
 static int idempotency_key(const struct http_req *r, char *out, size_t cap)
 {
     const char *h = r->header(r, "Idempotency-Key");
     if (!h)
         return 1;
+    if (r->header_count && r->header_count(r, "Idempotency-Key") > 1)
+        return -2;
     return http_sf_string(h, out, cap) ? -1 : 0;
 }
 
@@ -870,6 +893,9 @@ static void key_problem(struct call *c, int k, const char *required_why)
 {
     if (k > 0)
         api_problem(c->res, 400, "idempotency-key-required", required_why, NULL);
+    else if (k == -2)
+        api_problem(c->res, 400, "invalid-idempotency-key",
+                    "send one Idempotency-Key header, not several", NULL);
     else
         api_problem(c->res, 400, "invalid-idempotency-key",
                     "Idempotency-Key must be an RFC 8941 string or token of printable ASCII, at "
@@ -916,15 +942,17 @@ static void reply_action(struct call *c, const struct engine_op_key *k, int stat
     reply_json(c->res, k->replayed ? k->status : status, answer);
 }
 
-/* An action that takes no body (retry, start-over) refuses one that asks
- * for something (malformed JSON, or any member: a client passing steps or
- * a new payload would otherwise get another action than it asked for):
- * empty or {} pass.  0, or -1 after a 400/422. */
-static int no_body(struct call *c, const char *action)
+/* An action that takes no body (retry, start-over, redeliver) refuses one
+ * that asks for something (malformed JSON, or any member: a client passing
+ * steps or a new payload would otherwise get another action than it asked
+ * for): empty or {} pass, and both come back as a new {} (so that an
+ * Idempotency-Key's fingerprint is the same for either).  NULL after a
+ * 400/415/422. */
+static json_t *no_body(struct call *c, const char *action)
 {
     json_t *body = body_or_empty(c);
     if (!body)
-        return -1;
+        return NULL;
     const char *bad = NULL;
     if (!json_is_object(body))
         bad = "";
@@ -934,19 +962,23 @@ static int no_body(struct call *c, const char *action)
         char why[96];
         snprintf(why, sizeof why, "%s takes no body (send none, or {})", action);
         member_problem(c->res, 422, "validation-error", why, *bad ? bad : NULL);
+        json_decref(body);
+        return NULL;
     }
-    json_decref(body);
-    return bad ? -1 : 0;
+    return body;
 }
 
 static void h_retry(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4];
-    if (workspace_exists(c, ws) || no_body(c, "retry"))
+    json_t *body = NULL;
+    if (workspace_exists(c, ws) || !(body = no_body(c, "retry")))
         return;
     char key[256], fp[65];
     struct engine_op_key k;
-    if (op_key(c, NULL, key, fp, &k))
+    int rc = op_key(c, body, key, fp, &k);
+    json_decref(body);
+    if (rc)
         return;
     json_t *answer = NULL;
     struct ifl_err e = {0};
@@ -1067,8 +1099,10 @@ static void h_resolve(struct call *c)
 static void h_start_over(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4];
-    if (workspace_exists(c, ws) || no_body(c, "start-over"))
+    json_t *body = NULL;
+    if (workspace_exists(c, ws) || !(body = no_body(c, "start-over")))
         return;
+    json_decref(body); /* the key alone names a start-over (no fingerprint) */
     char key[256];
     int k = idempotency_key(c->req, key, sizeof key);
     if (k != 0) {
@@ -1399,6 +1433,19 @@ static void h_test_clock(struct call *c)
     json_t *body = body_json(c, NULL);
     if (!body)
         return;
+    const char *bad = NULL;
+    if (!json_is_object(body))
+        bad = "";
+    else
+        for (void *it = json_object_iter(body); it && !bad; it = json_object_iter_next(body, it))
+            if (strcmp(json_object_iter_key(it), "advanceMs") != 0)
+                bad = json_object_iter_key(it);
+    if (bad) {
+        member_problem(c->res, 422, "validation-error", "expected {\"advanceMs\": N}",
+                       *bad ? bad : NULL);
+        json_decref(body);
+        return;
+    }
     json_t *v = json_object_get(body, "advanceMs");
     double d = json_is_number(v) ? json_number_value(v) : -1;
     int64_t ms = d >= 1 && d <= 366.0 * 86400 * 1000 && d == (double)(int64_t)d ? (int64_t)d : -1;
@@ -1519,11 +1566,15 @@ static void h_deliveries(struct call *c)
 static void h_redeliver(struct call *c)
 {
     const char *ws = c->seg[2], *name = c->seg[4], *event_id = c->seg[6];
-    if (workspace_exists(c, ws) || check_name(c, "subscription", name))
+    json_t *body = NULL;
+    if (workspace_exists(c, ws) || check_name(c, "subscription", name) ||
+        !(body = no_body(c, "redeliver")))
         return;
     char key[256], fp[65];
     struct engine_op_key k;
-    if (op_key(c, NULL, key, fp, &k))
+    int rc = op_key(c, body, key, fp, &k);
+    json_decref(body);
+    if (rc)
         return;
     json_t *answer = NULL;
     struct ifl_err e = {0};
@@ -1541,26 +1592,26 @@ static void h_token_create(struct call *c)
     const char *ws = c->seg[2];
     if (workspace_exists(c, ws))
         return;
-    json_t *body = NULL;
-    if (c->req->body_len > 0 && !(body = body_json(c, NULL)))
+    json_t *body = body_or_empty(c); /* none and {} are the same request */
+    if (!body)
         return;
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v)
     {
         if (strcmp(k, "name") != 0) {
-            char ptr[160];
-            snprintf(ptr, sizeof ptr, "/%s", k);
+            member_problem(c->res, 422, "validation-error", "the only member is name", k);
             json_decref(body);
-            api_problem(c->res, 422, "validation-error", "the only member is name", ptr);
             return;
         }
     }
     json_t *name = json_object_get(body, "name");
-    int not_object = body && !json_is_object(body);
-    if (not_object || (name && !json_is_string(name))) {
+    int not_object = !json_is_object(body);
+    if (not_object || (name && (!json_is_string(name) ||
+                                strlen(json_string_value(name)) != json_string_length(name)))) {
         json_decref(body);
-        api_problem(c->res, 422, "validation-error", "expected {\"name\": \"…\"}",
+        api_problem(c->res, 422, "validation-error",
+                    "expected {\"name\": \"…\"}, a name of printable characters",
                     not_object ? "" : "/name");
         return;
     }

@@ -1005,8 +1005,14 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
          * executions. */
         if (r->client_key && v->sig.scheme == WF_SIG_NONE) {
             if (!identity_client_key_valid(r->client_key)) {
-                rc = err_setp(e, IFL_EINVAL, "/clientIdempotencyId",
-                              "clientIdempotencyId must be 1-255 printable ASCII characters");
+                if (r->key_in_header) {
+                    err_set(e, IFL_EINVAL,
+                            "the Idempotency-Key header must be 1-255 printable ASCII characters");
+                    rc = err_slug(e, "invalid-idempotency-key");
+                } else {
+                    rc = err_setp(e, IFL_EINVAL, "/clientIdempotencyId",
+                                  "clientIdempotencyId must be 1-255 printable ASCII characters");
+                }
                 goto done;
             }
             mode = "client";

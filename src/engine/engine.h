@@ -90,6 +90,7 @@ struct trigger_req {
     const char *ws, *wf, *vertex;
     json_t *payload;        /* borrowed; never NULL (null for an empty body) */
     const char *client_key; /* ?clientIdempotencyId or Idempotency-Key; NULL if none */
+    int key_in_header;      /* client_key came from the Idempotency-Key header */
     int test;               /* a test run */
     int force_new;          /* random identity (test runs only) */
     /* For an entry point that verifies signed webhooks (spec §8): the raw

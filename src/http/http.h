@@ -36,6 +36,9 @@ struct http_req {
     /* The first query parameter whose name is not in `known` (NULL-
      * terminated), or NULL: a misspelled one would otherwise be ignored. */
     const char *(*query_other)(const struct http_req *r, const char *const *known);
+    /* How many header lines carry `name` (case-insensitive): header() shows
+     * only the first, so a field that must be single checks this. */
+    int (*header_count)(const struct http_req *r, const char *name);
     void *impl;
 };
 

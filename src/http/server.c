@@ -166,6 +166,30 @@ static const char *get_query(const struct http_req *r, const char *name)
     return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
+struct count_of {
+    const char *name;
+    int n;
+};
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    (void)kind;
+    (void)value;
+    struct count_of *o = cls;
+    if (key && strcasecmp(key, o->name) == 0)
+        o->n++;
+    return MHD_YES;
+}
+
+static int get_header_count(const struct http_req *r, const char *name)
+{
+    struct reqctx *c = r->impl;
+    struct count_of o = {name, 0};
+    MHD_get_connection_values(c->conn, MHD_HEADER_KIND, count_header, &o);
+    return o.n;
+}
+
 struct other {
     const char *const *known;
     const char *found;
@@ -355,6 +379,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         .header = get_header,
         .query = get_query,
         .query_other = get_query_other,
+        .header_count = get_header_count,
         .impl = c,
     };
     struct http_res res = {0};
@@ -403,6 +428,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                                .header = get_header,
                                .query = get_query,
                                .query_other = get_query_other,
+                               .header_count = get_header_count,
                                .impl = c};
         run_finish(c, &req, NULL);
     }

@@ -93,15 +93,22 @@ class Server:
         return self.proc.returncode if self.proc else None
 
     def request(self, method, path, body=None, headers=None, raw=None, timeout=30):
+        """headers: a dict, or a list of (name, value) pairs, sent as given
+        (a name may repeat)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            h = dict(headers or {})
+            pairs = list(headers.items() if isinstance(headers, dict) else headers or [])
             data = raw
             if body is not None and raw is None:
                 data = json.dumps(body).encode()
-            if data is not None and "Content-Type" not in h:
-                h["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=h)
+            if data is not None and not any(k.lower() == "content-type" for k, _ in pairs):
+                pairs.append(("Content-Type", "application/json"))
+            conn.putrequest(method, path)
+            for k, v in pairs:
+                conn.putheader(k, v)
+            if data is not None or method in ("POST", "PUT", "PATCH"):
+                conn.putheader("Content-Length", str(len(data or b"")))
+            conn.endheaders(data)
             r = conn.getresponse()
             return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
         finally:

@@ -503,6 +503,49 @@ def test_retry_with_a_key_replays_and_never_retries_twice(server):
     assert d.status == 200 and d.json["retriedSteps"] == 1 and d.headers.get("idempotent-replayed") is None
 
 
+def test_an_action_key_is_one_header_and_its_fingerprint_the_body_not_its_spelling(server):
+    """Spec §7: the fingerprint is over the JCS form of the body, so {} and
+    { } (and no body, which a retry reads as {}) are one request; two
+    Idempotency-Key lines are not one sf-string: 400, nothing retried."""
+    xid, e0 = failed_secretive(server, 6)
+    path = f"{WS}/executions/{xid}/retry"
+    two = server.post(path, headers=[("Idempotency-Key", "k-a"), ("Idempotency-Key", "k-b")])
+    assert two.status == 400 and two.json["type"] == "/problems/invalid-idempotency-key", two
+    st = steps_of(server.get(f"{WS}/executions/{xid}").json)["needs_secret"]
+    assert st["state"] == "FAILED" and st["epoch"] == e0, st
+    a = server.post(path, raw=b"{}", headers={"Idempotency-Key": "k-a"})
+    assert a.status == 200 and a.json["retriedSteps"] == 1, a
+    failed_again(server, xid, "needs_secret", e0)
+    for raw in (b"{ }", b"", b"\n{}\n"):
+        r = server.post(path, raw=raw, headers={"Idempotency-Key": "k-a"})
+        assert r.status == 200 and r.json == a.json, (raw, r)
+        assert r.headers.get("idempotent-replayed") == "true", (raw, r)
+    h = [x["outcome"] for x in steps_of(server.get(f"{WS}/executions/{xid}").json)
+         ["needs_secret"]["history"]]
+    assert h.count("operator_retry") == 1, h
+
+
+def test_a_trigger_key_is_one_header_and_a_bad_one_is_named_as_such(server):
+    put_workflow(server, "secretive", secret_flow(server))
+    path = f"{WS}/workflows/secretive/entry-points/start/trigger"
+    before = server.get(f"{WS}/executions?limit=100").json["items"]
+    two = server.post(path, {"n": 1}, headers=[("Idempotency-Key", "t-a"), ("Idempotency-Key", "t-b")])
+    assert two.status == 400 and two.json["type"] == "/problems/invalid-idempotency-key", two
+    long = server.post(path, {"n": 1}, headers={"Idempotency-Key": "k" * 300})
+    assert long.status == 400 and long.json["type"] == "/problems/invalid-idempotency-key", long
+    assert "pointer" not in long.json and "header" in long.json["detail"], long
+    q = server.post(path + "?clientIdempotencyId=" + "k" * 300, {"n": 1})
+    assert q.status == 400 and q.json["pointer"] == "/clientIdempotencyId", q
+    # a media type is application/json or …+json, parameters aside
+    for ctype in ("application/jsonx", "text/plain; note=+json", "application/+json"):
+        r = server.post(path, raw=b'{"n": 2}', headers={"Content-Type": ctype})
+        assert r.status == 415, (ctype, r)
+    assert server.get(f"{WS}/executions?limit=100").json["items"] == before
+    for ctype in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"):
+        r = server.post(path, raw=b'{"n": 3}', headers={"Content-Type": ctype})
+        assert r.status in (200, 201), (ctype, r)
+
+
 IN_FLIGHT = "/problems/idempotency-key-in-flight"
 
 

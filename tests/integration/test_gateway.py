@@ -426,6 +426,9 @@ def test_test_clock_rejects_bad_input(clock_server):
                 {"advanceMs": 10 ** 13}):
         r = clock_server.post("/v1/test/clock", bad)
         assert r.status == 422 and r.json["pointer"] == "/advanceMs", (bad, r)
+    for bad, ptr in (({"advanceMs": 1, "advanceMS": 86400000}, "/advanceMS"), ([1], "")):
+        r = clock_server.post("/v1/test/clock", bad)
+        assert r.status == 422 and r.json["pointer"] == ptr, (bad, r)
     # a key would promise a replay that moving a clock cannot keep: refused
     before = clock_server.post("/v1/test/clock", {"advanceMs": 1}).json["offsetMs"]
     r = clock_server.post("/v1/test/clock", {"advanceMs": 1}, headers={"Idempotency-Key": '"c-1"'})

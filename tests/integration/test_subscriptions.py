@@ -682,6 +682,13 @@ def test_exhausted_deliveries_are_dead_do_not_block_and_can_be_redelivered(serve
     c = server.post(f"{sub_path('s')}/deliveries/{xevs[1]['id']}/redeliver",
                     headers={"Idempotency-Key": '"redo-1"'})
     assert c.status == 422, c
+    # a redeliver takes no body: one asking for anything is refused
+    for raw, ctype, status in ((b'{"a":', "application/json", 400),
+                               (b'{"x": 1}', "application/json", 422),
+                               (b"{}", "text/plain", 415), (b"[]", "application/json", 422)):
+        r = server.post(f"{sub_path('s')}/deliveries/{xevs[1]['id']}/redeliver", raw=raw,
+                        headers={"Content-Type": ctype})
+        assert r.status == status and r.headers["content-type"] == "application/problem+json", r
     stays(lambda: len(receiver.by_id().get(xevs[0]["id"], [])) == 3
           and len(receiver.by_id().get(xevs[1]["id"], [])) == 2, 1.0)
     assert delivery_states(server, "s")[xevs[1]["id"]]["state"] == "dead"

@@ -76,6 +76,13 @@ def test_create_with_an_idempotency_key_replays_the_same_token(make_server):
     r3 = s.post("/v1/workspaces/a/tokens", {"name": "other"}, headers=h)
     assert r3.status == 422, r3
     assert len(s.get("/v1/workspaces/a/tokens", headers=A).json["items"]) == 1
+    # no body and {} are one request: a key sent with both replays
+    h0 = dict(A, **{"Idempotency-Key": "tok-0"})
+    e1 = s.post("/v1/workspaces/a/tokens", None, headers=h0)
+    e2 = s.post("/v1/workspaces/a/tokens", raw=b" { } ", headers=h0)
+    assert e1.status == 201 and e2.status == 201 and e2.json == e1.json, (e1, e2)
+    assert e2.headers.get("idempotent-replayed") == "true"
+    assert s.request("DELETE", f"/v1/workspaces/a/tokens/{e1.json['id']}", headers=A).status == 204
     # without a key, each create is a new token
     r4 = s.post("/v1/workspaces/a/tokens", None, headers=A)
     assert r4.status == 201 and r4.json["token"] != r1.json["token"] and r4.json["name"] == ""
@@ -92,7 +99,8 @@ def test_create_with_an_idempotency_key_replays_the_same_token(make_server):
 def test_bad_create_bodies_change_nothing(make_server):
     s = admin_server(make_server)
     for body, ptr in (({"name": 5}, "/name"), ({"nom": "x"}, "/nom"),
-                      ({"name": "x" * 129}, "/name"), ({"name": "a\nb"}, "/name"), (["x"], "")):
+                      ({"name": "x" * 129}, "/name"), ({"name": "a\nb"}, "/name"), (["x"], ""),
+                      ({"name": "a\u0000b"}, "/name"), ({"a/b": "x"}, "/a~1b")):
         r = s.post("/v1/workspaces/a/tokens", body, headers=A)
         assert r.status == 422 and r.json["pointer"] == ptr, (body, r)
     assert s.post("/v1/workspaces/nope/tokens", {}, headers=A).status == 404

@@ -8,9 +8,21 @@ MOCK=${2:-build/idemflow-mockpay}
 LISTEN=${IDEMFLOW_LISTEN:-127.0.0.1:8080}
 DB=${IDEMFLOW_DB:-sqlite:./idemflow.db}
 U=http://$LISTEN/v1/workspaces/demo/workflows
-"$MOCK" --listen 127.0.0.1:9090 --quiet >/dev/null &
+READY=$(mktemp /tmp/idemflow-mockpay.XXXXXX)
+"$MOCK" --listen 127.0.0.1:9090 --quiet >"$READY" &
 MOCK_PID=$!
-trap 'kill $MOCK_PID 2>/dev/null || true' EXIT INT TERM
+trap 'kill $MOCK_PID 2>/dev/null || true; rm -f "$READY"' EXIT INT TERM
+# The examples' URLs name port 9090: without the mock there, stop now rather
+# than serve charges that would all fail.
+for _ in $(seq 100); do
+  grep -q mockpay.ready "$READY" && break
+  if ! kill -0 $MOCK_PID 2>/dev/null; then
+    echo "make run: the mock payment provider could not start on 127.0.0.1:9090 (in use?)" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+grep -q mockpay.ready "$READY" || { echo "make run: the mock payment provider did not start" >&2; exit 1; }
 cat <<MSG
 idemflow: engine on http://$LISTEN ($DB), mock payment provider on http://127.0.0.1:9090.
 Workflows loaded from examples/demo: orders, charge, charge_verified, refund_lookup,

@@ -40,6 +40,13 @@
 #define FANOUT_PAGE 256
 #define CLAIM_MAX 32
 #define RETRY_AFTER_CAP_MS (24LL * 3600 * 1000)
+/* A claim's lease is its timeout plus this much (CLAIM_SET in store/subs.c);
+ * the request must leave within the timeout and half of it (send_by). */
+#define LEASE_SLACK_MS 5000
+/* Attempts past maxAttempts, made only when the process died before it
+ * recorded an answer (at-least-once); past these the delivery is dead, so a
+ * delivery whose sending kills the process cannot be sent forever. */
+#define UNRECORDED_EXTRA 2
 
 /* ---- settings ------------------------------------------------------------------ */
 
@@ -241,6 +248,21 @@ static int view(struct engine *g, const char *ws, const char *name, json_t **out
 
 /* Validates a PUT body into x (url, events, settings; the sealed secret
  * when one is given). */
+/* 1 when the url passes the checks its deliveries' requests will meet
+ * (gw_request_build: no control character may reach the request line), so
+ * that a PUT refuses what could never be sent. */
+static int url_sendable(json_t *url)
+{
+    json_t *r = json_pack("{s:O}", "url", url);
+    struct gw_request probe;
+    struct ifl_err e = {0};
+    int rc = gw_request_build("POST", r, &probe, &e);
+    json_decref(r);
+    if (rc == 0)
+        gw_request_clear(&probe);
+    return rc == 0;
+}
+
 static int sub_parse(struct engine *g, const char *ws, const char *name, json_t *body,
                      struct store_subscription *x, struct ifl_err *e)
 {
@@ -257,12 +279,15 @@ static int sub_parse(struct engine *g, const char *ws, const char *name, json_t 
             return err_setp(e, IFL_EVALIDATION, ptr, "unknown member %s", k);
         }
     }
-    const char *url = json_string_value(json_object_get(body, "url"));
-    if (!url || strlen(url) > URL_MAX ||
+    json_t *uv = json_object_get(body, "url");
+    const char *url = json_string_value(uv);
+    if (!url || strlen(url) != json_string_length(uv) || strlen(url) > URL_MAX ||
         !((strncmp(url, "http://", 7) == 0 && url[7]) ||
           (strncmp(url, "https://", 8) == 0 && url[8])) ||
-        strpbrk(url, " \t\r\n"))
-        return err_setp(e, IFL_EVALIDATION, "/url", "url must be an http:// or https:// URL");
+        strpbrk(url, " \t\r\n") || !url_sendable(uv))
+        return err_setp(e, IFL_EVALIDATION, "/url",
+                        "url must be an http:// or https:// URL without spaces or control "
+                        "characters");
     json_t *events = json_object_get(body, "events");
     if (!json_is_array(events) || json_array_size(events) == 0 ||
         json_array_size(events) > EVENTS_MAX)
@@ -271,7 +296,8 @@ static int sub_parse(struct engine *g, const char *ws, const char *name, json_t 
     size_t i;
     json_array_foreach(events, i, v)
     {
-        if (!json_is_string(v) || !pattern_ok(json_string_value(v))) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v) ||
+            !pattern_ok(json_string_value(v))) {
             char ptr[32];
             snprintf(ptr, sizeof ptr, "/events/%zu", i);
             return err_setp(e, IFL_EVALIDATION, ptr,
@@ -289,8 +315,8 @@ static int sub_parse(struct engine *g, const char *ws, const char *name, json_t 
         const char *sv = json_string_value(secret);
         uint8_t *key = NULL;
         size_t klen = 0;
-        if (!sv || strncmp(sv, "whsec_", 6) != 0 || whsig_secret_decode(sv, &key, &klen) ||
-            klen < KEY_MIN || klen > KEY_MAX) {
+        if (!sv || strlen(sv) != json_string_length(secret) || strncmp(sv, "whsec_", 6) != 0 ||
+            whsig_secret_decode(sv, &key, &klen) || klen < KEY_MIN || klen > KEY_MAX) {
             if (key)
                 crypto_wipe(key, klen);
             free(key);
@@ -501,6 +527,10 @@ struct call {
     struct gw_response *resp;
     const char *fail; /* not sent: why */
     struct hook_settings s;
+    /* The clock_now_ms() time past which the request must not leave: a
+     * pause past the lease lets another process claim and send it, and a
+     * late copy would reach the receiver after later versions. */
+    _Atomic int64_t send_by;
 };
 
 struct hooks {
@@ -658,6 +688,11 @@ static int call_build(struct call *c, int64_t now)
 {
     struct store_delivery *d = &c->d;
     settings_of(d->settings, &c->s);
+    if (d->attempts > c->s.max_attempts + UNRECORDED_EXTRA) {
+        c->fail = "its last attempts ended with the process before their answers were recorded; "
+                  "not sent again";
+        return -1;
+    }
     char *aad = sub_aad(d->workspace, d->subscription), *secret = NULL;
     size_t slen = 0;
     int rc = crypto_open(c->h->g->key, aad, d->secret, &secret, &slen);
@@ -723,6 +758,11 @@ static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcom
             retry_after = RETRY_AFTER_CAP_MS;
         snprintf(err, 256, "the receiver answered %ld", c->resp->status);
         o->last_error = err;
+    } else if (c->resp->late) {
+        snprintf(err, 256, "not sent: its lease ran out before the request left");
+        o->last_error = err;
+        log_warn("hooks.lease_lost", "%s/%s: event %s: %s", c->d.workspace, c->d.subscription,
+                 c->d.event_id, err);
     } else {
         snprintf(err, 256, "%s", c->resp->error[0] ? c->resp->error : "no response");
         o->last_error = err;
@@ -748,7 +788,8 @@ static size_t launch(struct hooks *h)
     struct store_delivery *v = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
-    if (store_deliveries_claim(h->g->store, clock_now_ms(), free_slots, &v, &n, &e)) {
+    int64_t claimed_at = clock_now_ms();
+    if (store_deliveries_claim(h->g->store, claimed_at, free_slots, &v, &n, &e)) {
         log_warn("hooks.claim_failed", "claiming deliveries: %s", e.msg);
         return 0;
     }
@@ -761,6 +802,9 @@ static size_t launch(struct hooks *h)
         *c = (struct call){.h = h, .used = 1, .d = v[k++]};
         h->inflight++;
         if (call_build(c, now) == 0) {
+            atomic_store(&c->send_by, claimed_at + c->s.timeout_ms + LEASE_SLACK_MS / 2);
+            c->req.send_by = &c->send_by;
+            FAULT("webhook.before_send");
             gw_client_submit(h->client, &c->req, c->s.timeout_ms, call_done, c);
         } else { /* nothing to send: settled as a failed attempt */
             pthread_mutex_lock(&h->mu);

@@ -69,7 +69,9 @@ static const struct store_sql q_dlv_insert = {
     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7)"
     " ON CONFLICT (workspace, subscription, event_id) DO NOTHING",
     NULL};
-/* Eligible: due (or its lease ran out) and first among its execution's
+/* The lease of a claim: now + 5000 + the subscription's timeout
+ * (LEASE_SLACK_MS in engine/hooks.c, whose send-by it bounds).
+ * Eligible: due (or its lease ran out) and first among its execution's
  * unfinished deliveries.  The outer condition is checked again on the row
  * itself, so on PostgreSQL a row another claim took meanwhile is left
  * alone (and SKIP LOCKED passes rows being claimed right now). */

@@ -349,6 +349,14 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
         (dict(good, secret=short), "/secret"),
         (dict(good, secret=long_), "/secret"),
         (dict(good, secret=5), "/secret"),
+        # a NUL would cut the value short where it is used; a control
+        # character makes a URL that no delivery could be sent to
+        (dict(good, url=url + "\u0000/../other"), "/url"),
+        (dict(good, url="http://127.0.0.1:9/x\u0001y"), "/url"),
+        (dict(good, url="http://127.0.0.1:9/x\u007fy"), "/url"),
+        (dict(good, secret=SECRET + "\u0000junk"), "/secret"),
+        (dict(good, events=["*\u0000junk"]), "/events/0"),
+        (dict(good, events=["step.completed", "execution.completed\u0000x"]), "/events/1"),
         (dict(good, timeoutMs=99), "/timeoutMs"),
         (dict(good, timeoutMs=60001), "/timeoutMs"),
         (dict(good, timeoutMs="1000"), "/timeoutMs"),
@@ -807,6 +815,54 @@ def test_a_deleted_subscription_gets_nothing_more(server, receiver):
     deadline = first_try + 3.5
     stays(lambda: len(receiver.received("/gone")) == n_gone, max(0.5, deadline - time.time()))
     assert server.request("DELETE", sub_path("gone")).status == 404
+
+
+def test_a_delivery_whose_sending_kills_the_process_is_not_sent_forever(make_server, receiver):
+    """Each death between a send and its recorded answer re-sends (at least
+    once), but only two attempts past maxAttempts; then the delivery is dead
+    without another send, rather than crash-looping every process."""
+    receiver.respond = lambda req: (500, {}, b"down")
+    s = make_server(env={"IDEMFLOW_FAULT": "webhook.after_send"})
+    s.start()
+    prepare(s)
+    # (PostgreSQL: each restart re-claims once the lease, 5 s + the timeout, ran out)
+    subscribe(s, "s", receiver.url(), timeoutMs=100,
+              retry={"maxAttempts": 2, "initialIntervalMs": 10, "maxIntervalMs": 20})
+    try:
+        s.post(f"{WS}/workflows/w/entry-points/start/trigger", {"n": 1}, timeout=10)
+    except OSError:
+        pass  # killed before answering
+    for _ in range(3):   # attempts 2, 3 and 4 are sent, and each start dies
+        assert s.proc.wait(timeout=20) == -signal.SIGKILL, s.logs(3000)
+        s.start(expect_fail=True)
+    assert s.proc.wait(timeout=20) == -signal.SIGKILL, s.logs(3000)
+    s.env.pop("IDEMFLOW_FAULT")   # attempt 5 is past the cap: dead, not sent
+    s.start()
+    first = receiver.received()[0].id
+    wait_for(lambda: delivery_states(s, "s").get(first, {}).get("state") == "dead",
+             what="the first event's delivery dead")
+    d = delivery_states(s, "s")[first]
+    assert "not sent again" in d["lastError"], d
+    assert len(receiver.by_id()[first]) == 2 + 2, receiver.by_id()[first]
+
+
+def test_a_delivery_whose_lease_ran_out_before_it_left_is_not_sent_late(make_server, receiver):
+    """A request that has not left by its timeout and half the lease's slack
+    (a pause: another process may have claimed and sent it meanwhile) is not
+    sent; the attempt is recorded and the delivery tried again."""
+    s = make_server(env={"IDEMFLOW_FAULT": "webhook.before_send:sleep=3200"})
+    s.start()
+    prepare(s)
+    subscribe(s, "s", receiver.url(), timeoutMs=100,
+              retry={"maxAttempts": 3, "initialIntervalMs": 10, "maxIntervalMs": 20})
+    xid = trigger(s, 1)
+    evs = feed_events(s, [xid])[xid]
+    wait_for(lambda: all_arrived(receiver, [e["id"] for e in evs]), what="every event")
+    wait_for(lambda: len(deliveries(s, "s", "delivered")) == len(evs), what="committed")
+    first = delivery_states(s, "s")[evs[0]["id"]]
+    assert first["attempts"] == 2, first   # the late one counted, never sent
+    assert len(receiver.by_id()[evs[0]["id"]]) == 1, receiver.by_id()
+    assert "hooks.lease_lost" in s.logs(), s.logs(3000)
 
 
 def test_a_kill_after_send_delivers_again_with_the_same_id(make_server, receiver):

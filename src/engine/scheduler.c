@@ -37,8 +37,9 @@ struct entry {
     int version;
     const struct wf *w; /* from the engine's cache: lives as long as it */
     long vi;
-    int64_t next; /* the next tick to fire, or -1: never */
-    int seen;     /* in the latest listing */
+    int64_t next;    /* the next tick to fire, or -1: never */
+    int seen;        /* in the latest listing */
+    int64_t failing; /* the tick whose fire last failed for the store (logged once), or 0 */
 };
 
 struct sched {
@@ -99,6 +100,7 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
                                     w,
                                     (long)vi,
                                     0,
+                                    0,
                                     0};
                 /* The latest tick due since the version was put (within the
                  * look-back) fires now, unless it fired already; what came
@@ -128,8 +130,10 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
     atomic_fetch_add(&g->m.schedule_scans, 1);
 }
 
-/* One fire of x's tick `at`. */
-static void fire(struct engine *g, const struct entry *x, int64_t at)
+/* One fire of x's tick `at`: 0 once the tick is settled (fired here or
+ * elsewhere, superseded, or refused for good), 1 when the store failed
+ * (unreachable, busy): the tick is still to fire, next pass. */
+static int fire(struct engine *g, struct entry *x, int64_t at)
 {
     const struct wf_vertex *v = &x->w->v[x->vi];
     char when[32];
@@ -148,6 +152,7 @@ static void fire(struct engine *g, const struct entry *x, int64_t at)
     json_decref(payload); /* before any call starts: engine.h */
     if (!rc && op)
         rc = engine_trigger_run(op, &out, &e);
+    int again = 0;
     if (!rc) {
         atomic_fetch_add(&g->m.schedule_fired, 1);
         log_info("schedule.fired", "%s/%s/%s tick %s: execution %s", x->ws, x->wf, x->vertex, when,
@@ -156,10 +161,20 @@ static void fire(struct engine *g, const struct entry *x, int64_t at)
         atomic_fetch_add(&g->m.schedule_taken, 1);
     } else if (strcmp(e.slug, "tick-superseded") == 0) {
         atomic_fetch_add(&g->m.schedule_superseded, 1);
+    } else if (e.code == IFL_ESTORE || e.code == IFL_EIO || e.code == IFL_EBUSY) {
+        /* A database outage longer than the store's own retries: the tick
+         * is tried again every pass while it is within the look-back. */
+        again = 1;
+        if (x->failing != at)
+            log_warn("schedule.fire_failed",
+                     "%s/%s/%s tick %s: %s (tried again each second while at most an hour late)",
+                     x->ws, x->wf, x->vertex, when, e.msg);
     } else {
         log_warn("schedule.fire_failed", "%s/%s/%s tick %s: %s", x->ws, x->wf, x->vertex, when,
                  e.msg);
     }
+    x->failing = again ? at : 0;
+    return again;
 }
 
 static void due(struct engine *g, struct sched *s, int64_t now)
@@ -175,17 +190,18 @@ static void due(struct engine *g, struct sched *s, int64_t now)
             at = later;
             missed++;
         }
+        int again = 0;
         if (now - at > LOOKBACK_MS) {
             missed++;
         } else {
-            fire(g, x, at);
+            again = fire(g, x, at);
         }
         if (missed) {
             atomic_fetch_add(&g->m.schedule_missed, missed);
             log_warn("schedule.missed", "%s/%s/%s: %lu ticks were due while none fired", x->ws,
                      x->wf, x->vertex, missed);
         }
-        x->next = cron_next(c, at);
+        x->next = again ? at : cron_next(c, at);
     }
 }
 

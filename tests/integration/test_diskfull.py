@@ -121,3 +121,39 @@ def test_a_full_disk_refuses_new_work_and_loses_none_it_accepted(make_server, mo
     assert again.status == 201 and again.json.get("deduplicated") is not True, again
     assert finished(s, again.json["executionId"])["status"] == "completed"
     assert s.stop() == 0
+
+
+def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(make_server, small_fs):
+    """A tick whose fire the store refused (here a full disk; on PostgreSQL an
+    outage longer than the store's own retries) is tried again each pass,
+    not skipped: it fires, once, as soon as the store takes writes again."""
+    from test_schedules import WS as CRON, advance_to, every, executions, fired, future_minutes, \
+        time_ms
+    s = make_server(db="sqlite:" + os.path.join(small_fs, "idemflow.db"), extra=["--test-clock"])
+    s.start()
+    put_workflow(s, "notes", NOTE)
+    assert s.put(CRON, {}).status in (200, 201)
+    tick, expr = future_minutes(s)
+    assert s.put(f"{CRON}/workflows/minutely", every(expr)).status == 201
+    advance_to(s, tick + 30000)
+    wait_for(lambda: fired(s) == 1)
+
+    filler = os.path.join(small_fs, "filler")
+    fill(filler)
+    n = [0]
+
+    def refused():
+        n[0] += 1
+        r = note(s, n[0])
+        return r if r.status == 503 else None
+    wait_for(refused, timeout=60, interval=0)
+    advance_to(s, tick + 90000)
+    wait_for(lambda: "schedule.fire_failed" in s.logs(), timeout=30)
+    assert fired(s) == 1
+    os.unlink(filler)
+    wait_for(lambda: fired(s) == 2, timeout=30)
+    ticks = sorted(time_ms(s.get(f"{CRON}/executions/{i['id']}").json["payload"]["scheduledAt"])
+                   for i in executions(s))
+    assert ticks == [tick, tick + 60000], ticks
+    assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
+    assert s.stop() == 0

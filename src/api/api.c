@@ -621,9 +621,9 @@ static const char *req_header(const void *req, const char *name)
     return r->header(r, name);
 }
 
-/* mode: 0 the trigger, 1 a test run, 2 a streaming run (…/run) */
 static void key_problem(struct call *c, int k, const char *required_why);
 
+/* mode: 0 the trigger, 1 a test run, 2 a streaming run (…/run) */
 static void trigger(struct call *c, int mode)
 {
     struct api *a = c->a;

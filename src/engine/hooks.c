@@ -44,8 +44,9 @@
  * the request must leave within the timeout and half of it (send_by). */
 #define LEASE_SLACK_MS 5000
 /* Attempts past maxAttempts, made only when the process died before it
- * recorded an answer (at-least-once); past these the delivery is dead, so a
- * delivery whose sending kills the process cannot be sent forever. */
+ * recorded an answer (at-least-once): a claim that takes over a lapsed
+ * lease past these finds the delivery dead, so one whose sending kills the
+ * process cannot be sent forever. */
 #define UNRECORDED_EXTRA 2
 
 /* ---- settings ------------------------------------------------------------------ */
@@ -246,8 +247,6 @@ static int view(struct engine *g, const char *ws, const char *name, json_t **out
     return rc;
 }
 
-/* Validates a PUT body into x (url, events, settings; the sealed secret
- * when one is given). */
 /* 1 when the url passes the checks its deliveries' requests will meet
  * (gw_request_build: no control character may reach the request line), so
  * that a PUT refuses what could never be sent. */
@@ -263,6 +262,8 @@ static int url_sendable(json_t *url)
     return rc == 0;
 }
 
+/* Validates a PUT body into x (url, events, settings; the sealed secret
+ * when one is given). */
 static int sub_parse(struct engine *g, const char *ws, const char *name, json_t *body,
                      struct store_subscription *x, struct ifl_err *e)
 {
@@ -688,7 +689,8 @@ static int call_build(struct call *c, int64_t now)
 {
     struct store_delivery *d = &c->d;
     settings_of(d->settings, &c->s);
-    if (d->attempts > c->s.max_attempts + UNRECORDED_EXTRA) {
+    if (d->attempts > c->s.max_attempts + UNRECORDED_EXTRA && d->last_error &&
+        strcmp(d->last_error, STORE_DLV_UNRECORDED) == 0) {
         c->fail = "its last attempts ended with the process before their answers were recorded; "
                   "not sent again";
         return -1;
@@ -759,10 +761,15 @@ static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcom
         snprintf(err, 256, "the receiver answered %ld", c->resp->status);
         o->last_error = err;
     } else if (c->resp->late) {
+        /* Nothing left: not an attempt.  Pending again at once (fenced, and
+         * so a no-op, when another process took the delivery over). */
         snprintf(err, 256, "not sent: its lease ran out before the request left");
         o->last_error = err;
+        o->state = "pending";
+        o->uncount = 1;
         log_warn("hooks.lease_lost", "%s/%s: event %s: %s", c->d.workspace, c->d.subscription,
                  c->d.event_id, err);
+        return;
     } else {
         snprintf(err, 256, "%s", c->resp->error[0] ? c->resp->error : "no response");
         o->last_error = err;

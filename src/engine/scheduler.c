@@ -31,15 +31,18 @@
 #define TICK_MS 1000
 #define RESCAN_MS 10000
 #define LOOKBACK_MS (3600LL * 1000)
+#define RETRY_MAX_MS (60LL * 1000)
 
 struct entry {
     char *ws, *wf, *vertex;
     int version;
     const struct wf *w; /* from the engine's cache: lives as long as it */
     long vi;
-    int64_t next;    /* the next tick to fire, or -1: never */
-    int seen;        /* in the latest listing */
-    int64_t failing; /* the tick whose fire last failed for the store (logged once), or 0 */
+    int64_t next;     /* the next tick to fire, or -1: never */
+    int seen;         /* in the latest listing */
+    int64_t failing;  /* the tick whose fire last failed for the store (logged once), or 0 */
+    int64_t retry_at; /* when to try it again (after retry_ms, doubling up to RETRY_MAX_MS) */
+    int64_t retry_ms;
 };
 
 struct sched {
@@ -101,6 +104,8 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
                                     (long)vi,
                                     0,
                                     0,
+                                    0,
+                                    0,
                                     0};
                 /* The latest tick due since the version was put (within the
                  * look-back) fires now, unless it fired already; what came
@@ -132,8 +137,8 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
 
 /* One fire of x's tick `at`: 0 once the tick is settled (fired here or
  * elsewhere, superseded, or refused for good), 1 when the store failed
- * (unreachable, busy): the tick is still to fire, next pass. */
-static int fire(struct engine *g, struct entry *x, int64_t at)
+ * (unreachable, busy): the tick is still to fire, from x->retry_at. */
+static int fire(struct engine *g, struct entry *x, int64_t at, int64_t now)
 {
     const struct wf_vertex *v = &x->w->v[x->vi];
     char when[32];
@@ -167,13 +172,20 @@ static int fire(struct engine *g, struct entry *x, int64_t at)
         again = 1;
         if (x->failing != at)
             log_warn("schedule.fire_failed",
-                     "%s/%s/%s tick %s: %s (tried again each second while at most an hour late)",
+                     "%s/%s/%s tick %s: %s (tried again, every minute at most, while at most an "
+                     "hour late)",
                      x->ws, x->wf, x->vertex, when, e.msg);
+        x->retry_ms = x->failing == at && x->retry_ms ? x->retry_ms * 2 : 1000;
+        if (x->retry_ms > RETRY_MAX_MS)
+            x->retry_ms = RETRY_MAX_MS;
+        x->retry_at = now + x->retry_ms;
     } else {
         log_warn("schedule.fire_failed", "%s/%s/%s tick %s: %s", x->ws, x->wf, x->vertex, when,
                  e.msg);
     }
     x->failing = again ? at : 0;
+    if (!again)
+        x->retry_ms = x->retry_at = 0;
     return again;
 }
 
@@ -181,8 +193,10 @@ static void due(struct engine *g, struct sched *s, int64_t now)
 {
     for (size_t i = 0; i < s->n; i++) {
         struct entry *x = &s->v[i];
-        if (x->next < 0 || x->next > now)
+        if (x->next < 0 || x->next > now || (x->failing && now < x->retry_at))
             continue;
+        if (engine_nap(g, 0)) /* stopping: a fire may wait out the store's retries */
+            return;
         const struct cron *c = &x->w->v[x->vi].schedule;
         int64_t at = x->next, later;
         unsigned long missed = 0;
@@ -194,7 +208,7 @@ static void due(struct engine *g, struct sched *s, int64_t now)
         if (now - at > LOOKBACK_MS) {
             missed++;
         } else {
-            again = fire(g, x, at);
+            again = fire(g, x, at, now);
         }
         if (missed) {
             atomic_fetch_add(&g->m.schedule_missed, missed);

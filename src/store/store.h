@@ -547,7 +547,8 @@ int store_subscription_advance(struct store *s, const char *ws, const char *name
  * ones whose lease ran out, each only while no earlier event (lower
  * aggregate version) of its execution is pending or sending for its
  * subscription.  Each becomes sending with epoch + 1 and attempts + 1,
- * leased until now + its subscription's timeout + 5 s; the items carry the
+ * leased until now + its subscription's timeout + 5 s; one taken over from
+ * a lapsed lease gets last_error STORE_DLV_UNRECORDED.  The items carry the
  * event and the subscription as they are now. */
 int store_deliveries_claim(struct store *s, int64_t now, int limit, struct store_delivery **items,
                            size_t *n, struct ifl_err *e);
@@ -559,8 +560,14 @@ struct store_delivery_outcome {
     int64_t next_at;
     int last_status;
     const char *last_error;
-    int ok; /* out */
+    int uncount; /* the attempt never left: it does not count */
+    int ok;      /* out */
 };
+/* The last_error a claim leaves on a delivery it takes over from a lapsed
+ * `sending` lease: the attempt before ended with its process, unrecorded
+ * (no quote or backslash: it is spliced into SQL). */
+#define STORE_DLV_UNRECORDED                                                                       \
+    "no answer recorded: the process ended while sending it, or its lease ran out"
 int store_deliveries_finish(struct store *s, struct store_delivery_outcome *o, size_t n,
                             int64_t now, struct ifl_err *e);
 /* When a delivery may next be claimable: the earliest next_at of a pending

@@ -79,7 +79,8 @@ static const struct store_sql q_dlv_insert = {
     "((" t "state = 'pending' AND " t "next_at <= ?1) OR (" t "state = 'sending' AND " t           \
     "lease_until < ?1))"
 #define CLAIM_SET                                                                                  \
-    "UPDATE deliveries SET state = 'sending', epoch = epoch + 1, attempts = attempts + 1,"         \
+    "UPDATE deliveries SET last_error = CASE WHEN state = 'sending' THEN '" STORE_DLV_UNRECORDED   \
+    "' ELSE last_error END, state = 'sending', epoch = epoch + 1, attempts = attempts + 1,"        \
     " updated_at = ?1, lease_until = CAST(?1 AS BIGINT) + 5000 + COALESCE((SELECT s.timeout_ms "   \
     "FROM"                                                                                         \
     " subscriptions s WHERE s.workspace = deliveries.workspace AND s.name ="                       \
@@ -105,7 +106,8 @@ static const struct store_sql q_dlv_orphan = {
 static const struct store_sql q_dlv_finish = {
     "dlv_finish",
     "UPDATE deliveries SET state = ?3, next_at = ?4, last_status = ?5, last_error = ?6,"
-    " updated_at = ?7, lease_until = 0 WHERE seq = ?1 AND epoch = ?2 AND state = 'sending'"
+    " updated_at = ?7, lease_until = 0, attempts = attempts - ?8 WHERE seq = ?1 AND epoch = ?2"
+    " AND state = 'sending'"
     " RETURNING 1",
     NULL};
 static const struct store_sql q_dlv_next_due = {
@@ -555,9 +557,10 @@ static int tx_finish(struct store_tx *tx, void *arg, struct ifl_err *e)
                                 STORE_VAL_I(o->next_at),
                                 o->last_status ? STORE_VAL_I(o->last_status) : STORE_VAL_S(NULL),
                                 STORE_VAL_S(o->last_error),
-                                STORE_VAL_I(a->now)};
+                                STORE_VAL_I(a->now),
+                                STORE_VAL_I(o->uncount ? 1 : 0)};
         int n = 0;
-        rc = txq(tx, &q_dlv_finish, v, 7, store_row_count, &n, e);
+        rc = txq(tx, &q_dlv_finish, v, 8, store_row_count, &n, e);
         o->ok = n > 0;
     }
     return rc;

@@ -156,4 +156,5 @@ def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(m
                    for i in executions(s))
     assert ticks == [tick, tick + 60000], ticks
     assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
+    assert s.logs().count("schedule.fire_failed") == 1  # once per tick, however many tries
     assert s.stop() == 0

@@ -846,21 +846,52 @@ def test_a_delivery_whose_sending_kills_the_process_is_not_sent_forever(make_ser
     assert len(receiver.by_id()[first]) == 2 + 2, receiver.by_id()[first]
 
 
+def test_a_lowered_max_attempts_still_sends_a_pending_delivery(server, receiver):
+    """The cap past maxAttempts is for attempts whose answers were never
+    recorded: a delivery pending after recorded failures is sent as usual
+    when maxAttempts is lowered under its count (and delivered on a 2xx)."""
+    prepare(server)
+    state = {"n": 0}
+
+    def respond(req):
+        state["n"] += 1
+        if state["n"] < 4:
+            return 500, {}, b"down"
+        if state["n"] == 4:
+            return 500, {"Retry-After": "2"}, b"down"
+        return 204
+    receiver.respond = respond
+    sub = {"retry": {"maxAttempts": 10, "initialIntervalMs": 10, "maxIntervalMs": 20}}
+    subscribe(server, "s", receiver.url(), **sub)
+    xid = trigger(server, 1)
+    first = feed_events(server, [xid])[xid][0]["id"]
+    wait_for(lambda: delivery_states(server, "s").get(first, {}).get("attempts") == 4
+             and delivery_states(server, "s")[first]["state"] == "pending", what="four failures")
+    r = server.put(sub_path("s"), {"url": receiver.url(), "events": ["*"], "secret": SECRET,
+                                   "retry": {"maxAttempts": 2}})
+    assert r.status == 200, r
+    wait_for(lambda: delivery_states(server, "s")[first]["state"] != "pending", what="the fifth")
+    d = delivery_states(server, "s")[first]
+    assert d["state"] == "delivered" and d["attempts"] == 5 and d["lastStatus"] == 204, d
+    assert len(receiver.by_id()[first]) == 5
+
+
 def test_a_delivery_whose_lease_ran_out_before_it_left_is_not_sent_late(make_server, receiver):
     """A request that has not left by its timeout and half the lease's slack
     (a pause: another process may have claimed and sent it meanwhile) is not
-    sent; the attempt is recorded and the delivery tried again."""
+    sent and is no attempt: even with maxAttempts 1 the delivery is tried
+    again, and delivered."""
     s = make_server(env={"IDEMFLOW_FAULT": "webhook.before_send:sleep=3200"})
     s.start()
     prepare(s)
     subscribe(s, "s", receiver.url(), timeoutMs=100,
-              retry={"maxAttempts": 3, "initialIntervalMs": 10, "maxIntervalMs": 20})
+              retry={"maxAttempts": 1, "initialIntervalMs": 10, "maxIntervalMs": 20})
     xid = trigger(s, 1)
     evs = feed_events(s, [xid])[xid]
     wait_for(lambda: all_arrived(receiver, [e["id"] for e in evs]), what="every event")
     wait_for(lambda: len(deliveries(s, "s", "delivered")) == len(evs), what="committed")
     first = delivery_states(s, "s")[evs[0]["id"]]
-    assert first["attempts"] == 2, first   # the late one counted, never sent
+    assert first["attempts"] == 1 and first["lastStatus"] == 204, first  # the late one: none
     assert len(receiver.by_id()[evs[0]["id"]]) == 1, receiver.by_id()
     assert "hooks.lease_lost" in s.logs(), s.logs(3000)
 

@@ -761,11 +761,14 @@ static void outcome_of(struct call *c, int64_t now, struct store_delivery_outcom
         snprintf(err, 256, "the receiver answered %ld", c->resp->status);
         o->last_error = err;
     } else if (c->resp->late) {
-        /* Nothing left: not an attempt.  Pending again at once (fenced, and
-         * so a no-op, when another process took the delivery over). */
+        /* Nothing left: not an attempt.  Pending again a second later (not
+         * at once: a claim slow enough to make a batch late would do it
+         * again); fenced, and so a no-op, when another process took the
+         * delivery over. */
         snprintf(err, 256, "not sent: its lease ran out before the request left");
         o->last_error = err;
         o->state = "pending";
+        o->next_at = now + 1000;
         o->uncount = 1;
         log_warn("hooks.lease_lost", "%s/%s: event %s: %s", c->d.workspace, c->d.subscription,
                  c->d.event_id, err);
@@ -812,7 +815,11 @@ static size_t launch(struct hooks *h)
             atomic_store(&c->send_by, claimed_at + c->s.timeout_ms + LEASE_SLACK_MS / 2);
             c->req.send_by = &c->send_by;
             FAULT("webhook.before_send");
-            gw_client_submit(h->client, &c->req, c->s.timeout_ms, call_done, c);
+            /* the answer must come inside the lease too, or another process
+             * may send the delivery while this copy is still out */
+            int64_t left = claimed_at + c->s.timeout_ms + LEASE_SLACK_MS * 4 / 5 - clock_now_ms();
+            long timeout = left < c->s.timeout_ms ? (long)(left > 1 ? left : 1) : c->s.timeout_ms;
+            gw_client_submit(h->client, &c->req, timeout, call_done, c);
         } else { /* nothing to send: settled as a failed attempt */
             pthread_mutex_lock(&h->mu);
             c->done = 1;

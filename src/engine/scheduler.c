@@ -31,7 +31,7 @@
 #define TICK_MS 1000
 #define RESCAN_MS 10000
 #define LOOKBACK_MS (3600LL * 1000)
-#define RETRY_MAX_MS (60LL * 1000)
+#define RETRY_MAX_MS (10LL * 1000)
 
 struct entry {
     char *ws, *wf, *vertex;
@@ -41,7 +41,8 @@ struct entry {
     int64_t next;     /* the next tick to fire, or -1: never */
     int seen;         /* in the latest listing */
     int64_t failing;  /* the tick whose fire last failed for the store (logged once), or 0 */
-    int64_t retry_at; /* when to try it again (after retry_ms, doubling up to RETRY_MAX_MS) */
+    int64_t retry_at; /* when to try it again: after retry_ms (doubling up to RETRY_MAX_MS),
+                         and before the next tick is due */
     int64_t retry_ms;
 };
 
@@ -66,6 +67,8 @@ static struct entry *find(struct sched *s, const char *ws, const char *wf, const
             return &s->v[i];
     return NULL;
 }
+
+static int fire(struct engine *g, struct entry *x, int64_t at, int64_t now);
 
 /* Rebuilds the list from the store: entries of versions still latest keep
  * their next tick; new ones start after max(put time, now - LOOKBACK_MS). */
@@ -125,10 +128,20 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
     store_workflows_free(items, n);
     size_t kept = 0;
     for (size_t i = 0; i < s->n; i++) {
-        if (s->v[i].seen)
-            s->v[kept++] = s->v[i];
+        struct entry *x = &s->v[i];
+        /* A version replaced while its due tick waited to be tried again:
+         * that tick is still its own (as due() before a listing has it). */
+        if (!x->seen && x->failing && fire(g, x, x->failing, now)) {
+            atomic_fetch_add(&g->m.schedule_missed, 1);
+            log_warn("schedule.missed",
+                     "%s/%s/%s: a tick whose fire failed was left: version %d "
+                     "was replaced",
+                     x->ws, x->wf, x->vertex, x->version);
+        }
+        if (x->seen)
+            s->v[kept++] = *x;
         else
-            entry_clear(&s->v[i]);
+            entry_clear(x);
     }
     s->n = kept;
     atomic_store(&g->m.schedule_entries, s->n);
@@ -179,6 +192,11 @@ static int fire(struct engine *g, struct entry *x, int64_t at, int64_t now)
         if (x->retry_ms > RETRY_MAX_MS)
             x->retry_ms = RETRY_MAX_MS;
         x->retry_at = now + x->retry_ms;
+        /* a pass before the next tick tries once more: past it, this tick
+         * would be a missed one */
+        int64_t next = cron_next(&v->schedule, at);
+        if (next >= 0 && x->retry_at > next - 2 * TICK_MS)
+            x->retry_at = next - 2 * TICK_MS;
     } else {
         log_warn("schedule.fire_failed", "%s/%s/%s tick %s: %s", x->ws, x->wf, x->vertex, when,
                  e.msg);

@@ -158,3 +158,45 @@ def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(m
     assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
     assert s.logs().count("schedule.fire_failed") == 1  # once per tick, however many tries
     assert s.stop() == 0
+
+
+def test_a_failed_tick_is_tried_again_before_the_next_one_is_due(make_server, small_fs):
+    """The retries of a refused fire back off (1 s, 2 s, … 10 s), but never
+    past two seconds before the next tick: space that returns at 58.5 s of
+    the minute still fires the tick (without the cap, its retry came after
+    the next tick and it counted as missed)."""
+    from test_schedules import WS as CRON, advance_to, every, executions, fired, future_minutes, \
+        time_ms
+    s = make_server(db="sqlite:" + os.path.join(small_fs, "idemflow.db"), extra=["--test-clock"])
+    s.start()
+    put_workflow(s, "notes", NOTE)
+    assert s.put(CRON, {}).status in (200, 201)
+    tick, expr = future_minutes(s)
+    assert s.put(f"{CRON}/workflows/minutely", every(expr)).status == 201
+    advance_to(s, tick + 30000)
+    wait_for(lambda: fired(s) == 1)
+
+    filler = os.path.join(small_fs, "filler")
+    fill(filler)
+    n = [0]
+
+    def refused():
+        n[0] += 1
+        r = note(s, n[0])
+        return r if r.status == 503 else None
+    wait_for(refused, timeout=60, interval=0)
+    due = tick + 60000
+    failures = lambda: s.logs().count("store.commit_failed")  # noqa: E731
+    # each move passes the retry's time: 1, 2, 4, 8 and 10 s of backoff
+    for at in (30000, 31500, 34000, 38500, 47000, 57500):
+        before = failures()
+        advance_to(s, due + at)
+        wait_for(lambda: failures() > before, timeout=30)
+    os.unlink(filler)
+    advance_to(s, due + 58500)
+    wait_for(lambda: fired(s) == 2, timeout=30)
+    ticks = sorted(time_ms(s.get(f"{CRON}/executions/{i['id']}").json["payload"]["scheduledAt"])
+                   for i in executions(s))
+    assert ticks == [tick, due], ticks
+    assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
+    assert s.stop() == 0

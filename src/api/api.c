@@ -358,8 +358,7 @@ static void h_secret_put(struct call *c)
         return;
     json_t *v = json_object_get(body, "value");
     const char *why = NULL, *member = "value";
-    if (!json_is_object(body) || !json_is_string(v) || json_string_length(v) == 0 ||
-        strlen(json_string_value(v)) != json_string_length(v)) {
+    if (!json_is_object(body) || !json_text(v) || json_string_length(v) == 0) {
         why = "expected {\"value\": \"…\"} with a non-empty string without NUL";
     } else if (json_string_length(v) < GW_SECRET_MIN) {
         why = "a secret value has at least 4 bytes: a shorter one is ordinary text (\"on\", "
@@ -1012,8 +1011,7 @@ static void h_cancel(struct call *c)
                 why = "unknown member; a cancel takes only \"reason\"";
                 break;
             }
-            if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 512 ||
-                strlen(json_string_value(v)) != json_string_length(v)) {
+            if (!json_text(v) || json_string_length(v) == 0 || json_string_length(v) > 512) {
                 bad = name;
                 why = "reason must be a string of 1 to 512 bytes without NUL";
                 break;
@@ -1607,8 +1605,7 @@ static void h_token_create(struct call *c)
     }
     json_t *name = json_object_get(body, "name");
     int not_object = !json_is_object(body);
-    if (not_object || (name && (!json_is_string(name) ||
-                                strlen(json_string_value(name)) != json_string_length(name)))) {
+    if (not_object || (name && !json_text(name))) {
         json_decref(body);
         api_problem(c->res, 422, "validation-error",
                     "expected {\"name\": \"…\"}, a name of printable characters",

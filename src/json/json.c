@@ -532,6 +532,12 @@ void json_pointer_push(struct buf *out, const char *segment)
     }
 }
 
+const char *json_text(const json_t *v)
+{
+    const char *s = json_string_value(v);
+    return s && strlen(s) == json_string_length(v) ? s : NULL;
+}
+
 double json_num(const json_t *v)
 {
     return json_number_value(v);

@@ -78,6 +78,10 @@ char *json_to_string(const json_t *v);
  * Pointer being built in out ("~" -> "~0", "/" -> "~1"), with a leading '/'.*/
 void json_pointer_push(struct buf *out, const char *segment);
 
+/* The text of a JSON string that holds no NUL (borrowed from v), else NULL:
+ * for values used as C strings, which a NUL would silently cut short. */
+const char *json_text(const json_t *v);
+
 /* The number value of a jansson number (integer or real). */
 double json_num(const json_t *v);
 

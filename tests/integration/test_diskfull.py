@@ -18,6 +18,8 @@ import pytest
 from conftest import BACKEND
 from test_engine import WS, finished, metric, put_workflow, run, wait_for
 from test_gateway import mock, pay, setup_pay  # noqa: F401  (mock is a fixture)
+from test_schedules import WS as CRON, advance_to, every, executions, fired, future_minutes, \
+    time_ms
 
 pytestmark = pytest.mark.skipif(BACKEND != "sqlite", reason="the SQLite store's own disk")
 
@@ -123,12 +125,10 @@ def test_a_full_disk_refuses_new_work_and_loses_none_it_accepted(make_server, mo
     assert s.stop() == 0
 
 
-def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(make_server, small_fs):
-    """A tick whose fire the store refused (here a full disk; on PostgreSQL an
-    outage longer than the store's own retries) is tried again each pass,
-    not skipped: it fires, once, as soon as the store takes writes again."""
-    from test_schedules import WS as CRON, advance_to, every, executions, fired, future_minutes, \
-        time_ms
+def full_after_a_first_tick(make_server, small_fs):
+    """An engine on the small disk (test clock) whose every-minute schedule
+    fired its first tick, with the disk then filled until a trigger is
+    refused: (server, that tick, the filler file to delete)."""
     s = make_server(db="sqlite:" + os.path.join(small_fs, "idemflow.db"), extra=["--test-clock"])
     s.start()
     put_workflow(s, "notes", NOTE)
@@ -137,7 +137,6 @@ def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(m
     assert s.put(f"{CRON}/workflows/minutely", every(expr)).status == 201
     advance_to(s, tick + 30000)
     wait_for(lambda: fired(s) == 1)
-
     filler = os.path.join(small_fs, "filler")
     fill(filler)
     n = [0]
@@ -147,13 +146,26 @@ def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(m
         r = note(s, n[0])
         return r if r.status == 503 else None
     wait_for(refused, timeout=60, interval=0)
+    return s, tick, filler
+
+
+def fired_ticks(s):
+    """The scheduled times of the schedule's executions, in order."""
+    return sorted(time_ms(s.get(f"{CRON}/executions/{i['id']}").json["payload"]["scheduledAt"])
+                  for i in executions(s))
+
+
+def test_a_tick_that_falls_due_while_the_disk_is_full_fires_once_space_returns(make_server, small_fs):
+    """A tick whose fire the store refused (here a full disk; on PostgreSQL an
+    outage longer than the store's own retries) is tried again each pass,
+    not skipped: it fires, once, as soon as the store takes writes again."""
+    s, tick, filler = full_after_a_first_tick(make_server, small_fs)
     advance_to(s, tick + 90000)
     wait_for(lambda: "schedule.fire_failed" in s.logs(), timeout=30)
     assert fired(s) == 1
     os.unlink(filler)
     wait_for(lambda: fired(s) == 2, timeout=30)
-    ticks = sorted(time_ms(s.get(f"{CRON}/executions/{i['id']}").json["payload"]["scheduledAt"])
-                   for i in executions(s))
+    ticks = fired_ticks(s)
     assert ticks == [tick, tick + 60000], ticks
     assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
     assert s.logs().count("schedule.fire_failed") == 1  # once per tick, however many tries
@@ -165,26 +177,7 @@ def test_a_failed_tick_is_tried_again_before_the_next_one_is_due(make_server, sm
     past two seconds before the next tick: space that returns at 58.5 s of
     the minute still fires the tick (without the cap, its retry came after
     the next tick and it counted as missed)."""
-    from test_schedules import WS as CRON, advance_to, every, executions, fired, future_minutes, \
-        time_ms
-    s = make_server(db="sqlite:" + os.path.join(small_fs, "idemflow.db"), extra=["--test-clock"])
-    s.start()
-    put_workflow(s, "notes", NOTE)
-    assert s.put(CRON, {}).status in (200, 201)
-    tick, expr = future_minutes(s)
-    assert s.put(f"{CRON}/workflows/minutely", every(expr)).status == 201
-    advance_to(s, tick + 30000)
-    wait_for(lambda: fired(s) == 1)
-
-    filler = os.path.join(small_fs, "filler")
-    fill(filler)
-    n = [0]
-
-    def refused():
-        n[0] += 1
-        r = note(s, n[0])
-        return r if r.status == 503 else None
-    wait_for(refused, timeout=60, interval=0)
+    s, tick, filler = full_after_a_first_tick(make_server, small_fs)
     due = tick + 60000
     failures = lambda: s.logs().count("store.commit_failed")  # noqa: E731
     # each move passes the retry's time: 1, 2, 4, 8 and 10 s of backoff
@@ -195,8 +188,7 @@ def test_a_failed_tick_is_tried_again_before_the_next_one_is_due(make_server, sm
     os.unlink(filler)
     advance_to(s, due + 58500)
     wait_for(lambda: fired(s) == 2, timeout=30)
-    ticks = sorted(time_ms(s.get(f"{CRON}/executions/{i['id']}").json["payload"]["scheduledAt"])
-                   for i in executions(s))
+    ticks = fired_ticks(s)
     assert ticks == [tick, due], ticks
     assert metric(s, 'idemflow_schedule_ticks_total{outcome="missed"}') == 0
     assert s.stop() == 0

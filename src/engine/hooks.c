@@ -40,9 +40,6 @@
 #define FANOUT_PAGE 256
 #define CLAIM_MAX 32
 #define RETRY_AFTER_CAP_MS (24LL * 3600 * 1000)
-/* A claim's lease is its timeout plus this much (CLAIM_SET in store/subs.c);
- * the request must leave within the timeout and half of it (send_by). */
-#define LEASE_SLACK_MS 5000
 /* Attempts past maxAttempts, made only when the process died before it
  * recorded an answer (at-least-once): a claim that takes over a lapsed
  * lease past these finds the delivery dead, so one whose sending kills the
@@ -812,12 +809,15 @@ static size_t launch(struct hooks *h)
         *c = (struct call){.h = h, .used = 1, .d = v[k++]};
         h->inflight++;
         if (call_build(c, now) == 0) {
-            atomic_store(&c->send_by, claimed_at + c->s.timeout_ms + LEASE_SLACK_MS / 2);
+            /* the lease is the timeout + STORE_DLV_LEASE_SLACK_MS: leave
+             * within the timeout and half the slack */
+            atomic_store(&c->send_by, claimed_at + c->s.timeout_ms + STORE_DLV_LEASE_SLACK_MS / 2);
             c->req.send_by = &c->send_by;
             FAULT("webhook.before_send");
             /* the answer must come inside the lease too, or another process
              * may send the delivery while this copy is still out */
-            int64_t left = claimed_at + c->s.timeout_ms + LEASE_SLACK_MS * 4 / 5 - clock_now_ms();
+            int64_t left =
+                claimed_at + c->s.timeout_ms + STORE_DLV_LEASE_SLACK_MS * 4 / 5 - clock_now_ms();
             long timeout = left < c->s.timeout_ms ? (long)(left > 1 ? left : 1) : c->s.timeout_ms;
             gw_client_submit(h->client, &c->req, timeout, call_done, c);
         } else { /* nothing to send: settled as a failed attempt */

@@ -563,6 +563,13 @@ struct store_delivery_outcome {
     int uncount; /* the attempt never left: it does not count */
     int ok;      /* out */
 };
+/* A delivery claim's lease: its subscription's timeout plus this much
+ * (written as SQL text in store/subs.c; engine/hooks.c derives the send-by
+ * and the answer's deadline from it). */
+#define STORE_DLV_LEASE_SLACK_MS 5000
+#define STORE_STR_(x) #x
+#define STORE_STR(x) STORE_STR_(x)
+
 /* The last_error a claim leaves on a delivery it takes over from a lapsed
  * `sending` lease: the attempt before ended with its process, unrecorded
  * (no quote or backslash: it is spliced into SQL). */

@@ -69,19 +69,21 @@ static const struct store_sql q_dlv_insert = {
     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7)"
     " ON CONFLICT (workspace, subscription, event_id) DO NOTHING",
     NULL};
-/* The lease of a claim: now + 5000 + the subscription's timeout
- * (LEASE_SLACK_MS in engine/hooks.c, whose send-by it bounds).
+/* The lease of a claim: now + STORE_DLV_LEASE_SLACK_MS (SLACK, as SQL
+ * text) + the subscription's timeout.
  * Eligible: due (or its lease ran out) and first among its execution's
  * unfinished deliveries.  The outer condition is checked again on the row
  * itself, so on PostgreSQL a row another claim took meanwhile is left
  * alone (and SKIP LOCKED passes rows being claimed right now). */
+#define SLACK STORE_STR(STORE_DLV_LEASE_SLACK_MS)
 #define CLAIMABLE(t)                                                                               \
     "((" t "state = 'pending' AND " t "next_at <= ?1) OR (" t "state = 'sending' AND " t           \
     "lease_until < ?1))"
 #define CLAIM_SET                                                                                  \
     "UPDATE deliveries SET last_error = CASE WHEN state = 'sending' THEN '" STORE_DLV_UNRECORDED   \
     "' ELSE last_error END, state = 'sending', epoch = epoch + 1, attempts = attempts + 1,"        \
-    " updated_at = ?1, lease_until = CAST(?1 AS BIGINT) + 5000 + COALESCE((SELECT s.timeout_ms "   \
+    " updated_at = ?1, lease_until = CAST(?1 AS BIGINT) + " SLACK                                  \
+    " + COALESCE((SELECT s.timeout_ms "                                                            \
     "FROM"                                                                                         \
     " subscriptions s WHERE s.workspace = deliveries.workspace AND s.name ="                       \
     " deliveries.subscription), 0) WHERE seq IN (SELECT d.seq FROM deliveries d WHERE " CLAIMABLE( \

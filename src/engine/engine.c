@@ -1374,6 +1374,44 @@ static int gone_or_replay(struct engine *g, const char *ws, const char *scope,
     return rc ? (rc == IFL_EGONE ? gone.code : rc) : 0;
 }
 
+/* What an operator action reads before its transaction: an execution's
+ * steps and, for its GATEWAY steps in a state of `states` (a bit per enum
+ * step_state), the epoch each is at and whether its call's effect is
+ * unknown (steps_effect_unknown).  On success the caller frees *rows and
+ * *seen (whose vertex names are *rows'). */
+#define STATE_BIT(st) (1u << (st))
+static int gateway_steps_seen(struct engine *g, const char *id, unsigned states,
+                              struct store_step **rows, size_t *n, struct steps_seen **seen,
+                              size_t *n_seen, struct ifl_err *e)
+{
+    struct store_attempt *at = NULL;
+    size_t na = 0;
+    *seen = NULL;
+    *n_seen = 0;
+    int rc = store_steps_get(g->store, id, rows, n, e);
+    if (rc)
+        return rc;
+    if ((rc = store_attempts_get(g->store, id, &at, &na, e))) {
+        store_steps_free(*rows, *n);
+        *rows = NULL;
+        *n = 0;
+        return rc;
+    }
+    *seen = xcalloc(*n ? *n : 1, sizeof **seen);
+    for (size_t i = 0; i < *n; i++) {
+        const struct store_step *st = &(*rows)[i];
+        if (!(states & STATE_BIT(st->state)) || strcmp(st->kind, "GATEWAY") != 0)
+            continue;
+        (*seen)[(*n_seen)++] = (struct steps_seen){
+            .vertex = st->vertex,
+            .epoch = st->epoch,
+            .unknown = steps_effect_unknown(at, na, st->vertex),
+        };
+    }
+    store_attempts_free(at, na);
+    return 0;
+}
+
 struct retry_args {
     struct engine *g;
     struct steps_retry r;
@@ -1417,12 +1455,26 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, struct 
         return gone_or_replay(g, ws, "retry", k, answer, e);
     if (rc)
         return rc;
+    struct store_step *rows = NULL;
+    struct steps_seen *seen = NULL;
+    size_t n = 0, n_seen = 0;
+    if ((rc = gateway_steps_seen(g, id,
+                                 STATE_BIT(STEP_FAILED) | STATE_BIT(STEP_REQUIRES_RECONCILIATION),
+                                 &rows, &n, &seen, &n_seen, e)))
+        return rc;
     struct retry_args a = {
         .g = g,
-        .r = {.w = w, .workspace = ws, .execution_id = id, .now = clock_now_ms()},
+        .r = {.w = w,
+              .workspace = ws,
+              .execution_id = id,
+              .now = clock_now_ms(),
+              .seen = seen,
+              .n_seen = n_seen},
         .k = k,
     };
     rc = store_tx_run(g->store, tx_retry, &a, e);
+    free(seen);
+    store_steps_free(rows, n);
     if (!rc && k->replayed)
         rc = engine_replay_answer(a.replay, answer, e);
     else if (!rc)
@@ -1491,38 +1543,23 @@ static int cancel_keyed(struct engine *g, const char *ws, const char *id, const 
         return gone_or_replay(g, ws, "cancel", k, answer, e);
     if (rc)
         return rc;
-    /* Whether a waiting GATEWAY step's earlier call may have taken effect
-     * is in its attempts, read here; the transaction checks that each such
-     * step is still at the epoch read (no attempt since). */
+    /* Whether a waiting or failed GATEWAY step's earlier call may have
+     * taken effect is in its attempts, read here; the transaction checks
+     * that each such step is still at the epoch read (no attempt since). */
     struct store_step *rows = NULL;
-    struct store_attempt *at = NULL;
-    size_t n = 0, na = 0, ng = 0;
-    if ((rc = store_steps_get(g->store, id, &rows, &n, e)) ||
-        (rc = store_attempts_get(g->store, id, &at, &na, e))) {
-        store_steps_free(rows, n);
+    struct steps_seen *seen = NULL;
+    size_t n = 0, n_seen = 0;
+    if ((rc = gateway_steps_seen(g, id, STATE_BIT(STEP_DISPATCHED) | STATE_BIT(STEP_FAILED), &rows,
+                                 &n, &seen, &n_seen, e)))
         return rc;
-    }
-    const char **gv = xcalloc(n ? n : 1, sizeof *gv);
-    int64_t *ge = xcalloc(n ? n : 1, sizeof *ge);
-    const char *unknown = NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (rows[i].state != STEP_DISPATCHED || strcmp(rows[i].kind, "GATEWAY") != 0)
-            continue;
-        gv[ng] = rows[i].vertex;
-        ge[ng++] = rows[i].epoch;
-        if (!unknown && steps_effect_unknown(at, na, rows[i].vertex))
-            unknown = rows[i].vertex;
-    }
     struct cancel_args a = {
         .g = g,
         .c = {.workspace = ws,
               .execution_id = id,
               .reason = reason,
               .now = clock_now_ms(),
-              .gw_vertex = gv,
-              .gw_epoch = ge,
-              .n_gw = ng,
-              .unknown = unknown},
+              .seen = seen,
+              .n_seen = n_seen},
         .k = k,
     };
     rc = store_tx_run(g->store, tx_cancel, &a, e);
@@ -1535,9 +1572,7 @@ static int cancel_keyed(struct engine *g, const char *ws, const char *id, const 
         engine_execution_moved(g, id, "cancelled");
     }
     free(a.replay);
-    free(gv);
-    free(ge);
-    store_attempts_free(at, na);
+    free(seen);
     store_steps_free(rows, n);
     return rc;
 }
@@ -1634,9 +1669,12 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
     if ((rc = store_steps_get(g->store, id, &rows, &n, e)))
         goto out;
     enum step_state from = STEP_PENDING;
+    int found = 0;
     for (size_t i = 0; i < n; i++)
-        if (strcmp(rows[i].vertex, vertex) == 0)
+        if (strcmp(rows[i].vertex, vertex) == 0) {
             from = rows[i].state;
+            found = 1;
+        }
     if (strcmp(x.status, "cancelled") == 0) { /* whatever the step's state */
         err_set(&refuse, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
                 id);
@@ -1649,10 +1687,16 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
         }
         a.refuse = &refuse;
     } else if (from != STEP_FAILED && from != STEP_REQUIRES_RECONCILIATION) {
-        err_set(&refuse, IFL_ECONFLICT,
-                "step '%s' is %s; only FAILED or REQUIRES_RECONCILIATION steps can be "
-                "resolved",
-                vertex, store_step_state_name(from));
+        if (found)
+            err_set(&refuse, IFL_ECONFLICT,
+                    "step '%s' is %s; only FAILED or REQUIRES_RECONCILIATION steps can be "
+                    "resolved",
+                    vertex, store_step_state_name(from));
+        else /* a stale execution (no steps were made) */
+            err_set(&refuse, IFL_ECONFLICT,
+                    "execution %s is %s and has no steps; only FAILED or "
+                    "REQUIRES_RECONCILIATION steps can be resolved",
+                    id, x.status);
         err_slug(&refuse, "step-not-resolvable");
         if (!k->key) { /* nothing to replay: no transaction */
             rc = refuse.code;
@@ -1678,7 +1722,7 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
         .to = completed ? STEP_COMPLETED : STEP_FAILED,
         .output = out_text,
         .error = err_text,
-        .attempt_outcome = "resolved",
+        .attempt_outcome = STEPS_RESOLVED,
         .dec = d,
         .bump_epoch = 1,
         .now = clock_now_ms(),
@@ -1722,10 +1766,14 @@ struct start_over_args {
     const char *ws;
     struct engine_op_key k;
     char *response, *replay;
+    /* The execution started over, at the version it was read at. */
+    const char *old_id;
+    int64_t old_version;
     /* Set when no new execution can be made (the latest version lost the
-     * entry point): a repeat of an earlier start-over still replays; a new
-     * key gets this error and nothing is written. */
-    const char *refuse;
+     * entry point; the execution is unfinished, or may have charged where
+     * nothing settled it): a repeat of an earlier start-over still
+     * replays; a new key gets this error and nothing is written. */
+    const struct ifl_err *refuse;
 };
 
 static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -1734,11 +1782,69 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
     int rc = engine_op_key_claim(a->g, tx, a->ws, "start-over", &a->k, &a->replay, e);
     if (rc || a->k.replayed)
         return rc;
-    if (a->refuse) /* rolls the key back */
-        return err_set(e, IFL_ECONFLICT, "%s", a->refuse);
-    if ((rc = tx_create_execution(tx, &a->ca, e)))
+    if (a->refuse) { /* rolls the key back */
+        if (e)
+            *e = *a->refuse;
+        return a->refuse->code;
+    }
+    /* What made it safe to start over was judged on the execution as read
+     * before: it must not have moved since (a retry, a resolve). */
+    struct store_execution cur;
+    if ((rc = store_tx_execution_get(tx, a->ws, a->old_id, &cur, e)))
+        return rc;
+    if (cur.version != a->old_version)
+        rc = err_set(e, IFL_ECONFLICT, "execution %s changed while starting it over; try again",
+                     a->old_id);
+    store_execution_clear(&cur);
+    if (rc || (rc = tx_create_execution(tx, &a->ca, e)))
         return rc;
     return engine_op_key_answer(tx, a->ws, "start-over", &a->k, 201, a->response, e);
+}
+
+/* Whether execution x (read outside a transaction) may be started over:
+ * when not, refuse->code is IFL_ECONFLICT with a slug (0 is returned
+ * either way; another code is a store error).  Starting over runs its steps
+ * again in a new execution, so a call whose effect nothing settled would be
+ * sent again blindly (spec §1): an unfinished execution is cancelled first
+ * (its own steps would go on), a step in REQUIRES_RECONCILIATION resolved,
+ * and a FAILED GATEWAY step whose call may have taken effect retried or
+ * resolved. */
+static int start_over_allowed(struct engine *g, const struct store_execution *x,
+                              struct ifl_err *refuse, struct ifl_err *e)
+{
+    if (strcmp(x->status, "running") == 0) {
+        err_set(refuse, IFL_ECONFLICT,
+                "execution %s is still running: cancel it (or let it finish), then start it over",
+                x->id);
+        err_slug(refuse, "execution-running");
+        return 0;
+    }
+    if (strcmp(x->status, "requires_reconciliation") == 0) {
+        err_set(refuse, IFL_ECONFLICT,
+                "execution %s has a step that may have taken effect: resolve it, then start over",
+                x->id);
+        err_slug(refuse, "step-needs-reconciliation");
+        return 0;
+    }
+    if (strcmp(x->status, "failed") != 0)
+        return 0;
+    struct store_step *rows = NULL;
+    struct steps_seen *seen = NULL;
+    size_t n = 0, n_seen = 0;
+    int rc = gateway_steps_seen(g, x->id, STATE_BIT(STEP_FAILED), &rows, &n, &seen, &n_seen, e);
+    for (size_t i = 0; !rc && !refuse->code && i < n_seen; i++) {
+        if (!seen[i].unknown)
+            continue;
+        err_set(refuse, IFL_ECONFLICT,
+                "step '%s' failed after a call whose effect is unknown (the charge may have "
+                "happened): retry it (the same key or its verify settles that) or resolve it, "
+                "then start over",
+                seen[i].vertex);
+        err_slug(refuse, "step-outcome-unknown");
+    }
+    free(seen);
+    store_steps_free(rows, n);
+    return rc;
 }
 
 static int start_over_keyed(struct engine *g, const char *ws, const char *id, const char *key,
@@ -1777,11 +1883,15 @@ static int start_over_keyed(struct engine *g, const char *ws, const char *id, co
     if ((rc = engine_workflow_get(g, ws, old.workflow, 0, &w, &version, e)))
         goto out;
     long vi = wf_vertex_index(w, old.entry_point);
-    char refuse[200];
+    struct ifl_err refuse = {0};
     if (vi < 0 || w->v[vi].type != WF_ENTRY_POINT) {
-        snprintf(refuse, sizeof refuse, "the latest workflow version has no entry point '%s'",
-                 old.entry_point);
-        a.refuse = refuse;
+        err_set(&refuse, IFL_ECONFLICT, "the latest workflow version has no entry point '%s'",
+                old.entry_point);
+        a.refuse = &refuse;
+    } else if ((rc = start_over_allowed(g, &old, &refuse, e))) {
+        goto out;
+    } else if (refuse.code) {
+        a.refuse = &refuse;
     }
     if ((rc = json_parse(old.payload, strlen(old.payload), &json_stored_limits, &payload, e)))
         goto out;
@@ -1801,6 +1911,8 @@ static int start_over_keyed(struct engine *g, const char *ws, const char *id, co
     a.ca.x = &nx;
     a.ca.existing = &existing;
     a.ws = ws;
+    a.old_id = old.id;
+    a.old_version = old.version;
     a.k = (struct engine_op_key){.key = key, .fingerprint = fp};
     a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
     if (!a.refuse) {

@@ -497,13 +497,17 @@ static void note_clear(struct gw_job *j)
 
 /* The step's error after response r to the request this phase sent (the
  * verify request in phase 1); `note` (may be NULL) is appended to its
- * message. */
-static char *class_error_note(const char *code, const struct gw_job *j, const struct gw_response *r,
-                              int verify_first_next, const char *note)
+ * message.  `cause` (may be NULL): what this attempt met, when `code` says
+ * only that the attempts or the time ran out (steps_effect_unknown reads
+ * whether the call's effect is still unknown from it). */
+static char *class_error_note(const char *code, const char *cause, const struct gw_job *j,
+                              const struct gw_response *r, int verify_first_next, const char *note)
 {
     const struct gw_request *req = j->phase == 1 ? &j->vreq : &j->req;
     json_t *o = json_object();
     json_object_set_new(o, "code", json_string(code));
+    if (cause)
+        json_object_set_new(o, "cause", json_string(cause));
     char msg[700];
     char *url = gw_request_masked_url(req);
     if (r->transport == GW_T_OK)
@@ -528,7 +532,7 @@ static char *class_error_note(const char *code, const struct gw_job *j, const st
 static char *class_error(const char *code, const struct gw_job *j, const struct gw_response *r,
                          int verify_first_next)
 {
-    return class_error_note(code, j, r, verify_first_next, NULL);
+    return class_error_note(code, NULL, j, r, verify_first_next, NULL);
 }
 
 /* Schedules another attempt, or fails the step when attempts or the deadline
@@ -544,20 +548,20 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
     int64_t now = clock_now_ms();
     if (j->budget_attempts >= p->max_attempts) {
         o->to = STEP_FAILED;
-        *err_text = class_error_note("attempts_exhausted", j, r, verify_next, note);
+        *err_text = class_error_note("attempts_exhausted", why, j, r, verify_next, note);
         o->attempt_outcome = "attempts_exhausted";
         return;
     }
     int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, gw_rnd01());
     if (now + wait > j->first_attempt_ms + p->deadline_ms) {
         o->to = STEP_FAILED;
-        *err_text = class_error_note("deadline_exceeded", j, r, verify_next, note);
+        *err_text = class_error_note("deadline_exceeded", why, j, r, verify_next, note);
         o->attempt_outcome = "deadline_exceeded";
         return;
     }
     o->to = STEP_DISPATCHED;
     o->run_at = now + wait;
-    *err_text = class_error_note(why, j, r, verify_next, note);
+    *err_text = class_error_note(why, NULL, j, r, verify_next, note);
     o->attempt_outcome = why;
 }
 
@@ -609,7 +613,21 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
         return 1;
     }
     if (j->phase == 1) {
-        /* The verify request: has the ambiguous call already taken effect? */
+        /* The verify request: has the ambiguous call already taken effect?
+         * Only an answer about the resource can say: 2xx/3xx, or 404/410
+         * (nothing there).  Another 4xx — 401 for an expired credential, 400
+         * or 405 for a wrong request — says nothing about it, and `doneWhen`
+         * reading false on its problem body would re-send a call that may
+         * have charged. */
+        if (cls == GW_CLIENT_ERROR && r->status != 404 && r->status != 410) {
+            char note[160];
+            snprintf(note, sizeof note,
+                     "verify answered %ld: only a 2xx, 3xx, 404 or 410 answer says whether the "
+                     "call took effect",
+                     r->status);
+            retry_or_fail(j, r, ra, "verify_inconclusive", 1, note, o, err_text);
+            return 1;
+        }
         if (cls == GW_SUCCESS || cls == GW_CLIENT_ERROR) {
             json_t *out = gw_output(r);
             gw_output_scrub(out, &j->req);

@@ -520,6 +520,15 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         (rc = store_tx_attempt_finish(tx, o->execution_id, o->vertex, claimed_epoch,
                                       attempt_outcome, error, e)))
         goto out;
+    /* An operator's resolve: a row of its own in the history, at the epoch
+     * it gave the step, so that who settled the step, when and how shows
+     * there (and steps_effect_unknown reads the call's effect as settled). */
+    if (o->from != STEP_EXECUTING && o->bump_epoch &&
+        ((rc = store_tx_attempt_record(tx, o->execution_id, o->vertex, st->epoch, "operator", NULL,
+                                       e)) ||
+         (rc = store_tx_attempt_finish(tx, o->execution_id, o->vertex, st->epoch, attempt_outcome,
+                                       error, e))))
+        goto out;
     if (to != STEP_DISPATCHED &&
         (rc = steps_event_text(tx, o->workspace, o->execution_id, step_event_type(to),
                                steps_event_data_text(st), ++v.ver, e)))
@@ -560,6 +569,14 @@ static int conflict(struct ifl_err *e, const char *slug, int rc)
     return rc;
 }
 
+const struct steps_seen *steps_seen_find(const struct steps_seen *v, size_t n, const char *vertex)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v[i].vertex, vertex) == 0)
+            return &v[i];
+    return NULL;
+}
+
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_retry *a = arg;
@@ -583,18 +600,31 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         enum step_state was = st->state;
         if (was != STEP_FAILED && was != STEP_REQUIRES_RECONCILIATION)
             continue;
+        long vi = wf_vertex_index(a->w, st->vertex);
+        int verify_first = error_verify_first(st->error);
+        if (strcmp(st->kind, "GATEWAY") == 0) {
+            const struct steps_seen *seen = steps_seen_find(a->seen, a->n_seen, st->vertex);
+            if (!seen || seen->epoch != st->epoch) {
+                rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", st->vertex);
+                break;
+            }
+            /* An outcome nothing settled, parked or failed without a
+             * verifyFirst mark (`ambiguous: reconcile`, attempts run out):
+             * with a verify configured, it runs before the call is sent
+             * again, as it would within the step's own attempts. */
+            if (seen->unknown && vi >= 0 && a->w->v[vi].verify)
+                verify_first = 1;
+        }
         st->state = STEP_DISPATCHED;
         /* Failed by an edge's condition error before its other edges were
          * decided: the retry counts that edge as taken and waits for the
          * rest (the join rule), instead of running the step now. */
-        long vi = wf_vertex_index(a->w, st->vertex);
         if (was == STEP_FAILED && vi >= 0 && st->in_decided < (int)a->w->v[vi].n_in) {
             st->state = STEP_PENDING;
             st->in_taken++;
         }
         st->epoch++;
         st->next_run_at = a->now;
-        int verify_first = error_verify_first(st->error);
         free(st->error);
         /* A call whose outcome is still unknown verifies before it sends,
          * also when an operator sends it again. */
@@ -630,10 +660,10 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
+/* Attempt outcomes (gwstep.c, runner.c) after which the call's effect is
+ * not known. */
+static int unknown_outcome(const char *outcome)
 {
-    /* attempt outcomes (gwstep.c, runner.c) after which the call's effect
-     * is not known */
     static const char *const unknown[] = {"ambiguous",
                                           "ambiguous_outcome",
                                           "conflict",
@@ -644,15 +674,41 @@ int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *ve
                                           STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
                                           STEPS_CRASHED_AFTER_RESPONSE,
                                           NULL};
+    for (int k = 0; unknown[k]; k++)
+        if (strcmp(outcome, unknown[k]) == 0)
+            return 1;
+    return 0;
+}
+
+/* An attempt that spent the step's last try or its time: what it met is
+ * its error's `cause` (gwstep.c's retry_or_fail). */
+static int unknown_when_spent(const struct store_attempt *a)
+{
+    if (strcmp(a->outcome, "attempts_exhausted") != 0 &&
+        strcmp(a->outcome, "deadline_exceeded") != 0)
+        return 0;
+    json_t *ej = NULL;
+    const char *cause = NULL;
+    if (a->error && json_parse(a->error, strlen(a->error), &json_stored_limits, &ej, NULL) == 0)
+        cause = json_string_value(json_object_get(ej, "cause"));
+    int v = cause && unknown_outcome(cause);
+    json_decref(ej);
+    return v;
+}
+
+int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
+{
     int64_t last_unknown = -1, last_settled = -1;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(a[i].vertex, vertex) != 0 || !a[i].outcome)
             continue;
-        if (strcmp(a[i].outcome, "verified_not_done") == 0 && a[i].epoch > last_settled)
+        if ((strcmp(a[i].outcome, "verified_not_done") == 0 ||
+             strcmp(a[i].outcome, STEPS_RESOLVED) == 0) &&
+            a[i].epoch > last_settled)
             last_settled = a[i].epoch;
-        for (int k = 0; unknown[k]; k++)
-            if (strcmp(a[i].outcome, unknown[k]) == 0 && a[i].epoch > last_unknown)
-                last_unknown = a[i].epoch;
+        if ((unknown_outcome(a[i].outcome) || unknown_when_spent(&a[i])) &&
+            a[i].epoch > last_unknown)
+            last_unknown = a[i].epoch;
     }
     return last_unknown >= 0 && last_unknown > last_settled;
 }
@@ -684,33 +740,56 @@ int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e)
                               a->execution_id, x.status));
         goto out;
     }
+    const struct store_step *unknown = NULL;
     for (size_t i = 0; i < n; i++) {
-        int seen = rows[i].state != STEP_DISPATCHED || strcmp(rows[i].kind, "GATEWAY") != 0;
-        for (size_t k = 0; !seen && k < a->n_gw; k++)
-            seen = strcmp(a->gw_vertex[k], rows[i].vertex) == 0 && a->gw_epoch[k] == rows[i].epoch;
-        if (rows[i].state == STEP_EXECUTING || !seen) {
+        const struct store_step *st = &rows[i];
+        const struct steps_seen *seen = NULL;
+        int judged = strcmp(st->kind, "GATEWAY") == 0 &&
+                     (st->state == STEP_DISPATCHED || st->state == STEP_FAILED);
+        if (judged) {
+            seen = steps_seen_find(a->seen, a->n_seen, st->vertex);
+            if (seen && seen->epoch != st->epoch)
+                seen = NULL;
+        }
+        if (st->state == STEP_EXECUTING || (judged && !seen && st->state == STEP_DISPATCHED)) {
             rc = conflict(e, "step-executing",
                           err_set(e, IFL_ECONFLICT,
                                   "step '%s' is executing (its call may be on the wire); cancel "
                                   "again once it has ended",
-                                  rows[i].vertex));
+                                  st->vertex));
             goto out;
         }
-        if (rows[i].state == STEP_REQUIRES_RECONCILIATION) {
+        if (judged && !seen) { /* FAILED since the caller read it */
+            rc = err_set(e, IFL_ECONFLICT, "step '%s' changed while cancelling; cancel again",
+                         st->vertex);
+            goto out;
+        }
+        if (st->state == STEP_REQUIRES_RECONCILIATION) {
             rc = conflict(e, "step-needs-reconciliation",
                           err_set(e, IFL_ECONFLICT,
                                   "step '%s' may have taken effect; resolve it first, then cancel",
-                                  rows[i].vertex));
+                                  st->vertex));
             goto out;
         }
+        if (seen && seen->unknown && !unknown)
+            unknown = st;
     }
-    if (a->unknown) {
+    if (unknown && unknown->state == STEP_DISPATCHED) {
         rc = conflict(e, "step-outcome-unknown",
                       err_set(e, IFL_ECONFLICT,
                               "step '%s' sent a call whose effect is unknown (the charge may have "
                               "happened): its next attempt settles that with the same key or a "
                               "verify; cancel once it has ended",
-                              a->unknown));
+                              unknown->vertex));
+        goto out;
+    }
+    if (unknown) {
+        rc = conflict(e, "step-outcome-unknown",
+                      err_set(e, IFL_ECONFLICT,
+                              "step '%s' failed after a call whose effect is unknown (the charge "
+                              "may have happened): retry it (the same key or its verify settles "
+                              "that) or resolve it, then cancel",
+                              unknown->vertex));
         goto out;
     }
     {

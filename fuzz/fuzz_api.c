@@ -79,6 +79,8 @@ static const char *get_query_other(const struct http_req *r, const char *const *
         int ok = !*f->qry[i].k; /* an empty segment names nothing */
         for (int k = 0; known[k] && !ok; k++)
             ok = strcmp(f->qry[i].k, known[k]) == 0;
+        for (int j = 0; j < i && ok && *f->qry[i].k; j++)
+            ok = strcmp(f->qry[j].k, f->qry[i].k) != 0; /* given twice */
         if (!ok)
             return f->qry[i].k;
     }

@@ -1765,6 +1765,15 @@ static int query_known(struct call *c, const char *const *params)
         return 1;
     struct buf why;
     buf_init(&why, 0);
+    int twice = 0;
+    for (size_t i = 0; known[i] && !twice; i++)
+        twice = strcmp(known[i], other) == 0;
+    if (twice) {
+        buf_printf(&why, "query parameter '%s' is given more than once", other);
+        member_problem(c->res, 400, "invalid-parameter", why.p, other);
+        buf_free(&why);
+        return 0;
+    }
     buf_printf(&why, "unknown query parameter '%s': ", other);
     if (!known[0])
         buf_printf(&why, "this resource takes none");

@@ -34,7 +34,9 @@ struct http_req {
     const char *(*header)(const struct http_req *r, const char *name);
     const char *(*query)(const struct http_req *r, const char *name);
     /* The first query parameter whose name is not in `known` (NULL-
-     * terminated), or NULL: a misspelled one would otherwise be ignored. */
+     * terminated) or that is given twice, or NULL: a misspelled one would
+     * otherwise be ignored, and of a repeated one query() shows the first
+     * only. */
     const char *(*query_other)(const struct http_req *r, const char *const *known);
     /* How many header lines carry `name` (case-insensitive): header() shows
      * only the first, so a field that must be single checks this. */

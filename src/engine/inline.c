@@ -44,19 +44,13 @@ int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, 
         *err_text = steps_error_json("expression_error", te.msg);
         return -1;
     }
-    *out_text = json_to_string(*out ? *out : json_null());
+    int too_big = 0;
+    *out_text = json_to_string_max(*out ? *out : json_null(), STEPS_OUTPUT_MAX, &too_big);
     if (!*out_text) {
         json_decref(*out);
         *out = NULL;
-        *err_text = steps_error_json("invalid_output", "the output is not valid JSON");
-        return -1;
-    }
-    if (strlen(*out_text) > STEPS_OUTPUT_MAX) {
-        json_decref(*out);
-        *out = NULL;
-        free(*out_text);
-        *out_text = NULL;
-        *err_text = steps_error_json("invalid_output", "the output is larger than 4 MiB");
+        *err_text = too_big ? steps_error_json("invalid_output", "the output is larger than 4 MiB")
+                            : steps_error_json("invalid_output", "the output is not valid JSON");
         return -1;
     }
     if (!json_depth_ok(*out_text, strlen(*out_text), JSON_STORED_MAX_DEPTH)) {

@@ -294,17 +294,19 @@ void gw_request_clear(struct gw_request *r)
 }
 
 /* A rendered member as wire text; NULL for a string holding a NUL (C text
- * would end there: two different values could go out as one). */
-static char *scalar_text(json_t *v)
+ * would end there: two different values could go out as one) or a value
+ * whose text passes GW_RENDERED_MAX (*too_big = 1). */
+static char *scalar_text(json_t *v, int *too_big)
 {
+    *too_big = 0;
     if (json_is_string(v))
         return memchr(json_string_value(v), 0, json_string_length(v))
                    ? NULL
                    : xstrdup(json_string_value(v));
     if (json_is_null(v))
         return xstrdup("");
-    char *s = json_to_string(v);
-    return s ? s : xstrdup("");
+    char *s = json_to_string_max(v, GW_RENDERED_MAX, too_big);
+    return s || *too_big ? s : xstrdup("");
 }
 
 int gw_header_name_valid(const char *s)
@@ -374,11 +376,17 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     json_t *v;
     out->query_at = ub.len;
     int first = strchr(u, '?') == NULL;
+    int too_big = 0;
     json_object_foreach(query, k, v)
     {
         /* percent-encoded with its length: a NUL goes out as %00 */
         char *val = json_is_string(v) ? xstrndup(json_string_value(v), json_string_length(v))
-                                      : scalar_text(v);
+                                      : scalar_text(v, &too_big);
+        if (!val) {
+            buf_free(&ub);
+            return err_setp(e, IFL_EINVAL, "/query",
+                            "query member %s renders to more than 16 MiB; nothing was sent", k);
+        }
         size_t vlen = json_is_string(v) ? json_string_length(v) : strlen(val);
         char *ek = curl_easy_escape(NULL, k, 0), *ev = curl_easy_escape(NULL, val, (int)vlen);
         buf_printf(&ub, "%c%s=%s", first ? '?' : '&', ek ? ek : "", ev ? ev : "");
@@ -389,19 +397,25 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
     }
     out->url = buf_steal(&ub);
     json_t *body = json_object_get(rendered, "body");
-    if (body)
-        out->body = json_to_string(body);
+    if (body && !(out->body = json_to_string_max(body, GW_RENDERED_MAX, &too_big)) && too_big) {
+        gw_request_clear(out);
+        return err_setp(e, IFL_EINVAL, "/body",
+                        "the body renders to more than 16 MiB; nothing was sent");
+    }
     out->method = xstrdup(method ? method : body ? "POST" : "GET");
     json_t *headers = json_object_get(rendered, "headers");
     out->headers = xcalloc(json_object_size(headers) + 2, sizeof *out->headers);
     int has_ct = 0;
     json_object_foreach(headers, k, v)
     {
-        char *val = scalar_text(v);
+        char *val = scalar_text(v, &too_big);
         if (!val) {
             gw_request_clear(out);
             return err_set(e, IFL_EINVAL,
-                           "header %s renders with a control character (NUL); nothing was sent", k);
+                           too_big ? "header %s renders to more than 16 MiB; nothing was sent"
+                                   : "header %s renders with a control character (NUL); nothing "
+                                     "was sent",
+                           k);
         }
         if (strcasecmp(k, "Content-Type") == 0)
             has_ct = 1;

@@ -184,6 +184,11 @@ json_t *gw_output(const struct gw_response *r);
 /* The shortest secret value the scrubs below recognise: a shorter one would
  * match ordinary text ("on", "id"), so the API refuses to store one. */
 #define GW_SECRET_MIN 4
+/* The most text a rendered body, header or query value may take (an
+ * execution's outputs together take at most as much): past it the request
+ * is not built — and the bytes are not made — and the step fails
+ * request_error. */
+#define GW_RENDERED_MAX ((size_t)16 << 20)
 
 /* Replaces a secret value req sent (4 bytes or more) with "****" in every
  * string of out, the parsed output: a body may spell a secret with JSON

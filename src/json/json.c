@@ -503,15 +503,23 @@ int json_write_string(const char *s, struct buf *out)
     return put_string(out, s, strlen(s));
 }
 
-char *json_to_string(const json_t *v)
+char *json_to_string_max(const json_t *v, size_t max, int *too_big)
 {
     struct buf b;
-    buf_init(&b, 0);
-    if (json_write(v, &b)) {
+    buf_init(&b, max);
+    int rc = json_write(v, &b);
+    if (too_big)
+        *too_big = rc == IFL_ETOOBIG;
+    if (rc) {
         buf_free(&b);
         return NULL;
     }
     return buf_steal(&b);
+}
+
+char *json_to_string(const json_t *v)
+{
+    return json_to_string_max(v, 0, NULL);
 }
 
 void json_pointer_push(struct buf *out, const char *segment)

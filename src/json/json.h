@@ -73,6 +73,11 @@ int json_write_string(const char *s, struct buf *out);
 /* Convenience: compact JSON as a fresh heap string (caller frees), or NULL
  * when v holds a non-finite number. */
 char *json_to_string(const json_t *v);
+/* json_to_string of at most max bytes: NULL past it, with *too_big = 1
+ * (may be NULL), found without building the rest.  An expression's value
+ * may hold one big value many times over (`[1..30000].($$.payload)` holds
+ * references, not copies): its text is what must be bounded. */
+char *json_to_string_max(const json_t *v, size_t max, int *too_big);
 
 /* Appends the escaped form of one object key / path segment to a JSON
  * Pointer being built in out ("~" -> "~0", "/" -> "~1"), with a leading '/'.*/

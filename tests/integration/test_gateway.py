@@ -1096,6 +1096,38 @@ def test_secrets_never_reach_storage_logs_or_responses(make_server, mock, workdi
     assert_secret_nowhere(s)
 
 
+def peak_rss_mb(s):
+    with open(f"/proc/{s.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_value_that_repeats_one_big_value_is_bounded_by_its_text(server, mock):
+    """Found by a judge: `[1..N].($$.payload)` evaluates to N references to
+    one payload — within the evaluation's 16 MiB — but its JSON text is N
+    copies: 30,000 of a 50 KB payload made the engine allocate 2 GiB and
+    die.  The text is bounded as it is written: the TRANSFORM fails
+    invalid_output and a GATEWAY body request_error, with nothing sent and
+    no more memory than a 4 or 16 MiB text takes (here 400 MB would do)."""
+    put_workflow(server, "amp", {"vertices": {
+        "start": {"type": "ENTRY_POINT"},
+        "t": {"type": "TRANSFORM", "config": {"output": "= [1..10000].($$.payload)"}},
+        "g": {"type": "GATEWAY", "config": {"method": "POST", "url": f"{mock.url}/v1/charges",
+                                            "body": "= [1..10000].($$.payload)"}}},
+        "edges": [{"from": "start", "to": "t"}, {"from": "start", "to": "g"}]})
+    finished(server, run(server, "amp", {"blob": "warm-up"}))
+    before = peak_rss_mb(server)
+    x = finished(server, run(server, "amp", {"blob": "x" * 40000}))
+    st = steps_of(x)
+    assert st["t"]["error"]["code"] == "invalid_output" and "4 MiB" in st["t"]["error"]["message"], st
+    assert st["g"]["state"] == "FAILED" and st["g"]["error"]["code"] == "request_error", st["g"]
+    assert "16 MiB" in st["g"]["error"]["message"], st["g"]
+    assert posts(mock) == 0
+    assert peak_rss_mb(server) - before < 150, (before, peak_rss_mb(server))
+
+
 def test_an_answer_too_large_to_keep_is_classified_by_its_status(server):
     """A 201 whose body passes the 4 MiB cap: the transfer is cut once the
     cap is reached, but the answer's status is known — the step completes

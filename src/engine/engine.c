@@ -954,6 +954,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
 {
     memset(out, 0, sizeof *out);
     *opp = NULL;
+    FAULT("trigger.begin");
     const struct wf *w = NULL;
     int version = 0;
     int rc =

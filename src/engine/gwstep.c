@@ -689,6 +689,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
         if (p->ambiguous == GW_AMB_RECONCILE) {
             o->to = STEP_REQUIRES_RECONCILIATION;
             *err_text = class_error("ambiguous_outcome", j, r, 0);
+            o->attempt_outcome = "ambiguous_outcome"; /* as under retry and verify */
             return 1;
         }
         retry_or_fail(j, r, 0, "ambiguous_outcome", p->ambiguous == GW_AMB_VERIFY, NULL, o,

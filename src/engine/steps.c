@@ -664,7 +664,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
  * not known. */
 static int unknown_outcome(const char *outcome)
 {
-    static const char *const unknown[] = {"ambiguous",
+    static const char *const unknown[] = {"ambiguous", /* reconcile's, before 2026-12-03 */
                                           "ambiguous_outcome",
                                           "conflict",
                                           "verify_failed",

@@ -23,6 +23,7 @@ struct http_server {
     pthread_mutex_t mu; /* guards busy and deferred */
     pthread_cond_t cv;  /* signalled when either drops to 0 */
     int busy;           /* requests handed to the handler, answer not yet sent */
+    int in_handler;     /* … of which inside the handler now (it may still defer) */
     int deferred;       /* … of which suspended (http_defer or a parked stream) */
     /* streams with nothing to send, suspended until the next tick of the
      * stream timer (event loops only; under mu) */
@@ -414,9 +415,33 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_YES;
         }
     } else {
+        /* A request that comes once a stop began (on a kept-alive
+         * connection) is not handed over: a handler still running then
+         * could defer its answer after the stop stopped waiting for
+         * deferrals, and MHD aborts when it stops with a connection
+         * suspended. */
+        pthread_mutex_lock(&s->mu);
+        int late = s->stopping;
+        if (!late) {
+            s->in_handler++;
+            s->busy++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (late) {
+            http_res_body(&res, 503, "application/problem+json",
+                          xstrdup("{\"type\":\"/problems/shutting-down\",\"title\":\"Service "
+                                  "Unavailable\",\"status\":503,\"detail\":\"this engine "
+                                  "process is stopping; send the request again (to another "
+                                  "process, or once it is back)\"}"));
+            http_res_header(&res, "Connection", "close");
+            http_res_header(&res, "Retry-After", "1");
+            enum MHD_Result ret = send_res(s, conn, &res);
+            http_res_clear(&res);
+            return ret;
+        }
         c->counted = 1;
-        count(s, &s->busy, 1);
         s->o.handler(s->o.ctx, &req, &res);
+        count(s, &s->in_handler, -1);
         if (c->deferred) { /* suspended: answered once resumed */
             http_res_clear(&res);
             return MHD_YES;
@@ -681,14 +706,16 @@ void http_server_stop(struct http_server *s)
     /* Requests already handed to the handler get their answers first
      * (MHD_stop_daemon would close their connections unanswered): for up to
      * DRAIN_MS, and deferred ones always — MHD must not stop with suspended
-     * connections, and whoever deferred them resumes each. */
+     * connections, and whoever deferred them resumes each — as are those
+     * still inside the handler, which may yet defer (no new one enters
+     * once stopping is set). */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += DRAIN_MS / 1000;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1; /* streams end at their next turn (the timer resumes parked ones) */
-    while (s->deferred || s->busy) {
-        if (s->deferred)
+    while (s->deferred || s->in_handler || s->busy) {
+        if (s->deferred || s->in_handler)
             pthread_cond_wait(&s->cv, &s->mu);
         else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT)
             break;

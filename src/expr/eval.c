@@ -580,9 +580,14 @@ static val *eval_binary(struct ctx *c, struct node *e, val *input, struct env *e
             return VFALSE;
         if (!is_arr(rhs))
             return VBOOL(strict_eq(rhs, lhs));
-        for (uint32_t i = 0; i < rhs->n; i++)
-            if (strict_eq(aget(c, rhs, i), lhs))
+        for (uint32_t i = 0; i < rhs->n; i++) {
+            val *it = aget(c, rhs, i);
+            /* the items may all be one long string: count its bytes */
+            cx_tickn(c, 1 + (is_str(it) && is_str(lhs) && it->n == lhs->n ? it->n : 0) /
+                                CX_TICK_BYTES);
+            if (strict_eq(it, lhs))
                 return VTRUE;
+        }
         return VFALSE;
     }
     }
@@ -782,6 +787,7 @@ struct sortctx {
 static int sort_gt(struct sortctx *s, val *a, val *b)
 {
     struct ctx *c = s->c;
+    cx_tick(c);
     if (s->fn) {
         val *args[2] = {a, b};
         val *r = apply_fn(c, s->fn, args, 2, NULL, s->env);
@@ -790,6 +796,7 @@ static int sort_gt(struct sortctx *s, val *a, val *b)
     if (!s->e) { /* natural order for $sort */
         if (a->t == T_NUM)
             return a->u.num > b->u.num;
+        cx_tickn(c, (a->n < b->n ? a->n : b->n) / CX_TICK_BYTES);
         return cmp_str(a, b) > 0;
     }
     int comp = 0;
@@ -925,18 +932,24 @@ struct rxstate {
 };
 
 /* Calls a regex "matcher" as the reference's closure(str, fromIndex) would:
- * returns the match object {match, start, end, groups} or undefined. */
-val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from, long *endpos);
-val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from, long *endpos)
+ * returns the match object {match, start, end, groups} or undefined.  cpc:
+ * the caller's cache for a run of matches in str, or NULL. */
+val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from, long *endpos,
+                     struct cpcache *cpc);
+val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from, long *endpos,
+                     struct cpcache *cpc)
 {
+    struct cpcache one = {0};
+    if (!cpc)
+        cpc = &one;
     int ng = regex_ngroups(re);
     long *caps = cx_alloc(c, sizeof *caps * (size_t)(2 * ng + 2));
     if (!regex_exec(c, re, str->u.s, str->n, (size_t)from, caps))
         return NULL;
     val *o = mkobj(c);
     oset(c, o, "match", 5, mkstr_nocopy(c, str->u.s + caps[0], (size_t)(caps[1] - caps[0])));
-    oset(c, o, "start", 5, mknum(c, (double)utf8_len(str->u.s, (size_t)caps[0])));
-    oset(c, o, "end", 3, mknum(c, (double)utf8_len(str->u.s, (size_t)caps[1])));
+    oset(c, o, "start", 5, mknum(c, (double)cp_index(c, cpc, str->u.s, (size_t)caps[0])));
+    oset(c, o, "end", 3, mknum(c, (double)cp_index(c, cpc, str->u.s, (size_t)caps[1])));
     struct vec g = {0};
     for (int i = 1; i <= ng; i++) {
         if (caps[2 * i] < 0)
@@ -1081,7 +1094,7 @@ static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
         long from = 0, endpos = 0;
         if (n > 1 && is_num(args[1]))
             from = (long)args[1]->u.num;
-        return regex_match_obj(c, f->re, args[0], from, &endpos);
+        return regex_match_obj(c, f->re, args[0], from, &endpos, NULL);
     }
     case FK_TRANSFORM:
         return apply_transform(c, f, n > 0 ? args[0] : NULL);
@@ -1097,6 +1110,7 @@ static val *apply_inner(struct ctx *c, val *proc, val **args, int n, val *input,
 static val *apply_full(struct ctx *c, val *proc, val **args, int n, val *input, struct env *env,
                        int pos, const char *token)
 {
+    cx_tick(c); /* a builtin applied by $map & co. runs no step of its own */
     val *r = apply_inner(c, proc, args, n, input, env, pos, token);
     while (is_fn(r) && r->u.fn->kind == FK_LAMBDA && r->u.fn->thunk) {
         struct fnv *th = r->u.fn;

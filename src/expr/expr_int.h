@@ -261,7 +261,15 @@ void ecode_msg(const char *code, char *out, size_t n);
 
 /* allocation */
 void *cx_alloc(struct ctx *c, size_t n);
+/* The time limit.  cx_tick counts one step and reads the clock every 256 of
+ * them (the clock starts at the first reading, so short evaluations never
+ * pay for it); past max_ms it throws U1001.  Every loop whose length is not
+ * bounded by the memory cap (it allocates nothing per turn, or revisits what
+ * it has) must tick: per turn, or, for work on bytes, through cx_tickn with
+ * one step per CX_TICK_BYTES. */
 void cx_tick(struct ctx *c);
+void cx_tickn(struct ctx *c, size_t n); /* n steps at once */
+#define CX_TICK_BYTES 4096
 
 /* value constructors */
 extern const val v_null, v_true, v_false;
@@ -324,6 +332,10 @@ void odel(struct ctx *c, val *o, const char *k, size_t klen);
 json_t *val_to_json(struct ctx *c, val *v, int depth);
 int val_truthy(struct ctx *c, val *v, int *defined); /* $boolean */
 int val_deep_equal(struct ctx *c, val *a, val *b, int depth);
+/* A hash that agrees with val_deep_equal: values it calls equal hash alike
+ * (members of objects in any order, 0 and -0, T_JARR and T_ARR).  Looks at
+ * the first levels of nesting only, so it never throws on deep values. */
+uint64_t val_hash(struct ctx *c, val *v);
 const char *val_string(struct ctx *c, val *v, int prettify, uint32_t *len); /* $string */
 void fmt_num(double d, char out[40]);
 int num_is_int(double d);
@@ -343,6 +355,15 @@ val *sb_val(struct ctx *c, struct sb *b);
 /* utf-8 */
 uint32_t utf8_next(const char *s, size_t n, size_t *i);
 size_t utf8_len(const char *s, size_t n);
+/* Code point index of byte offset `byte` in s, for offsets that mostly grow
+ * (the matches of one scan): the cache keeps the last answer, so a scan
+ * costs O(n) in all rather than O(n) per match.  Start with a zeroed cache;
+ * it is valid for one string at a time. */
+struct cpcache {
+    const char *s;
+    size_t byte, cp;
+};
+size_t cp_index(struct ctx *c, struct cpcache *k, const char *s, size_t byte);
 
 /* evaluator entry points used by functions */
 val *ev(struct ctx *c, struct node *e, val *input, struct env *env);

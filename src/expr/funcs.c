@@ -16,7 +16,8 @@
 #include "expr/expr_int.h"
 
 val *sort_values(struct ctx *c, val *arr, val *fn, struct env *env);
-val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from, long *endpos);
+val *regex_match_obj(struct ctx *c, const struct regex *re, val *str, long from, long *endpos,
+                     struct cpcache *cpc);
 val *clone_value(struct ctx *c, val *v);
 
 #define ARG(i) (n > (i) ? a[i] : NULL)
@@ -203,16 +204,20 @@ static size_t cp_to_byte(const char *s, size_t n, size_t cp)
     return i;
 }
 
-static const char *find_sub(const char *h, size_t hn, const char *nd, size_t nn, size_t from)
+/* The first occurrence of nd in h at or after byte `from`, or NULL.  glibc's
+ * memmem is linear in hn + nn (two-way for long needles), where a naive
+ * search was O(hn * nn); the bytes it may read count against the time
+ * limit.  A UTF-8 needle can only match at a character boundary. */
+static const char *find_sub(struct ctx *c, const char *h, size_t hn, const char *nd, size_t nn,
+                            size_t from)
 {
     if (nn == 0)
         return from <= hn ? h + from : NULL;
-    if (nn > hn)
+    if (from > hn || nn > hn - from)
         return NULL;
-    for (size_t i = from; i + nn <= hn; i++)
-        if (h[i] == nd[0] && !memcmp(h + i, nd, nn))
-            return h + i;
-    return NULL;
+    const char *p = memmem(h + from, hn - from, nd, nn);
+    cx_tickn(c, 1 + ((p ? (size_t)(p - h) + nn : hn) - from + nn) / CX_TICK_BYTES);
+    return p;
 }
 
 /* ---- aggregation ---- */
@@ -290,6 +295,7 @@ static val *f_string(struct ctx *c, val **a, int n, val *in, struct env *e)
 
 static val *substr_cp(struct ctx *c, val *sv, double start, int has_len, double length)
 {
+    cx_tickn(c, sv->n / CX_TICK_BYTES);
     size_t total = utf8_len(sv->u.s, sv->n);
     double len = (double)total;
     if (len + start < 0)
@@ -339,7 +345,7 @@ static val *f_substringBefore(struct ctx *c, val **a, int n, val *in, struct env
         return NULL;
     if (!ch)
         return s;
-    const char *p = find_sub(s->u.s, s->n, ch->u.s, ch->n, 0);
+    const char *p = find_sub(c, s->u.s, s->n, ch->u.s, ch->n, 0);
     return p ? str_of(c, s->u.s, (size_t)(p - s->u.s)) : s;
 }
 
@@ -350,7 +356,7 @@ static val *f_substringAfter(struct ctx *c, val **a, int n, val *in, struct env 
         return NULL;
     if (!ch)
         return s;
-    const char *p = find_sub(s->u.s, s->n, ch->u.s, ch->n, 0);
+    const char *p = find_sub(c, s->u.s, s->n, ch->u.s, ch->n, 0);
     if (!p)
         return s;
     size_t off = (size_t)(p - s->u.s) + ch->n;
@@ -431,6 +437,7 @@ static val *f_length(struct ctx *c, val **a, int n, val *in, struct env *e)
     val *s = ARG(0);
     if (!s)
         return NULL;
+    cx_tickn(c, s->n / CX_TICK_BYTES);
     return mknum(c, (double)utf8_len(s->u.s, s->n));
 }
 
@@ -515,6 +522,7 @@ struct mit {
     long sb, eb; /* current match byte offsets */
     long last;   /* native: lastIndex in bytes */
     int native;
+    struct cpcache cpc; /* native: code point offsets of the matches */
 };
 
 static int mit_load(struct ctx *c, struct mit *m, val *r)
@@ -541,9 +549,10 @@ static int mit_first(struct ctx *c, struct mit *m, val *matcher, val *str, struc
     m->matcher = matcher;
     m->str = str;
     m->native = matcher->u.fn->kind == FK_REGEX;
+    memset(&m->cpc, 0, sizeof m->cpc);
     if (m->native) {
         long endpos = 0;
-        val *r = regex_match_obj(c, matcher->u.fn->re, str, 0, &endpos);
+        val *r = regex_match_obj(c, matcher->u.fn->re, str, 0, &endpos, &m->cpc);
         if (!r) {
             m->cur = NULL;
             return 0;
@@ -566,7 +575,7 @@ static int mit_next(struct ctx *c, struct mit *m, struct env *env)
             return 0;
         }
         long endpos = 0;
-        val *r = regex_match_obj(c, m->matcher->u.fn->re, m->str, m->last, &endpos);
+        val *r = regex_match_obj(c, m->matcher->u.fn->re, m->str, m->last, &endpos, &m->cpc);
         if (!r) {
             m->cur = NULL;
             return 0;
@@ -594,7 +603,7 @@ static val *f_contains(struct ctx *c, val **a, int n, val *in, struct env *e)
     if (!s || !t)
         return NULL;
     if (t->t == T_STR)
-        return VBOOL(find_sub(s->u.s, s->n, t->u.s, t->n, 0) != NULL);
+        return VBOOL(find_sub(c, s->u.s, s->n, t->u.s, t->n, 0) != NULL);
     struct mit m;
     return VBOOL(mit_first(c, &m, t, s, e));
 }
@@ -702,7 +711,8 @@ static val *f_replace(struct ctx *c, val **a, int n, val *in, struct env *e)
     if (pat->t == T_STR) {
         size_t pos = 0;
         const char *p;
-        while ((p = find_sub(s->u.s, s->n, pat->u.s, pat->n, pos)) && (!lim || count < num(lim))) {
+        while ((p = find_sub(c, s->u.s, s->n, pat->u.s, pat->n, pos)) &&
+               (!lim || count < num(lim))) {
             size_t idx = (size_t)(p - s->u.s);
             sb_add(c, &b, s->u.s + pos, idx - pos);
             if (rep->t == T_STR) {
@@ -769,7 +779,7 @@ static val *f_split(struct ctx *c, val **a, int n, val *in, struct env *e)
         for (;;) {
             if (out.n >= limit)
                 break;
-            const char *p = find_sub(s->u.s, s->n, sep->u.s, sep->n, pos);
+            const char *p = find_sub(c, s->u.s, s->n, sep->u.s, sep->n, pos);
             if (!p) {
                 vec_push(c, &out, str_of(c, s->u.s + pos, s->n - pos));
                 break;
@@ -1194,6 +1204,7 @@ static void keys_into(struct ctx *c, val *v, val *seen, struct vec *out, int dep
 {
     if (depth > 1000)
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
+    cx_tick(c); /* arrays may share items: the walk can outgrow the memory cap */
     if (is_arr(v)) {
         for (uint32_t i = 0; i < v->n; i++)
             keys_into(c, aget(c, v, i), seen, out, depth + 1);
@@ -1405,6 +1416,10 @@ static val *f_shuffle(struct ctx *c, val **a, int n, val *in, struct env *e)
     return mkarr(c, r, arr->n, 0);
 }
 
+/* The items of arr that are not deep-equal to an earlier one, in their
+ * order.  Expected O(n) in the size of arr: a hash table of the kept items
+ * (val_hash agrees with val_deep_equal) leaves val_deep_equal to confirm
+ * candidates, where comparing every pair was O(n^2). */
 static val *f_distinct(struct ctx *c, val **a, int n, val *in, struct env *e)
 {
     val *arr = ARG(0);
@@ -1412,16 +1427,35 @@ static val *f_distinct(struct ctx *c, val **a, int n, val *in, struct env *e)
         return NULL;
     if (!is_arr(arr) || arr->n <= 1)
         return arr;
+    int flags = is_seq(arr) ? F_SEQ : 0;
+    if (arr->f & F_RANGE) { /* distinct integers already: a copy of the range */
+        val *r = mkarr(c, NULL, arr->n, flags | F_RANGE);
+        r->u.num = arr->u.num;
+        return r;
+    }
+    size_t cap = 16;
+    while (cap < (size_t)arr->n * 2)
+        cap *= 2;
+    uint32_t *slot = cx_alloc(c, sizeof *slot * cap); /* kept item index + 1, 0 empty */
+    memset(slot, 0, sizeof *slot * cap);
+    uint64_t *hash = cx_alloc(c, sizeof *hash * arr->n); /* of each kept item */
     struct vec out = {0};
     for (uint32_t i = 0; i < arr->n; i++) {
         val *v = aget(c, arr, i);
-        int inc = 0;
-        for (uint32_t j = 0; j < out.n && !inc; j++)
-            inc = val_deep_equal(c, v, out.v[j], 0);
-        if (!inc)
-            vec_push(c, &out, v);
+        uint64_t h = val_hash(c, v);
+        size_t k = (size_t)h & (cap - 1);
+        int dup = 0;
+        for (; slot[k] && !dup; k = (k + 1) & (cap - 1)) {
+            uint32_t j = slot[k] - 1;
+            dup = hash[j] == h && val_deep_equal(c, v, out.v[j], 0);
+        }
+        if (dup)
+            continue;
+        hash[out.n] = h;
+        slot[k] = out.n + 1;
+        vec_push(c, &out, v);
     }
-    return vec_done(c, &out, is_seq(arr) ? F_SEQ : 0);
+    return vec_done(c, &out, flags);
 }
 
 static val *f_clone(struct ctx *c, val **a, int n, val *in, struct env *e)

@@ -37,10 +37,8 @@ static double elapsed_ms(const struct timespec *a)
     return (double)(b.tv_sec - a->tv_sec) * 1e3 + (double)(b.tv_nsec - a->tv_nsec) / 1e6;
 }
 
-void cx_tick(struct ctx *c)
+static void check_clock(struct ctx *c)
 {
-    if ((++c->ticks & 255) != 0)
-        return;
     if (c->start.tv_sec == 0 && c->start.tv_nsec == 0) {
         /* the clock starts at the first check: short evaluations never
          * pay for reading it */
@@ -49,6 +47,24 @@ void cx_tick(struct ctx *c)
     }
     if (c->max_ms > 0 && elapsed_ms(&c->start) > (double)c->max_ms)
         ethrow(c, "U1001", -1, NULL, "Expression evaluation timeout: Check for infinite loop");
+}
+
+void cx_tick(struct ctx *c)
+{
+    if ((++c->ticks & 255) != 0)
+        return;
+    check_clock(c);
+}
+
+void cx_tickn(struct ctx *c, size_t n)
+{
+    if (n == 0)
+        return;
+    unsigned before = c->ticks;
+    c->ticks += (unsigned)(n < 0x1000000 ? n : 0x1000000);
+    if (((before ^ c->ticks) & ~255u) == 0)
+        return; /* still inside the same run of 256 */
+    check_clock(c);
 }
 
 val *mknum(struct ctx *c, double d)
@@ -370,6 +386,19 @@ size_t utf8_len(const char *s, size_t n)
     return cnt;
 }
 
+size_t cp_index(struct ctx *c, struct cpcache *k, const char *s, size_t byte)
+{
+    if (k->s != s || k->byte > byte) {
+        k->s = s;
+        k->byte = 0;
+        k->cp = 0;
+    }
+    cx_tickn(c, (byte - k->byte) / CX_TICK_BYTES);
+    k->cp += utf8_len(s + k->byte, byte - k->byte);
+    k->byte = byte;
+    return k->cp;
+}
+
 /* ---- string builder ---- */
 
 void sb_add(struct ctx *c, struct sb *b, const char *s, size_t n)
@@ -474,6 +503,7 @@ static void check_out(struct ctx *c, val *v, int depth)
         return;
     if (depth > VAL_MAX_NEST)
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
+    cx_tick(c); /* a value may share parts: its tree can be far larger than its memory */
     if (v->t == T_NUM && !isfinite(v->u.num))
         ethrow(c, "D1001", -1, NULL, "number out of range");
     if (v->t == T_ARR) {
@@ -546,6 +576,7 @@ static int truthy(struct ctx *c, val *v, int depth)
         return 0;
     if (depth > VAL_MAX_NEST)
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
+    cx_tick(c);
     switch (v->t) {
     case T_NULL:
         return 0;
@@ -589,6 +620,7 @@ int val_deep_equal(struct ctx *c, val *a, val *b, int depth)
         return 0;
     if (depth > VAL_MAX_NEST)
         ethrow(c, "U1001", -1, NULL, "value nested too deeply");
+    cx_tick(c);
     if (is_arr(a) && is_arr(b)) {
         if (a->n != b->n)
             return 0;
@@ -618,12 +650,95 @@ int val_deep_equal(struct ctx *c, val *a, val *b, int depth)
     case T_NUM:
         return a->u.num == b->u.num;
     case T_STR:
-        return a->n == b->n && !memcmp(a->u.s, b->u.s, a->n);
+        if (a->n != b->n)
+            return 0;
+        cx_tickn(c, a->n / CX_TICK_BYTES);
+        return !memcmp(a->u.s, b->u.s, a->n);
     case T_FUNC:
         return a->u.fn == b->u.fn;
     default:
         return 0;
     }
+}
+
+/* Levels of nesting val_hash looks into; deeper parts hash as one constant
+ * and are left to val_deep_equal. */
+#define HASH_DEPTH 32
+
+static uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t hash_bytes(struct ctx *c, const char *s, size_t n, uint64_t h)
+{
+    cx_tickn(c, n / CX_TICK_BYTES);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ULL;
+    return mix64(h ^ n);
+}
+
+static uint64_t hash_val(struct ctx *c, val *v, int depth)
+{
+    if (!v)
+        return 0x9e3779b97f4a7c15ULL;
+    cx_tick(c);
+    if (is_arr(v)) {
+        uint64_t h = 0x41 + v->n;
+        if (depth >= HASH_DEPTH)
+            return mix64(h);
+        for (uint32_t i = 0; i < v->n; i++)
+            h = mix64(h ^ hash_val(c, aget(c, v, i), depth + 1)) + i;
+        return h;
+    }
+    if (is_obj(v)) {
+        /* a sum over the members: the same for any order */
+        uint64_t h = 0x4f + v->n;
+        if (depth >= HASH_DEPTH)
+            return mix64(h);
+        struct obj *o = omat(c, v);
+        for (uint32_t i = 0; i < o->n; i++)
+            h += mix64(hash_bytes(c, o->kv[i].k, o->kv[i].klen, 0x6b) ^
+                       hash_val(c, o->kv[i].v, depth + 1) * 31);
+        return h;
+    }
+    switch (v->t) {
+    case T_BOOL:
+        return v->u.b ? 0x7401 : 0x7400;
+    case T_NUM: {
+        double d = v->u.num;
+        if (d == 0)
+            d = 0; /* -0 equals 0 */
+        if (isnan(d))
+            return 0x4e614e; /* equal only to itself, which hashes alike */
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        return mix64(bits ^ 0x6e);
+    }
+    case T_STR:
+        return hash_bytes(c, v->u.s, v->n, 0xcbf29ce484222325ULL);
+    case T_FUNC:
+        return mix64((uint64_t)(uintptr_t)v->u.fn ^ 0x66);
+    default: /* T_NULL */
+        return 0x6e756c6c;
+    }
+}
+
+uint64_t val_hash(struct ctx *c, val *v)
+{
+    return hash_val(c, v, 0);
 }
 
 /* ---- $string ---- */

@@ -147,6 +147,106 @@ static void t_limits(void **s)
     free(r);
 }
 
+/* $distinct keeps the first of each group of deep-equal items, in order:
+ * numbers and strings never equal each other, objects compare their
+ * members in any order, arrays item by item, 0 equals -0.  It hashes only
+ * the first 32 levels of an item, so items that differ deeper down hash
+ * alike and must still be told apart. */
+static void t_distinct(void **s)
+{
+    (void)s;
+    check("$distinct([1,\"1\",{\"a\":1},{\"a\":1},[1,2],[1,2],1.0])", NULL,
+          "[1,\"1\",{\"a\":1},[1,2]]");
+    check("$distinct([3,1,3,{'x':[1]},{'x':[1]},2,1,[2,1],[1,2],null,null,true,false,true])", NULL,
+          "[3,1,{\"x\":[1]},2,[2,1],[1,2],null,true,false]");
+    check("$distinct([{'a':1,'b':[2]},{'b':[2],'a':1},{'a':1,'b':[2],'c':3},{'a':1}])", NULL,
+          "[{\"a\":1,\"b\":[2]},{\"a\":1,\"b\":[2],\"c\":3},{\"a\":1}]");
+    check("$distinct([0, -0, 0.5, 1/2])", NULL, "[0,0.5]");
+    check("$distinct($)", "[{\"k\":[1,{\"z\":2}]},5,{\"k\":[1,{\"z\":2}]},\"5\",5]",
+          "[{\"k\":[1,{\"z\":2}]},5,\"5\"]");
+    check("$distinct(a.b)", "{\"a\":[{\"b\":2},{\"b\":1},{\"b\":2}]}", "[2,1]");
+    check("$distinct([7])", NULL, "[7]");
+    check("$distinct(7)", NULL, "7");
+    check("$distinct([5..9])", NULL, "[5,6,7,8,9]");
+    check("$count($distinct([1..100000].($ % 1000)))", NULL, "1000");
+    check("($w := function($v, $n){ $n = 0 ? $v : $w({'a': $v}, $n - 1) };"
+          " $count($distinct([$w(1, 40), $w(2, 40), $w(1, 40), $w(2, 40), $w(1, 39)])))",
+          NULL, "3");
+}
+
+/* Builtin loops that allocate nothing per turn, on a value that shares its
+ * parts (a tree of 2^30 leaves built in 30 steps) or on many references to
+ * one long string: each ends in the time limit.  They used to run for
+ * minutes without reading the clock.  The work is far beyond 50 ms on any
+ * machine, so the outcome does not depend on its speed. */
+static void t_builtin_loops_keep_the_time_limit(void **s)
+{
+    (void)s;
+    struct expr_limits quick = {0, 50, 0};
+    const char *cases[] = {
+        /* deep equality, and the hash of $distinct */
+        "($t := function($v, $n){ $n = 0 ? $v : $t({'a': $v, 'b': $v}, $n - 1) };"
+        " $t(0, 30) = $t(0, 30))",
+        "($t := function($v, $n){ $n = 0 ? $v : $t({'a': $v, 'b': $v}, $n - 1) };"
+        " $count($distinct([$t(0, 30), $t(0, 30)])))",
+        /* truthiness and $keys walk arrays */
+        "($u := function($v, $n){ $n = 0 ? $v : $u([[$v], [$v]], $n - 1) };"
+        " $boolean($u(false, 30)))",
+        "($u := function($v, $n){ $n = 0 ? $v : $u([[$v], [$v]], $n - 1) };"
+        " $keys($u({'k': 1}, 30)))",
+        /* 2^18 references to one string of 1 MB: `in`, $sort and $map
+         * over a builtin read it whole each time */
+        "($s := $pad('', 1000000, 'a'); $z := $pad('', 999999, 'a') & 'b';"
+        " $d := function($a, $n){ $n = 0 ? $a : $d($append($a, $a), $n - 1) };"
+        " $z in $d([$s], 18))",
+        "($s := $pad('', 1000000, 'a');"
+        " $d := function($a, $n){ $n = 0 ? $a : $d($append($a, $a), $n - 1) };"
+        " $count($sort($d([$s], 18))))",
+        "($s := $pad('', 1000000, 'a');"
+        " $d := function($a, $n){ $n = 0 ? $a : $d($append($a, $a), $n - 1) };"
+        " $count($map($d(['b'], 18), $contains($s, ?))))",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *r = run(cases[i], NULL, NULL, &quick);
+        if (strcmp(r, "ERR:U1001"))
+            fail_msg("%s => %s, want ERR:U1001", cases[i], r);
+        free(r);
+    }
+}
+
+/* $distinct and substring search scale: each case reads the clock before
+ * and after the call (the steps of `[1..1000].$`) under the default 1 s
+ * limit.  A quadratic $distinct spent about 5 s on these 40,000 strings,
+ * a naive search about 5 s on these needles, and $match as long counting
+ * the characters before each match from the start (each ended in U1001 at
+ * the next reading); now each takes milliseconds. */
+static void t_distinct_and_search_scale(void **s)
+{
+    (void)s;
+    const char *big = "$h := $pad('', 1000000, 'a'); $n := $pad('', 500000, 'a') & 'b';"
+                      " $m := 'b' & $pad('', 500000, 'a');";
+    struct {
+        const char *body, *want;
+    } cases[] = {
+        {"$count($distinct([1..40000].$string()))", "40000"},
+        {"$count($distinct([1..100000]))", "100000"},
+        {"$contains($h, $n)", "false"},
+        {"$contains($h, $m)", "false"},
+        {"$count($split($h, $n))", "1"},
+        {"$substringBefore($h, $n) = $h", "true"},
+        {"$substringAfter($h, $m) = $h", "true"},
+        {"$replace($h, $n, 'x') = $h", "true"},
+        {"$length($replace($h & 'b', $n, 'x'))", "500001"},
+        {"$count($match($pad('', 3000000, 'b') & $pad('', 1000, 'a'), /a/))", "1000"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *src = xasprintf("(%s [1..1000].$; $r := %s; [1..1000].$; $r)",
+                              strstr(cases[i].body, "$h") ? big : "", cases[i].body);
+        check(src, NULL, cases[i].want);
+        free(src);
+    }
+}
+
 /* Parent operators (`%`) under a chain of binary operators: every level
  * hands its operands' unresolved parent slots up to the next.  Those lists
  * were copied on every append, so the memory grew with the cube of the
@@ -399,6 +499,9 @@ int main(void)
         cmocka_unit_test(t_non_finite_arguments),
         cmocka_unit_test(t_builtins_awkward_arguments),
         cmocka_unit_test(t_parent_chains_compile_in_bounded_memory),
+        cmocka_unit_test(t_distinct),
+        cmocka_unit_test(t_builtin_loops_keep_the_time_limit),
+        cmocka_unit_test(t_distinct_and_search_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -752,6 +752,72 @@ static int toposort(struct wf *w, struct ifl_err *e)
     return rc;
 }
 
+/* Whether some string of j holds a NUL: then 1, with its JSON Pointer in p
+ * (appended to what p holds).  Every string of a definition is read as C
+ * text somewhere — a vertex type, an edge end, a method, a condition's
+ * source, a schedule — where a NUL would cut it short, and the engine would
+ * run something other than what it stores and shows. */
+static int find_nul(json_t *j, struct buf *p)
+{
+    size_t at = p->len;
+    if (json_is_string(j))
+        return memchr(json_string_value(j), '\0', json_string_length(j)) != NULL;
+    if (json_is_object(j)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(j, k, x)
+        {
+            json_pointer_push(p, k);
+            if (find_nul(x, p))
+                return 1;
+            p->len = at;
+            p->p[at] = '\0';
+        }
+    } else if (json_is_array(j)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(j, i, x)
+        {
+            buf_printf(p, "/%zu", i);
+            if (find_nul(x, p))
+                return 1;
+            p->len = at;
+            p->p[at] = '\0';
+        }
+    }
+    return 0;
+}
+
+/* Every vertex is reached from an ENTRY_POINT: one that is not would stay
+ * PENDING in every execution, which would still end `completed` (spec §3's
+ * join rule dispatches nothing without an incoming edge). */
+static int check_reachable(const struct wf *w, struct ifl_err *e)
+{
+    char *seen = xcalloc(w->nv ? w->nv : 1, 1);
+    for (size_t t = 0; t < w->nv; t++) { /* topological order: sources first */
+        size_t i = w->topo[t];
+        const struct wf_vertex *v = &w->v[i];
+        if (v->type == WF_ENTRY_POINT)
+            seen[i] = 1;
+        for (size_t k = 0; seen[i] && k < v->n_out; k++)
+            seen[w->e[v->out[k]].to] = 1;
+    }
+    int rc = 0;
+    for (size_t t = 0; t < w->nv && !rc; t++) { /* a source first: the one to wire up */
+        size_t i = w->topo[t];
+        if (seen[i])
+            continue;
+        char p[IFL_ERR_PTR_MAX];
+        vptr(p, sizeof p, w->v[i].id, "");
+        rc = err_setp(e, IFL_EVALIDATION, p,
+                      "no ENTRY_POINT leads to vertex '%s': it would never run (give it an "
+                      "incoming edge, or leave it out)",
+                      w->v[i].id);
+    }
+    free(seen);
+    return rc;
+}
+
 static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
 {
     *out = NULL;
@@ -761,6 +827,18 @@ static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
     int mrc = strict ? only_members(def, members, "", "a workflow definition", e) : 0;
     if (mrc)
         return mrc;
+    if (strict) {
+        struct buf p;
+        buf_init(&p, 0);
+        buf_puts(&p, "");
+        if (find_nul(def, &p))
+            mrc = err_setp(e, IFL_EVALIDATION, p.p,
+                           "a string of a definition cannot hold a NUL (\\u0000): it would be "
+                           "read cut short");
+        buf_free(&p);
+        if (mrc)
+            return mrc;
+    }
     json_t *vertices = json_object_get(def, "vertices");
     if (!json_is_object(vertices) || json_object_size(vertices) == 0)
         return err_setp(e, IFL_EVALIDATION, "/vertices",
@@ -793,6 +871,8 @@ static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
     }
     if (!rc)
         rc = toposort(w, e);
+    if (!rc && strict)
+        rc = check_reachable(w, e);
     if (rc) {
         wf_free(w);
         return rc;

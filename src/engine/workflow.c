@@ -12,6 +12,8 @@
 #include "expr/template.h"
 #include "json/json.h"
 
+#include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,6 +389,153 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     return 0;
 }
 
+/* A `{{ secrets.NAME }}` in s whose NAME no secret can have (a secret
+ * name is A-Z a-z 0-9 _, the template reads `-` too): 1, else 0. */
+static int bad_secret_name(const char *s)
+{
+    for (const char *p = strstr(s, "{{"); p; p = strstr(p + 2, "{{")) {
+        const char *k = p + 2;
+        while (*k == ' ')
+            k++;
+        if (strncmp(k, "secrets.", 8) != 0)
+            continue;
+        k += 8;
+        const char *st = k;
+        int dash = 0;
+        while (*k == '_' || *k == '-' || isalnum((unsigned char)*k))
+            dash |= *k++ == '-';
+        while (*k == ' ')
+            k++;
+        if (dash && k > st && k[0] == '}' && k[1] == '}')
+            return 1;
+    }
+    return 0;
+}
+
+/* The first literal string (not an `=` expression) under j that `bad`
+ * refuses: 1 with its pointer appended to p. */
+static int find_literal(json_t *j, struct buf *p, int (*bad)(const char *))
+{
+    size_t at = p->len;
+    if (json_is_string(j))
+        return *json_string_value(j) != '=' && bad(json_string_value(j));
+    const char *k;
+    json_t *x;
+    size_t i;
+    if (json_is_object(j)) {
+        json_object_foreach(j, k, x)
+        {
+            json_pointer_push(p, k);
+            if (find_literal(x, p, bad))
+                return 1;
+            p->len = at;
+            p->p[at] = '\0';
+        }
+    } else if (json_is_array(j)) {
+        json_array_foreach(j, i, x)
+        {
+            buf_printf(p, "/%zu", i);
+            if (find_literal(x, p, bad))
+                return 1;
+            p->len = at;
+            p->p[at] = '\0';
+        }
+    }
+    return 0;
+}
+
+/* A literal url no request could carry: not http(s), or a space or a
+ * control character outside its `{{ … }}` placeholders. */
+static int bad_url(const char *u)
+{
+    if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)
+        return 1;
+    for (const char *c = u; *c; c++) {
+        if (c[0] == '{' && c[1] == '{') {
+            const char *end = strstr(c, "}}");
+            if (end) {
+                c = end + 1;
+                continue;
+            }
+        }
+        if ((unsigned char)*c <= ' ' || *c == 0x7F)
+            return 1;
+    }
+    return 0;
+}
+
+/* A literal header value with a control character (CR, LF: it would end
+ * the header line). */
+static int bad_header_value(const char *s)
+{
+    for (; *s; s++)
+        if (((unsigned char)*s < ' ' && *s != '\t') || *s == 0x7F)
+            return 1;
+    return 0;
+}
+
+/* New versions only: what a GATEWAY's literal parts show wrong before any
+ * run — each would fail every call (`request_error`) or never resolve.
+ * Stored versions keep running as they did (docs/upgrading.md). */
+static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
+{
+    char p[IFL_ERR_PTR_MAX];
+    int rc = 0;
+    json_t *verify = json_object_get(cfg, "verify");
+    for (int k = 0; k < 2 && !rc; k++) {
+        json_t *part = k ? verify : cfg;
+        const char *base = k ? "/config/verify" : "/config";
+        const char *u = json_string_value(json_object_get(part, "url"));
+        struct buf b;
+        buf_init(&b, 0);
+        if (u && *u != '=' && bad_url(u)) {
+            buf_printf(&b, "%s/url", base);
+            vptr(p, sizeof p, v->id, b.p);
+            rc = err_setp(e, IFL_EVALIDATION, p,
+                          "a literal url starts with http:// or https:// and holds no space or "
+                          "control character");
+        }
+        buf_reset(&b);
+        buf_printf(&b, "%s/headers", base);
+        if (!rc && find_literal(json_object_get(part, "headers"), &b, bad_header_value)) {
+            vptr(p, sizeof p, v->id, b.p);
+            rc = err_setp(e, IFL_EVALIDATION, p,
+                          "a header value cannot hold a control character (CR and LF would end "
+                          "the header line)");
+        }
+        buf_free(&b);
+    }
+    static const char *const parts[] = {"url", "headers", "query", "body", "verify", NULL};
+    for (int i = 0; parts[i] && !rc; i++) {
+        struct buf b;
+        buf_init(&b, 0);
+        buf_printf(&b, "/config/%s", parts[i]);
+        if (find_literal(json_object_get(cfg, parts[i]), &b, bad_secret_name)) {
+            vptr(p, sizeof p, v->id, b.p);
+            rc = err_setp(e, IFL_EVALIDATION, p,
+                          "a secret name is letters, digits and _ (no secret can be named with "
+                          "-): this placeholder would never resolve");
+        }
+        buf_free(&b);
+    }
+    /* whole milliseconds and attempts (a fraction would be cut off) */
+    static const char *const ints[][2] = {
+        {"", "timeoutMs"},           {"", "deadlineMs"},
+        {"/retry", "maxAttempts"},   {"/retry", "initialIntervalMs"},
+        {"/retry", "maxIntervalMs"}, {NULL, NULL}};
+    for (int i = 0; ints[i][0] && !rc; i++) {
+        json_t *o = *ints[i][0] ? json_object_get(cfg, "retry") : cfg;
+        json_t *x = json_object_get(o, ints[i][1]);
+        if (!json_is_real(x) || floor(json_real_value(x)) == json_real_value(x))
+            continue;
+        char rest[64];
+        snprintf(rest, sizeof rest, "/config%s/%s", ints[i][0], ints[i][1]);
+        vptr(p, sizeof p, v->id, rest);
+        rc = err_setp(e, IFL_EVALIDATION, p, "%s is a whole number", ints[i][1]);
+    }
+    return rc;
+}
+
 static int compile_gateway(struct wf_vertex *v, json_t *cfg, int strict, struct ifl_err *e)
 {
     char p[IFL_ERR_PTR_MAX];
@@ -454,7 +603,10 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, int strict, struct 
                             framing ? hk : "");
         }
     }
-    int prc = gw_policy_parse(cfg, &v->policy, e);
+    int prc = strict ? gateway_literals(v, cfg, e) : 0;
+    if (prc)
+        return prc;
+    prc = gw_policy_parse(cfg, &v->policy, e);
     if (prc) {
         char *rest = xasprintf("/config%s", e ? e->pointer : "");
         vptr(p, sizeof p, v->id, rest);
@@ -502,17 +654,20 @@ static int compile_gateway(struct wf_vertex *v, json_t *cfg, int strict, struct 
         struct expr_error xe;
         if (expr_compile(src, strlen(src), &kx, &xe) != 0)
             continue; /* tmpl_compile below reports it */
+        /* `$eval` can spell any of them (`$eval('$ran' & 'dom()')`): new
+         * versions refuse it too */
         static const char *const unstable[] = {"now", "millis", "random", NULL};
-        const char *hit = expr_uses_variable(kx, unstable);
+        static const char *const unstable_new[] = {"now", "millis", "random", "eval", NULL};
+        const char *hit = expr_uses_variable(kx, strict ? unstable_new : unstable);
         expr_free(kx);
         if (hit) {
             char *rest = xasprintf("/config/headers/%s", hk);
             vptr(p, sizeof p, v->id, rest);
             free(rest);
             return err_setp(e, IFL_EVALIDATION, p,
-                            "the Idempotency-Key must be the same on every attempt: $%s gives "
-                            "another value each time",
-                            hit);
+                            "the Idempotency-Key must be the same on every attempt: $%s %s", hit,
+                            strcmp(hit, "eval") == 0 ? "can call $random or $now"
+                                                     : "gives another value each time");
         }
     }
     json_t *req = json_object();
@@ -707,6 +862,11 @@ static int compile_edges(struct wf *w, json_t *edges, int strict, struct ifl_err
             if (!src)
                 return err_setp(e, IFL_EVALIDATION, p,
                                 "a condition must be an expression string (\"= …\")");
+            if (strict && *src != '=')
+                return err_setp(e, IFL_EVALIDATION, p,
+                                "a condition is an expression: start it with = (\"= %.40s\"); a "
+                                "literal would be a string, and any non-empty string is true",
+                                src);
             src = expr_text(src);
             struct expr_error xe;
             if (expr_compile(src, strlen(src), &edge->cond, &xe))

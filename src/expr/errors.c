@@ -198,7 +198,12 @@ _Noreturn void ethrow(struct ctx *c, const char *code, int pos, const char *toke
             vsnprintf(detail, sizeof detail, fmt, ap);
             va_end(ap);
         }
-        if (strstr(lookup_msg(code), "%s")) {
+        /* The limits' codes name several causes (a stack too deep, a time
+         * limit, a memory cap): the detail says which, alone */
+        int limit = strcmp(code, "U1001") == 0 || strcmp(code, "U1002") == 0;
+        if (limit && detail[0]) {
+            snprintf(e->msg, sizeof e->msg, "%s", detail);
+        } else if (strstr(lookup_msg(code), "%s")) {
             expand(code, token, detail, e->msg, sizeof e->msg);
         } else {
             expand(code, token, NULL, e->msg, sizeof e->msg);

@@ -152,6 +152,44 @@ static void test_rejections(void **state)
     expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\",\"config\":"
                "{\"schedule\":\"* * * * *\\u0000junk\"}}}}",
                "/vertices/e/config/schedule");
+    /* literal parts that would fail every call, or never resolve */
+    static const char *const gw_bad[][2] = {
+        {"\"url\":\"/v1/charges\"", "/vertices/g/config/url"},
+        {"\"url\":\"file:///etc/passwd\"", "/vertices/g/config/url"},
+        {"\"url\":\"http://a b/\"", "/vertices/g/config/url"},
+        {"\"url\":\"http://x\",\"headers\":{\"X-A\":\"a\\r\\nX-B: c\"}",
+         "/vertices/g/config/headers/X-A"},
+        {"\"url\":\"http://x\",\"body\":{\"k\":[\"{{ secrets.MY-KEY }}\"]}",
+         "/vertices/g/config/body/k/0"},
+        {"\"url\":\"http://x\",\"timeoutMs\":5.5", "/vertices/g/config/timeoutMs"},
+        {"\"url\":\"http://x\",\"retry\":{\"maxAttempts\":2.5}",
+         "/vertices/g/config/retry/maxAttempts"},
+        {"\"url\":\"http://x\",\"headers\":{\"Idempotency-Key\":"
+         "\"= $eval('$string($ran' & 'dom())')\"}",
+         "/vertices/g/config/headers/Idempotency-Key"},
+    };
+    for (size_t i = 0; i < sizeof gw_bad / sizeof *gw_bad; i++) {
+        char *def = xasprintf("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
+                              "\"g\":{\"type\":\"GATEWAY\",\"config\":{%s}}},"
+                              "\"edges\":[{\"from\":\"e\",\"to\":\"g\"}]}",
+                              gw_bad[i][0]);
+        expect_bad(def, gw_bad[i][1]);
+        free(def);
+    }
+    /* … while an url with a secret placeholder, spaces inside it, is fine */
+    struct wf *ok = NULL;
+    assert_int_equal(compile("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
+                             "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":"
+                             "\"https://h/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0}}},"
+                             "\"edges\":[{\"from\":\"e\",\"to\":\"g\"}]}",
+                             &ok, NULL),
+                     0);
+    wf_free(ok);
+    /* a condition is an expression: "false" would be a non-empty string */
+    expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
+               "\"t\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}}},"
+               "\"edges\":[{\"from\":\"e\",\"to\":\"t\",\"condition\":\"false\"}]}",
+               "/edges/0/condition");
     /* every vertex is reached from an ENTRY_POINT, also through others */
     expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
                "\"a\":{\"type\":\"TRANSFORM\",\"config\":{\"output\":1}},"

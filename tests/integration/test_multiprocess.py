@@ -287,14 +287,18 @@ def test_a_draining_process_keeps_the_leases_of_its_calls_in_flight(make_server,
     mock = Mock(workdir)
     try:
         db = new_db(workdir)
-        common = ["--workers", "2", "--lease-ms", "600"]
+        # the call is held 4 s, past two leases: without renewals the other
+        # process would take it over (a lease of 1.5 s, renewed every
+        # 375 ms, leaves room for a loaded machine: 600 ms lost a renewal
+        # once under ASan with a reviewer and fuzzers running)
+        common = ["--workers", "2", "--lease-ms", "1500"]
         a = make_server(db=db, extra=common)
         b = make_server(db=db, extra=common)
         a.start()
         b.start()
         a.put(WS, {})
         assert a.put(f"{WS}/workflows/rvw", verify_flow(mock)).status == 201
-        mock.faults("ignore_idempotency;latency=3000:count=1")
+        mock.faults("ignore_idempotency;latency=4000:count=1")
         r = a.post(f"{WS}/workflows/rvw/entry-points/order/trigger", {"order": {"id": "dr-1"}})
         assert r.status == 201, r
         xid = r.json["executionId"]

@@ -46,6 +46,10 @@ struct gw_job {
     json_t *ctx;
     struct gw_request req, vreq;
     int phase; /* 0: the call, 1: the verify request */
+    /* the verify found the earlier call not done, and the call was sent
+     * again in this attempt: what this attempt met settles the earlier
+     * call's effect (its error says "afterVerify"; steps_effect_unknown) */
+    int resent_after_verify;
     /* A re-send after a lease expiry (the error the recovery left says so):
      * its first response is noted on its attempt before anything evaluates
      * it, so the next recovery knows whether handling the response is what
@@ -524,6 +528,8 @@ static char *class_error_note(const char *code, const char *cause, const struct 
     json_object_set_new(o, "request", gw_request_masked(req));
     if (verify_first_next)
         json_object_set_new(o, "verifyFirst", json_true());
+    if (j->resent_after_verify && j->phase == 0)
+        json_object_set_new(o, "afterVerify", json_true());
     char *s = json_to_string(o);
     json_decref(o);
     return s;
@@ -671,6 +677,7 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             free(r);
             j->resp = NULL;
             j->phase = 0; /* not done: now (and only now) re-send */
+            j->resent_after_verify = 1;
             note_clear(j);
             submit(j, &j->req);
             return 0;

@@ -489,7 +489,9 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
             o->over_budget = 1;
             to = STEP_FAILED;
             output = NULL;
-            attempt_outcome = "failed";
+            /* a resolve stays one in the history: the operator settled
+             * what the call did, whatever became of the output */
+            attempt_outcome = o->bump_epoch ? attempt_outcome : "failed";
             error = over_budget = steps_error_json(
                 "output_budget_exceeded",
                 "this output would take the execution's stored outputs past 16 MiB");
@@ -696,18 +698,34 @@ static int unknown_when_spent(const struct store_attempt *a)
     return v;
 }
 
+/* An attempt that verified the earlier call not done and sent it again
+ * (gwstep.c: its error says "afterVerify"). */
+static int after_verify(const struct store_attempt *a)
+{
+    if (!a->error || !strstr(a->error, "afterVerify"))
+        return 0;
+    json_t *ej = NULL;
+    int v = json_parse(a->error, strlen(a->error), &json_stored_limits, &ej, NULL) == 0 &&
+            json_is_true(json_object_get(ej, "afterVerify"));
+    json_decref(ej);
+    return v;
+}
+
 int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
 {
     int64_t last_unknown = -1, last_settled = -1;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(a[i].vertex, vertex) != 0 || !a[i].outcome)
             continue;
-        if ((strcmp(a[i].outcome, "verified_not_done") == 0 ||
-             strcmp(a[i].outcome, STEPS_RESOLVED) == 0) &&
-            a[i].epoch > last_settled)
+        int unknown = unknown_outcome(a[i].outcome) || unknown_when_spent(&a[i]);
+        /* settled: a verify found it not done (and this attempt's own
+         * re-send got a clear answer), or an operator resolved it */
+        int settled = strcmp(a[i].outcome, "verified_not_done") == 0 ||
+                      strcmp(a[i].outcome, STEPS_RESOLVED) == 0 ||
+                      (!unknown && after_verify(&a[i]));
+        if (settled && a[i].epoch > last_settled)
             last_settled = a[i].epoch;
-        if ((unknown_outcome(a[i].outcome) || unknown_when_spent(&a[i])) &&
-            a[i].epoch > last_unknown)
+        if (unknown && a[i].epoch > last_unknown)
             last_unknown = a[i].epoch;
     }
     return last_unknown >= 0 && last_unknown > last_settled;

@@ -715,10 +715,15 @@ void http_server_stop(struct http_server *s)
     pthread_mutex_lock(&s->mu);
     s->stopping = 1; /* streams end at their next turn (the timer resumes parked ones) */
     while (s->deferred || s->in_handler || s->busy) {
-        if (s->deferred || s->in_handler)
+        if (s->deferred || s->in_handler) {
             pthread_cond_wait(&s->cv, &s->mu);
-        else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT)
+            /* an answer resumed just now is still to be sent: the drain's
+             * time counts from the last handler or deferral that ended */
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += DRAIN_MS / 1000;
+        } else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT) {
             break;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->mu);

@@ -217,6 +217,28 @@ def test_a_failed_call_of_unknown_effect_is_settled_before_a_cancel(server, mock
     assert mock.charges("c-20") == 1
 
 
+def test_a_call_a_verify_found_not_done_is_settled_for_a_cancel(server, mock):
+    """Found by a review: a call that met a 500 (nothing charged), whose
+    verify found no charge, was sent again and refused 422: FAILED
+    client_error, with no charge anywhere.  The verify settled the first
+    call and the 422 the second, so a cancel goes through at once — it is
+    not refused as of unknown effect, which would leave the operator
+    only a retry (one more POST) or a resolve."""
+    from test_engine import put_workflow
+    from test_gateway import verify_flow
+    put_workflow(server, "rvw5", verify_flow(mock, max_attempts=3))
+    mock.faults("status=500:count=1;status=422:count=1")
+    xid = server.post(f"{WS}/workflows/rvw5/entry-points/order/trigger",
+                      {"order": {"id": "c-21"}}).json["executionId"]
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "client_error", ch
+    assert ch["error"]["afterVerify"] is True, ch
+    assert mock.charges("c-21") == 0
+    r = cancel(server, xid)
+    assert r.status == 200 and r.json["status"] == "cancelled", r
+
+
 def test_bad_cancels_change_nothing(clock_server, mock):
     s = clock_server
     xid, = waiting_an_hour(s, mock, "c-8")

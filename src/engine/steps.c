@@ -682,47 +682,30 @@ static int unknown_outcome(const char *outcome)
     return 0;
 }
 
-/* An attempt that spent the step's last try or its time: what it met is
- * its error's `cause` (gwstep.c's retry_or_fail). */
-static int unknown_when_spent(const struct store_attempt *a)
-{
-    if (strcmp(a->outcome, "attempts_exhausted") != 0 &&
-        strcmp(a->outcome, "deadline_exceeded") != 0)
-        return 0;
-    json_t *ej = NULL;
-    const char *cause = NULL;
-    if (a->error && json_parse(a->error, strlen(a->error), &json_stored_limits, &ej, NULL) == 0)
-        cause = json_string_value(json_object_get(ej, "cause"));
-    int v = cause && unknown_outcome(cause);
-    json_decref(ej);
-    return v;
-}
-
-/* An attempt that verified the earlier call not done and sent it again
- * (gwstep.c: its error says "afterVerify"). */
-static int after_verify(const struct store_attempt *a)
-{
-    if (!a->error || !strstr(a->error, "afterVerify"))
-        return 0;
-    json_t *ej = NULL;
-    int v = json_parse(a->error, strlen(a->error), &json_stored_limits, &ej, NULL) == 0 &&
-            json_is_true(json_object_get(ej, "afterVerify"));
-    json_decref(ej);
-    return v;
-}
-
 int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
 {
     int64_t last_unknown = -1, last_settled = -1;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(a[i].vertex, vertex) != 0 || !a[i].outcome)
             continue;
-        int unknown = unknown_outcome(a[i].outcome) || unknown_when_spent(&a[i]);
+        /* What the error adds (gwstep.c): an attempt that spent the last
+         * try or the time names what it met (`cause`); one whose verify
+         * found the earlier call not done and sent it again says so
+         * (`afterVerify`).  Read only for the attempts that can carry them. */
+        int spent = strcmp(a[i].outcome, "attempts_exhausted") == 0 ||
+                    strcmp(a[i].outcome, "deadline_exceeded") == 0;
+        json_t *ej = NULL;
+        if (a[i].error && (spent || strstr(a[i].error, "afterVerify")) &&
+            json_parse(a[i].error, strlen(a[i].error), &json_stored_limits, &ej, NULL) != 0)
+            ej = NULL;
+        const char *cause = spent ? json_string_value(json_object_get(ej, "cause")) : NULL;
+        int unknown = unknown_outcome(a[i].outcome) || (cause && unknown_outcome(cause));
         /* settled: a verify found it not done (and this attempt's own
          * re-send got a clear answer), or an operator resolved it */
         int settled = strcmp(a[i].outcome, "verified_not_done") == 0 ||
                       strcmp(a[i].outcome, STEPS_RESOLVED) == 0 ||
-                      (!unknown && after_verify(&a[i]));
+                      (!unknown && json_is_true(json_object_get(ej, "afterVerify")));
+        json_decref(ej);
         if (settled && a[i].epoch > last_settled)
             last_settled = a[i].epoch;
         if (unknown && a[i].epoch > last_unknown)

@@ -389,11 +389,56 @@ static int compile_entry(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     return 0;
 }
 
-/* A `{{ secrets.NAME }}` in s whose NAME no secret can have (a secret
- * name is A-Z a-z 0-9 _, the template reads `-` too): 1, else 0. */
-static int bad_secret_name(const char *s)
+/* The first string under j that `bad` refuses: 1 with its JSON Pointer
+ * appended to p (which keeps what it held before otherwise). */
+static int find_string(json_t *j, struct buf *p, int (*bad)(json_t *s))
 {
-    for (const char *p = strstr(s, "{{"); p; p = strstr(p + 2, "{{")) {
+    size_t at = p->len;
+    if (json_is_string(j))
+        return bad(j);
+    const char *k;
+    json_t *x;
+    size_t i;
+    if (json_is_object(j)) {
+        json_object_foreach(j, k, x)
+        {
+            json_pointer_push(p, k);
+            if (find_string(x, p, bad))
+                return 1;
+            p->len = at;
+            p->p[at] = '\0';
+        }
+    } else if (json_is_array(j)) {
+        json_array_foreach(j, i, x)
+        {
+            buf_printf(p, "/%zu", i);
+            if (find_string(x, p, bad))
+                return 1;
+            p->len = at;
+            p->p[at] = '\0';
+        }
+    }
+    return 0;
+}
+
+/* A string holding a NUL.  Every string of a definition is read as C text
+ * somewhere — a vertex type, an edge end, a method, a condition's source,
+ * a schedule — where a NUL would cut it short, and the engine would run
+ * something other than what it stores and shows. */
+static int has_nul(json_t *s)
+{
+    return memchr(json_string_value(s), '\0', json_string_length(s)) != NULL;
+}
+
+/* A literal (not an `=` expression) with a `{{ secrets.NAME }}` whose NAME
+ * no secret can have (a secret name is A-Z a-z 0-9 _, the template reads
+ * `-` too). */
+static int bad_secret_name(json_t *s)
+{
+    const char *v = json_string_value(s);
+    if (*v == '=')
+        return 0;
+    for (const char *p = strstr(v, "{{"); p; p = strstr(p + 2, "{{")) {
         const char *k = p + 2;
         while (*k == ' ')
             k++;
@@ -408,38 +453,6 @@ static int bad_secret_name(const char *s)
             k++;
         if (dash && k > st && k[0] == '}' && k[1] == '}')
             return 1;
-    }
-    return 0;
-}
-
-/* The first literal string (not an `=` expression) under j that `bad`
- * refuses: 1 with its pointer appended to p. */
-static int find_literal(json_t *j, struct buf *p, int (*bad)(const char *))
-{
-    size_t at = p->len;
-    if (json_is_string(j))
-        return *json_string_value(j) != '=' && bad(json_string_value(j));
-    const char *k;
-    json_t *x;
-    size_t i;
-    if (json_is_object(j)) {
-        json_object_foreach(j, k, x)
-        {
-            json_pointer_push(p, k);
-            if (find_literal(x, p, bad))
-                return 1;
-            p->len = at;
-            p->p[at] = '\0';
-        }
-    } else if (json_is_array(j)) {
-        json_array_foreach(j, i, x)
-        {
-            buf_printf(p, "/%zu", i);
-            if (find_literal(x, p, bad))
-                return 1;
-            p->len = at;
-            p->p[at] = '\0';
-        }
     }
     return 0;
 }
@@ -466,10 +479,13 @@ static int bad_url(const char *u)
 
 /* A literal header value with a control character (CR, LF: it would end
  * the header line). */
-static int bad_header_value(const char *s)
+static int bad_header_value(json_t *s)
 {
-    for (; *s; s++)
-        if (((unsigned char)*s < ' ' && *s != '\t') || *s == 0x7F)
+    const char *v = json_string_value(s);
+    if (*v == '=')
+        return 0;
+    for (; *v; v++)
+        if (((unsigned char)*v < ' ' && *v != '\t') || *v == 0x7F)
             return 1;
     return 0;
 }
@@ -497,7 +513,7 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         }
         buf_reset(&b);
         buf_printf(&b, "%s/headers", base);
-        if (!rc && find_literal(json_object_get(part, "headers"), &b, bad_header_value)) {
+        if (!rc && find_string(json_object_get(part, "headers"), &b, bad_header_value)) {
             vptr(p, sizeof p, v->id, b.p);
             rc = err_setp(e, IFL_EVALIDATION, p,
                           "a header value cannot hold a control character (CR and LF would end "
@@ -510,7 +526,7 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         struct buf b;
         buf_init(&b, 0);
         buf_printf(&b, "/config/%s", parts[i]);
-        if (find_literal(json_object_get(cfg, parts[i]), &b, bad_secret_name)) {
+        if (find_string(json_object_get(cfg, parts[i]), &b, bad_secret_name)) {
             vptr(p, sizeof p, v->id, b.p);
             rc = err_setp(e, IFL_EVALIDATION, p,
                           "a secret name is letters, digits and _ (no secret can be named with "
@@ -912,42 +928,6 @@ static int toposort(struct wf *w, struct ifl_err *e)
     return rc;
 }
 
-/* Whether some string of j holds a NUL: then 1, with its JSON Pointer in p
- * (appended to what p holds).  Every string of a definition is read as C
- * text somewhere — a vertex type, an edge end, a method, a condition's
- * source, a schedule — where a NUL would cut it short, and the engine would
- * run something other than what it stores and shows. */
-static int find_nul(json_t *j, struct buf *p)
-{
-    size_t at = p->len;
-    if (json_is_string(j))
-        return memchr(json_string_value(j), '\0', json_string_length(j)) != NULL;
-    if (json_is_object(j)) {
-        const char *k;
-        json_t *x;
-        json_object_foreach(j, k, x)
-        {
-            json_pointer_push(p, k);
-            if (find_nul(x, p))
-                return 1;
-            p->len = at;
-            p->p[at] = '\0';
-        }
-    } else if (json_is_array(j)) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(j, i, x)
-        {
-            buf_printf(p, "/%zu", i);
-            if (find_nul(x, p))
-                return 1;
-            p->len = at;
-            p->p[at] = '\0';
-        }
-    }
-    return 0;
-}
-
 /* Every vertex is reached from an ENTRY_POINT: one that is not would stay
  * PENDING in every execution, which would still end `completed` (spec §3's
  * join rule dispatches nothing without an incoming edge). */
@@ -991,7 +971,7 @@ static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
         struct buf p;
         buf_init(&p, 0);
         buf_puts(&p, "");
-        if (find_nul(def, &p))
+        if (find_string(def, &p, has_nul))
             mrc = err_setp(e, IFL_EVALIDATION, p.p,
                            "a string of a definition cannot hold a NUL (\\u0000): it would be "
                            "read cut short");

@@ -759,7 +759,7 @@ struct regex *regex_compile(struct arena *a, const char *pat, size_t n, const ch
     struct rp p = {pat, n, 0, a, re, 0, 0, NULL, 0, 0};
     struct rn *tree = parse_alt(&p);
     if (!tree || p.err || p.i != n) {
-        strcpy(errcode, "S0302");
+        strcpy(errcode, "S0303");
         return NULL;
     }
     struct em e = {&p, NULL, 0, 0, 0, 0};
@@ -770,7 +770,7 @@ struct regex *regex_compile(struct arena *a, const char *pat, size_t n, const ch
     e.prog[k].x = 1;
     emit(&e, I_MATCH);
     if (e.err) {
-        strcpy(errcode, "S0302");
+        strcpy(errcode, "S0304");
         return NULL;
     }
     re->prog = e.prog;

@@ -327,6 +327,26 @@ static void t_default_operators(void **s)
  * infinite or NaN intermediate ($n/0 inside a lambda, which only the final
  * result is checked for) reached integer conversions; $sift without its
  * optional function and $formatInteger with an undefined picture crashed. */
+/* A pattern that does not parse and one that is too large to compile had the
+ * lexer's code S0302 ("No terminating /"), which named neither. */
+static void t_regex_errors_name_their_cause(void **s)
+{
+    (void)s;
+    check("$match('a', /a{2000}/)", NULL, "ERR:S0304");
+    check("$match('a', /(((a{999}){999}){999})/)", NULL, "ERR:S0304");
+    check("$match('a', /a{2,1}/)", NULL, "ERR:S0303");
+    check("$match('a', /[z-a]/)", NULL, "ERR:S0303");
+    check("$match('a', /(a/", NULL, "ERR:S0302");
+    check("$match('a', /a{999}/).match", NULL, "undefined");
+    struct expr *x = NULL;
+    struct expr_error e;
+    const char *src = "$match('a', /a{2000}/)";
+    assert_int_not_equal(expr_compile(src, strlen(src), &x, &e), 0);
+    assert_non_null(strstr(e.msg, "too large"));
+    assert_int_equal(e.position, 13); /* the pattern's first byte */
+    expr_free(x);
+}
+
 static void t_non_finite_arguments(void **s)
 {
     (void)s;
@@ -528,6 +548,7 @@ int main(void)
         cmocka_unit_test(t_builtin_loops_keep_the_time_limit),
         cmocka_unit_test(t_distinct_and_search_scale),
         cmocka_unit_test(t_a_shared_result_is_bounded_as_copies),
+        cmocka_unit_test(t_regex_errors_name_their_cause),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,7 +46,7 @@ static void usage(FILE *f)
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
           "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
           "                 [--egress-deny link-local|loopback|private|CIDR,...|none]\n"
-          "                 [--test-clock]\n"
+          "                 [--test-clock] [--core-dumps]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
           "  IDEMFLOW_WEBHOOK_SECRET=whsec_... idemflow sign-webhook ID [--timestamp T] < body\n"
@@ -240,6 +241,7 @@ struct serve_opts {
     const char *listen, *db, *load;
     size_t max_body;
     int test_clock;
+    int core_dumps;   /* --core-dumps: leave the process dumpable */
     int http_threads; /* -1: the default for the store */
     struct engine_run_opts run;
 };
@@ -441,6 +443,8 @@ static int cmd_serve(int argc, char **argv)
             o.load = v, i++;
         else if (strcmp(a, "--test-clock") == 0)
             o.test_clock = 1;
+        else if (strcmp(a, "--core-dumps") == 0)
+            o.core_dumps = 1;
         else if (strcmp(a, "--no-inline") == 0)
             o.run.no_inline = 1;
         else if (strcmp(a, "--max-body") == 0 && v) {
@@ -516,6 +520,14 @@ static int cmd_serve(int argc, char **argv)
         return 1;
     }
 
+    /* The process holds decrypted secrets and the secrets key: a core dump
+     * would write them to disk, and another process of the same user could
+     * read its memory.  Not dumpable, unless asked (debugging). */
+    if (!o.core_dumps)
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    /* The database, its WAL and the key file are for this user alone. */
+    umask(umask(077) | 077);
+
     /* Block the shutdown signals in every thread; main waits for them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -540,6 +552,12 @@ static int cmd_serve(int argc, char **argv)
     if (secrets_key(o.db, eo.secrets_key, &e)) {
         log_error("serve.secrets_key", "%s", e.msg);
         goto out;
+    }
+    /* Read once: out of the environment (and /proc/PID/environ) now. */
+    char *env_key = getenv("IDEMFLOW_SECRETS_KEY");
+    if (env_key) {
+        crypto_wipe(env_key, strlen(env_key));
+        unsetenv("IDEMFLOW_SECRETS_KEY");
     }
     if (engine_new(st, &eo, &g, &e)) {
         log_error("serve.engine", "%s", e.msg);

@@ -141,7 +141,10 @@ static int content_type_ok(const struct http_req *r)
 /* Parses the body as JSON.  An empty body yields `empty_as` (a new ref of it,
  * or NULL → 400 "a JSON body is required").  On failure fills the response
  * and returns NULL. */
-static json_t *body_json(struct call *c, json_t *empty_as)
+/* The body as JSON (a new reference), or NULL with the problem answered;
+ * an empty body is empty_as when given.  sensitive: the body carries a
+ * secret, so a syntax error does not quote the text it stopped at. */
+static json_t *body_json_of(struct call *c, json_t *empty_as, int sensitive)
 {
     const struct http_req *r = c->req;
     if (!content_type_ok(r)) {
@@ -163,6 +166,9 @@ static json_t *body_json(struct call *c, json_t *empty_as)
     struct ifl_err e = {0};
     json_t *v = NULL;
     if (json_parse(r->body, r->body_len, &lim, &v, &e)) {
+        char *near = sensitive ? strstr(e.msg, " near ") : NULL;
+        if (near)
+            *near = '\0';
         if (e.code == IFL_ETOOBIG)
             api_problem(c->res, 413, "payload-too-large", e.msg, NULL);
         else
@@ -170,6 +176,11 @@ static json_t *body_json(struct call *c, json_t *empty_as)
         return NULL;
     }
     return v;
+}
+
+static json_t *body_json(struct call *c, json_t *empty_as)
+{
+    return body_json_of(c, empty_as, 0);
 }
 
 /* body_json with an empty body read as {} (a new reference either way). */
@@ -353,7 +364,7 @@ static void h_secret_put(struct call *c)
                     "secret names are 1-128 characters of A-Z a-z 0-9 _", NULL);
         return;
     }
-    json_t *body = body_json(c, NULL);
+    json_t *body = body_json_of(c, NULL, 1);
     if (!body)
         return;
     json_t *v = json_object_get(body, "value");
@@ -1480,7 +1491,7 @@ static void h_sub_put(struct call *c)
     const char *ws = c->seg[2], *name = c->seg[4];
     if (workspace_exists(c, ws) || check_name(c, "subscription", name))
         return;
-    json_t *body = body_json(c, NULL);
+    json_t *body = body_json_of(c, NULL, 1);
     if (!body)
         return;
     json_t *view = NULL;

@@ -310,6 +310,34 @@ void engine_secret_release(char *value)
     }
 }
 
+int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
+                       struct ifl_err *e)
+{
+    char **sealed = NULL;
+    *values = NULL;
+    int rc = store_secret_all(g->store, ws, names, &sealed, n, e);
+    if (rc)
+        return rc;
+    *values = *n ? xcalloc(*n, sizeof **values) : NULL;
+    for (size_t i = 0; i < *n; i++) {
+        char *aad = secret_aad(ws, (*names)[i]);
+        size_t len;
+        if (crypto_open(g->key, aad, sealed[i], &(*values)[i], &len))
+            (*values)[i] = NULL;
+        free(aad);
+    }
+    store_strv_free(sealed, *n);
+    return 0;
+}
+
+void engine_secrets_release(char **names, char **values, size_t n)
+{
+    for (size_t i = 0; values && i < n; i++)
+        engine_secret_release(values[i]);
+    free(values);
+    store_strv_free(names, n);
+}
+
 /* ---- execution creation ------------------------------------------------------ */
 
 /* {payload, steps, execution} around payload (a reference is taken). */

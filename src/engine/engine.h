@@ -85,6 +85,12 @@ int engine_secret_put(struct engine *g, const char *ws, const char *name, const 
 int engine_secret_get(struct engine *g, const char *ws, const char *name, char **value,
                       struct ifl_err *e);
 void engine_secret_release(char *value);
+/* Every secret of a workspace, decrypted in one read: *names (sorted) and
+ * *values, n each; a value that does not decrypt with this key is NULL.
+ * Free with engine_secrets_release. */
+int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
+                       struct ifl_err *e);
+void engine_secrets_release(char **names, char **values, size_t n);
 
 struct trigger_req {
     const char *ws, *wf, *vertex;

@@ -94,19 +94,31 @@ static void job_free(struct gw_job *j)
 
 /* ---- secrets ---------------------------------------------------------------- */
 
+/* A workspace's secrets, read and decrypted once for a step's requests:
+ * the ones its templates name are substituted, and every one is scrubbed
+ * from what the destination answers — a provider may echo a secret that
+ * another step sent (a webhook secret configured, then read back). */
 struct sec {
-    struct engine *g;
-    const char *ws;
+    char **names, **values;
+    size_t n;
 };
+
+static const char *sec_value(const struct sec *s, const char *name, int *rc)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->names[i], name) == 0) {
+            *rc = s->values[i] ? 0 : IFL_EINTERNAL; /* sealed under another key */
+            return s->values[i];
+        }
+    *rc = IFL_ENOTFOUND;
+    return NULL;
+}
 
 /* Template resolver: checks the secret exists, substitutes a sentinel. */
 static int sentinel_secret(void *ctx, const char *name, char **value)
 {
-    struct sec *s = ctx;
-    char *v = NULL;
-    int rc = engine_secret_get(s->g, s->ws, name, &v, NULL);
-    engine_secret_release(v);
-    if (rc)
+    int rc;
+    if (!sec_value(ctx, name, &rc))
         return rc;
     *value = gw_secret_sentinel(name);
     return 0;
@@ -114,21 +126,26 @@ static int sentinel_secret(void *ctx, const char *name, char **value)
 
 static int real_secret(void *ctx, const char *name, char **value)
 {
-    struct sec *s = ctx;
-    return engine_secret_get(s->g, s->ws, name, value, NULL);
+    int rc;
+    const char *v = sec_value(ctx, name, &rc);
+    if (v)
+        *value = xstrdup(v);
+    return rc;
 }
 
-static int render(struct engine *g, const char *ws, const struct tmpl *t, const char *method,
-                  json_t *ctx, struct gw_request *out, struct ifl_err *e)
+static int render(const struct sec *s, const struct tmpl *t, const char *method, json_t *ctx,
+                  struct gw_request *out, struct ifl_err *e)
 {
-    struct sec s = {g, ws};
     json_t *rendered = NULL;
-    int rc = tmpl_eval(t, ctx, sentinel_secret, &s, &rendered, e);
+    int rc = tmpl_eval(t, ctx, sentinel_secret, (void *)s, &rendered, e);
     if (!rc)
         rc = gw_request_build(method, rendered, out, e);
     json_decref(rendered);
     if (!rc)
-        rc = gw_request_unseal(out, real_secret, &s, e);
+        rc = gw_request_unseal(out, real_secret, (void *)s, e);
+    for (size_t i = 0; !rc && i < s->n; i++)
+        if (s->values[i])
+            gw_request_scrub_also(out, s->values[i]);
     return rc;
 }
 
@@ -358,9 +375,13 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         return NULL;
     }
     FAULT("gateway.before_render");
-    if (render(g, c->workspace, v->request, v->method, ctx, &j->req, &e) ||
-        (verify && v->verify &&
-         render(g, c->workspace, v->verify, v->verify_method, ctx, &j->vreq, &e))) {
+    struct sec sec = {0};
+    int rc = engine_secrets_all(g, c->workspace, &sec.names, &sec.values, &sec.n, &e);
+    if (!rc)
+        rc = render(&sec, v->request, v->method, ctx, &j->req, &e) ||
+             (verify && v->verify && render(&sec, v->verify, v->verify_method, ctx, &j->vreq, &e));
+    engine_secrets_release(sec.names, sec.values, sec.n);
+    if (rc) {
         *err_text = steps_error_json("request_error", e.msg);
         job_free(j);
         return NULL;

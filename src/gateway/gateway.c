@@ -200,16 +200,106 @@ static void put_encoded(struct buf *b, const char *val, enum enc enc)
 
 /* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
  * Returns a new heap string, or NULL with *rc set on a resolver error. */
-/* Remembers a substituted secret value in r (once). */
-static void keep_secret(struct gw_request *r, const char *val)
+/* Remembers a text to scrub in r (once). */
+static void keep_form(struct gw_request *r, const char *val)
 {
-    if (!r)
-        return;
     for (size_t i = 0; i < r->nsecrets; i++)
         if (strcmp(r->secrets[i], val) == 0)
             return;
     r->secrets = xrealloc(r->secrets, (r->nsecrets + 1) * sizeof *r->secrets);
     r->secrets[r->nsecrets++] = xstrdup(val);
+}
+
+static int hexval(char c);
+
+/* Remembers a secret value in r, with the forms of it a destination may
+ * echo that no decoding of the echo gives back (gw_output_scrub reads the
+ * echo through JSON, percent and HTML escapes): the value as a form
+ * decoder reads it, when the url template carried it as it is ('+' a
+ * space, %XX its byte); without the spaces and tabs around it, which a
+ * header's reader strips (RFC 9110); in lower case, as header names come
+ * back; its bytes read as Latin-1, as a server that decodes header values
+ * as ISO-8859-1 echoes them. */
+static void keep_secret(struct gw_request *r, const char *val)
+{
+    if (!r)
+        return;
+    keep_form(r, val);
+    size_t n = strlen(val), o = 0;
+    char *f = xmalloc(2 * n + 1);
+    for (size_t i = 0; i < n; i++) {
+        if (val[i] == '+') {
+            f[o++] = ' ';
+        } else if (val[i] == '%' && i + 2 < n && hexval(val[i + 1]) >= 0 &&
+                   hexval(val[i + 2]) >= 0) {
+            f[o++] = (char)(hexval(val[i + 1]) * 16 + hexval(val[i + 2]));
+            i += 2;
+        } else {
+            f[o++] = val[i];
+        }
+    }
+    f[o] = '\0';
+    if (strlen(f) == o) /* a %00 would cut it short */
+        keep_form(r, f);
+    size_t a = 0, b = n;
+    while (a < b && (val[a] == ' ' || val[a] == '\t'))
+        a++;
+    while (b > a && (val[b - 1] == ' ' || val[b - 1] == '\t'))
+        b--;
+    memcpy(f, val + a, b - a);
+    f[b - a] = '\0';
+    keep_form(r, f);
+    for (size_t i = 0; i <= n; i++)
+        f[i] = (char)tolower((unsigned char)val[i]);
+    keep_form(r, f);
+    o = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)val[i];
+        if (c < 0x80) {
+            f[o++] = (char)c;
+        } else {
+            f[o++] = (char)(0xC0 | c >> 6);
+            f[o++] = (char)(0x80 | (c & 0x3F));
+        }
+    }
+    f[o] = '\0';
+    keep_form(r, f);
+    crypto_wipe(f, 2 * n + 1);
+    free(f);
+}
+
+void gw_request_scrub_also(struct gw_request *r, const char *value)
+{
+    keep_secret(r, value);
+}
+
+/* A url's user and password go out as "Authorization: Basic
+ * base64(user:password)", an encoding the engine's own client makes: kept
+ * when the url carried a secret, so an echo of that header is scrubbed. */
+static void keep_userinfo(struct gw_request *r)
+{
+    CURLU *h = curl_url();
+    char *user = NULL, *pw = NULL;
+    if (h && curl_url_set(h, CURLUPART_URL, r->url, 0) == CURLUE_OK) {
+        curl_url_get(h, CURLUPART_USER, &user, CURLU_URLDECODE);
+        curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE);
+    }
+    if ((user && *user) || (pw && *pw)) {
+        char *up = xasprintf("%s:%s", user ? user : "", pw ? pw : "");
+        char *b64 = crypto_base64(up, strlen(up));
+        keep_form(r, b64);
+        crypto_wipe(up, strlen(up));
+        crypto_wipe(b64, strlen(b64));
+        free(up);
+        free(b64);
+    }
+    if (user)
+        crypto_wipe(user, strlen(user));
+    if (pw)
+        crypto_wipe(pw, strlen(pw));
+    curl_free(user);
+    curl_free(pw);
+    curl_url_cleanup(h);
 }
 
 /* Sentinels at offset `from` or later are written with `enc`, earlier ones
@@ -478,6 +568,7 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
         free(r->sealed_url);
         r->sealed_url = r->url;
         r->url = s;
+        keep_userinfo(r);
     }
     for (size_t i = 0; i < r->nheaders; i++)
         if (strstr(r->headers[i].value, so)) {
@@ -652,10 +743,73 @@ static long json_u_escape(const char *s, size_t n, size_t i)
     return v;
 }
 
-/* Decodes in (whose bytes sit at in->map[k] in the original) through JSON
- * string escapes (json = 1) or percent-encoding; an escape that does not
- * parse stays as it is. */
-static void decode(const struct decoded *in, int json, struct decoded *out)
+/* Writes code point cp as UTF-8 into b; returns the byte count. */
+static size_t utf8_put(unsigned long cp, unsigned char b[4])
+{
+    if (cp < 0x80) {
+        b[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        b[0] = (unsigned char)(0xC0 | cp >> 6);
+        b[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        b[0] = (unsigned char)(0xE0 | cp >> 12);
+        b[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        b[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    b[0] = (unsigned char)(0xF0 | cp >> 18);
+    b[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+    b[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+    b[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* The HTML character reference at s[i] (s[i] == '&'): its code point and,
+ * in *len, its length up to the ';'; -1 when none is there.  The five XML
+ * names and the numeric forms (&#233; &#xE9;), which is what HTML escapers
+ * write. */
+static long html_ref(const char *s, size_t n, size_t i, size_t *len)
+{
+    static const struct {
+        const char *name;
+        char c;
+    } named[] = {{"amp;", '&'}, {"lt;", '<'}, {"gt;", '>'}, {"quot;", '"'}, {"apos;", '\''}};
+    for (size_t k = 0; k < sizeof named / sizeof named[0]; k++) {
+        size_t l = strlen(named[k].name);
+        if (i + 1 + l <= n && memcmp(s + i + 1, named[k].name, l) == 0) {
+            *len = 1 + l;
+            return named[k].c;
+        }
+    }
+    if (i + 2 >= n || s[i + 1] != '#')
+        return -1;
+    int hex = s[i + 2] == 'x' || s[i + 2] == 'X';
+    size_t j = i + 2 + (size_t)hex;
+    unsigned long cp = 0;
+    size_t digits = 0;
+    for (; j < n && digits < 8; j++, digits++) {
+        int d = hex ? hexval(s[j]) : (s[j] >= '0' && s[j] <= '9' ? s[j] - '0' : -1);
+        if (d < 0)
+            break;
+        cp = cp * (hex ? 16 : 10) + (unsigned long)d;
+    }
+    if (!digits || j >= n || s[j] != ';' || cp > 0x10FFFF)
+        return -1;
+    *len = j + 1 - i;
+    return (long)cp;
+}
+
+/* How a decoding reads a string. */
+enum dec { DEC_PCT, DEC_JSON, DEC_HTML };
+
+/* Decodes in (whose bytes sit at in->map[k] in the original) through
+ * percent-encoding, JSON string escapes or HTML character references; an
+ * escape that does not parse stays as it is. */
+static void decode(const struct decoded *in, enum dec kind, struct decoded *out)
 {
     const char *s = in->s;
     size_t n = in->n;
@@ -668,11 +822,12 @@ static void decode(const struct decoded *in, int json, struct decoded *out)
         size_t nb = 1;
         b[0] = (unsigned char)s[i];
         long u;
-        if (json && s[i] == '\\' && i + 1 < n && s[i + 1] && strchr("\"\\/bfnrt", s[i + 1])) {
+        if (kind == DEC_JSON && s[i] == '\\' && i + 1 < n && s[i + 1] &&
+            strchr("\"\\/bfnrt", s[i + 1])) {
             static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
             b[0] = (unsigned char)to[strchr(from, s[i + 1]) - from];
             len = 2;
-        } else if (json && (u = json_u_escape(s, n, i)) >= 0) {
+        } else if (kind == DEC_JSON && (u = json_u_escape(s, n, i)) >= 0) {
             unsigned long cp = (unsigned long)u;
             len = 6;
             long lo = json_u_escape(s, n, i + 6);
@@ -680,30 +835,17 @@ static void decode(const struct decoded *in, int json, struct decoded *out)
                 cp = 0x10000 + ((cp - 0xD800) << 10) + ((unsigned long)lo - 0xDC00);
                 len = 12;
             }
-            if (cp < 0x80) {
-                b[0] = (unsigned char)cp;
-            } else if (cp < 0x800) {
-                b[0] = (unsigned char)(0xC0 | cp >> 6);
-                b[1] = (unsigned char)(0x80 | (cp & 0x3F));
-                nb = 2;
-            } else if (cp < 0x10000) {
-                b[0] = (unsigned char)(0xE0 | cp >> 12);
-                b[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-                b[2] = (unsigned char)(0x80 | (cp & 0x3F));
-                nb = 3;
-            } else {
-                b[0] = (unsigned char)(0xF0 | cp >> 18);
-                b[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-                b[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-                b[3] = (unsigned char)(0x80 | (cp & 0x3F));
-                nb = 4;
-            }
-        } else if (!json && s[i] == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 &&
+            nb = utf8_put(cp, b);
+        } else if (kind == DEC_HTML && s[i] == '&' && (u = html_ref(s, n, i, &len)) >= 0) {
+            nb = utf8_put((unsigned long)u, b);
+        } else if (kind == DEC_PCT && s[i] == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 &&
                    hexval(s[i + 2]) >= 0) {
             b[0] = (unsigned char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
             len = 3;
-        } else if (!json && s[i] == '+') {
+        } else if (kind == DEC_PCT && s[i] == '+') {
             b[0] = ' ';
+        } else {
+            len = 1;
         }
         for (size_t k = 0; k < nb; k++) {
             out->s[o] = (char)b[k];
@@ -749,11 +891,13 @@ static void find_decoded(const struct decoded *d, const struct gw_request *req, 
                          struct spans *sp)
 {
     find_secrets(d, req, sp);
-    for (int json = 0; depth > 0 && json <= 1; json++) {
-        if (!memchr(d->s, json ? '\\' : '%', d->n) && (json || !memchr(d->s, '+', d->n)))
+    static const char marks[][3] = {[DEC_PCT] = "%+", [DEC_JSON] = "\\", [DEC_HTML] = "&"};
+    for (int kind = DEC_PCT; depth > 0 && kind <= DEC_HTML; kind++) {
+        if (!memchr(d->s, marks[kind][0], d->n) &&
+            !(marks[kind][1] && memchr(d->s, marks[kind][1], d->n)))
             continue;
         struct decoded x;
-        decode(d, json, &x);
+        decode(d, (enum dec)kind, &x);
         if (x.n != d->n || memcmp(x.s, d->s, d->n) != 0)
             find_decoded(&x, req, depth - 1, sp);
         decoded_free(&x);

@@ -384,6 +384,14 @@ int store_open(const char *url, struct store **out, struct ifl_err *e)
         return err_set(e, IFL_EINVAL, "empty database url");
     if (!store_url_is_sqlite(url))
         return store_pg_open(url, out, e);
+    /* Another scheme ("Postgres://u:pw@…", "mysql://…") is no file name;
+     * refused without repeating the rest, which may hold a password. */
+    size_t sl = strspn(url, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-");
+    if (sl && strncmp(url + sl, "://", 3) == 0)
+        return err_set(e, IFL_EINVAL,
+                       "unknown database url scheme '%.*s': use postgres://, postgresql:// (in "
+                       "lower case), sqlite:PATH or a file path",
+                       (int)(sl > 32 ? 32 : sl), url);
     if (strncmp(url, "sqlite:", 7) == 0)
         url += 7;
     return store_sqlite_open(url, out, e);
@@ -489,7 +497,16 @@ int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n,
 {
     *names = NULL;
     *n = 0;
-    return s->ops->secret_list(s, ws, names, n, e);
+    return s->ops->secret_list(s, ws, names, NULL, n, e);
+}
+
+int store_secret_all(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
+                     struct ifl_err *e)
+{
+    *names = NULL;
+    *sealed = NULL;
+    *n = 0;
+    return s->ops->secret_list(s, ws, names, sealed, n, e);
 }
 
 void store_strv_free(char **v, size_t n)

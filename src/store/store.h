@@ -97,6 +97,10 @@ int store_secret_get(struct store *s, const char *ws, const char *name, char **s
 /* *names is a heap array of heap strings, sorted; free with
  * store_strv_free(names, n). */
 int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n, struct ifl_err *e);
+/* The same with every secret's sealed value in (*sealed)[i] (free both
+ * with store_strv_free). */
+int store_secret_all(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
+                     struct ifl_err *e);
 void store_strv_free(char **v, size_t n);
 
 /* ---- executions --------------------------------------------------------- */

@@ -46,7 +46,8 @@ struct store_ops {
                       struct ifl_err *e);
     int (*secret_get)(struct store *s, const char *ws, const char *name, char **sealed,
                       struct ifl_err *e);
-    int (*secret_list)(struct store *s, const char *ws, char ***names, size_t *n,
+    /* sealed NULL: the names only */
+    int (*secret_list)(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
                        struct ifl_err *e);
     int (*execution_get)(struct store *s, const char *ws, const char *id,
                          struct store_execution *out, struct ifl_err *e);

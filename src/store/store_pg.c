@@ -161,7 +161,7 @@ static const struct {
     [S_SECRET_GET] = {"ifl_secret_get",
                       "SELECT sealed FROM secrets WHERE workspace = $1 AND name = $2"},
     [S_SECRET_LIST] = {"ifl_secret_list",
-                       "SELECT name FROM secrets WHERE workspace = $1 ORDER BY name"},
+                       "SELECT name, sealed FROM secrets WHERE workspace = $1 ORDER BY name"},
     [S_EXEC_GET] = {"ifl_exec_get",
                     "SELECT " EXEC_COLS " FROM executions WHERE id = $1 AND workspace = $2"},
     /* `behind` (column 14): an event of this execution was written by a
@@ -1417,7 +1417,7 @@ static int op_secret_get(struct store *base, const char *ws, const char *name, c
 
 struct secret_list {
     const char *ws;
-    char ***names;
+    char ***names, ***sealed;
     size_t *n;
 };
 
@@ -1431,17 +1431,22 @@ static int body_secret_list(struct pgtx *t, void *arg, struct ifl_err *e)
         return t->fail_rc;
     size_t n = (size_t)PQntuples(r);
     *a->names = n ? xcalloc(n, sizeof **a->names) : NULL;
-    for (size_t i = 0; i < n; i++)
+    if (a->sealed)
+        *a->sealed = n ? xcalloc(n, sizeof **a->sealed) : NULL;
+    for (size_t i = 0; i < n; i++) {
         (*a->names)[i] = col_str(r, (int)i, 0);
+        if (a->sealed)
+            (*a->sealed)[i] = col_str(r, (int)i, 1);
+    }
     *a->n = n;
     PQclear(r);
     return 0;
 }
 
-static int op_secret_list(struct store *base, const char *ws, char ***names, size_t *n,
-                          struct ifl_err *e)
+static int op_secret_list(struct store *base, const char *ws, char ***names, char ***sealed,
+                          size_t *n, struct ifl_err *e)
 {
-    struct secret_list a = {ws, names, n};
+    struct secret_list a = {ws, names, sealed, n};
     return run((struct pg *)base, body_secret_list, &a, M_READ, e);
 }
 

@@ -885,19 +885,23 @@ static int op_secret_get(struct store *base, const char *ws, const char *name, c
     return rc;
 }
 
-static int op_secret_list(struct store *base, const char *ws, char ***names, size_t *n,
-                          struct ifl_err *e)
+static int op_secret_list(struct store *base, const char *ws, char ***names, char ***sealed,
+                          size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
-    static const char sql[] = "SELECT name FROM secrets WHERE workspace = ? ORDER BY name";
+    static const char sql[] = "SELECT name, sealed FROM secrets WHERE workspace = ? ORDER BY name";
     struct conn *c;
     sqlite3_stmt *st = read_begin(s, sql, &c, e);
     if (!st)
         return IFL_ESTORE;
     bind_text(st, 1, ws);
-    size_t cap = 0;
+    size_t cap = 0, scap = 0;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (sealed) {
+            *sealed = store_grow(*sealed, *n, &scap, sizeof **sealed);
+            (*sealed)[*n] = col_str(st, 1);
+        }
         *names = store_grow(*names, *n, &cap, sizeof **names);
         (*names)[(*n)++] = col_str(st, 0);
     }

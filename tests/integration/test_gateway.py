@@ -1394,6 +1394,73 @@ def test_an_echo_in_the_providers_own_escapes_is_scrubbed_too(make_server):
         assert_secret_nowhere(s)
 
 
+def test_echoes_a_decoding_cannot_undo_and_other_secrets_are_scrubbed_too(make_server):
+    """Found by a secrets judge: forms of a secret that no decoding of the
+    echo gives back reached the output, the API and the database — a '+'
+    in a url-template secret that the destination's form decoder read as a
+    space; a url password that libcurl sent as `Authorization: Basic`; a
+    header value a server stripped of its tab, read as Latin-1, or echoed
+    HTML-escaped; a secret echoed as a header name (names come back lower
+    case); and a secret of the workspace this request never carried (a
+    webhook secret another step configured, read back)."""
+    import base64
+    import html
+    from urllib.parse import parse_qs, urlsplit
+    plus, pw = "Qk9+aGVs+bG8=", "Pw7Userinfo99X"
+    amp, uni, tab = "hunter2&Pass<77>", "Cl\u00e9-secr\u00e8te-\u00dcn\u00efcode-42", "\tLeadingTabKey88"
+    name, other = "Zq9sk10LiveKeyXyz", "HookSharedSecret-7781"
+
+    def respond(path, headers, body):
+        return json.dumps({
+            "q": parse_qs(urlsplit(path).query)["s"][0],
+            "auth": headers.get("Authorization"),
+            "html": "<p>" + html.escape(headers.get("X-Amp")) + "</p>",
+            "uni": headers.get("X-Uni"),  # http.server reads it as Latin-1
+            "tab": headers.get("X-Tab").strip(),
+            "readBack": {"secret": other},
+        }).encode(), {name: "1"}
+
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        put_workflow(s, "echo4", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST",
+                    "url": "http://bob:{{ secrets.PW }}@127.0.0.1:%d/x?s={{ secrets.PLUS }}" % port,
+                    "headers": {"X-Amp": "{{ secrets.AMP }}", "X-Uni": "{{ secrets.UNI }}",
+                                "X-Tab": "{{ secrets.TAB }}", "X-Name": "{{ secrets.NAME }}"},
+                    "body": {"n": "= payload.n"}}}},
+            "edges": [{"from": "start", "to": "call"}],
+        })
+        for k, v in (("PLUS", plus), ("PW", pw), ("AMP", amp), ("UNI", uni), ("TAB", tab),
+                     ("NAME", name), ("OTHER", other)):
+            assert s.put(f"{WS}/secrets/{k}", {"value": v}).status == 204
+        xid = run(s, "echo4", {"n": 1})
+        x = finished(s, xid)
+        assert x["status"] == "completed", x
+        out = steps_of(x)["call"]["output"]
+        body = out["body"]
+        assert body["q"] == "****" and body["auth"] == "Basic ****", body
+        assert body["html"] == "<p>****</p>" and body["tab"] == "****", body
+        assert body["uni"] == "****" and body["readBack"] == {"secret": "****"}, body
+        assert name.lower() not in out["headers"] and "****" in out["headers"], out
+        forms = [plus.replace("+", " "), base64.b64encode(f"bob:{pw}".encode()).decode(),
+                 html.escape(amp), uni.encode().decode("latin-1"), tab.strip(), name.lower(),
+                 other]
+        text = s.get(f"{WS}/executions/{xid}").raw.decode()
+        for form in forms:
+            assert form not in text and json.dumps(form)[1:-1] not in text, (form, text)
+        s.stop()
+        logs = s.logs()
+        path = s.db[len("sqlite:"):] if s.db.startswith("sqlite:") else None
+        files = b"".join(open(path + sfx, "rb").read() for sfx in ("", "-wal")
+                         if path and os.path.exists(path + sfx))
+        for form in forms:
+            assert form not in logs and form.encode() not in files, form
+
+
 def test_egress_policy_refuses_denied_addresses_without_sending(make_server, mock):
     """serve --egress-deny (default: link-local, where cloud metadata services
     answer): a call whose address is denied fails at once with

@@ -114,6 +114,44 @@ def test_secret_plaintext_never_reaches_the_database(make_server):
                 pass
 
 
+def test_a_secret_never_comes_back_from_its_own_errors_or_the_process(make_server):
+    """Found by a secrets judge: a secret PUT whose body does not parse
+    quoted the value back in its 400 (jansson's "near '…'"); a mistyped
+    PostgreSQL url ("Postgres://…", which libpq does not read either) was
+    taken for a SQLite path and logged with its password.  Also: the
+    secrets key leaves the environment once read, and the database files
+    are the user's alone."""
+    key = "ab" * 32
+    s = make_server(env={"IDEMFLOW_SECRETS_KEY": key})
+    s.start()
+    s.put("/v1/workspaces/w", {})
+    for raw in (b'{"value": "PutErrSecret5\xff\xfe"}', b'{"value": "PutErrSecret5',
+                b'{"value": "PutErrSecret5" "x"}'):
+        r = s.request("PUT", "/v1/workspaces/w/secrets/E", raw=raw)
+        assert r.status == 400 and r.json["type"].endswith("invalid-json"), r
+        assert b"PutErrSecret5" not in r.raw, r
+    r = s.request("PUT", "/v1/workspaces/w/subscriptions/h",
+                  raw=b'{"url": "http://127.0.0.1:9/", "secret": "whsec_SubErr77\xff"}')
+    assert r.status == 400 and b"SubErr77" not in r.raw, r
+    # a workflow's own syntax errors still say where
+    r = s.request("PUT", "/v1/workspaces/w/workflows/f", raw=b'{"vertices": nope}')
+    assert r.status == 400 and b"near" in r.raw, r
+    with open(f"/proc/{s.proc.pid}/environ", "rb") as f:
+        assert key.encode() not in f.read()
+    assert s.put("/v1/workspaces/w/secrets/K", {"value": "kept-after-wipe"}).status == 204
+    if s.db.startswith("sqlite:"):
+        path = s.db[len("sqlite:"):]
+        for suffix in ("", "-wal", ".key"):
+            if os.path.exists(path + suffix):
+                assert os.stat(path + suffix).st_mode & 0o077 == 0, suffix
+    s.stop()
+    assert "PutErrSecret5" not in s.logs()
+    bad = make_server(extra=())
+    bad.db = "Postgres://u:TopSecretPw99@127.0.0.1:1/db"
+    assert bad.start(expect_fail=True) != 0
+    assert "TopSecretPw99" not in bad.logs() and "unknown database url scheme" in bad.logs()
+
+
 def test_health_and_metrics(server):
     assert server.get("/healthz").status == 200
     assert server.get("/readyz").status == 200

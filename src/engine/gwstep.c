@@ -333,6 +333,28 @@ static void retry_budget(struct engine *g, const char *xid, const char *vertex, 
     store_attempts_free(a, n);
 }
 
+/* What a GATEWAY's request and verify render in: `payload`, `execution`,
+ * and in `steps` only the outputs of the vertex's ancestors (spec §6: the
+ * same Idempotency-Key on every attempt).  A parallel branch may complete
+ * between two attempts, and a key or body that read its output would
+ * change from one attempt to the next — a second charge under a new key.
+ * Nothing else (an edge condition's `response`) either. */
+static json_t *render_context(const struct wf *w, long vi, json_t *ctx)
+{
+    json_t *r = json_object(), *steps = json_object(), *out;
+    json_object_set(r, "payload", json_object_get(ctx, "payload"));
+    json_object_set(r, "execution", json_object_get(ctx, "execution"));
+    const char *name;
+    json_object_foreach(json_object_get(ctx, "steps"), name, out)
+    {
+        long a = wf_vertex_index(w, name);
+        if (a >= 0 && wf_is_ancestor(w, (size_t)a, (size_t)vi))
+            json_object_set(steps, name, out);
+    }
+    json_object_set_new(r, "steps", steps);
+    return r;
+}
+
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text)
@@ -377,9 +399,11 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     FAULT("gateway.before_render");
     struct sec sec = {0};
     int rc = engine_secrets_all(g, c->workspace, &sec.names, &sec.values, &sec.n, &e);
+    json_t *rctx = render_context(w, vi, ctx);
     if (!rc)
-        rc = render(&sec, v->request, v->method, ctx, &j->req, &e) ||
-             (verify && v->verify && render(&sec, v->verify, v->verify_method, ctx, &j->vreq, &e));
+        rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
+             (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
+    json_decref(rctx);
     engine_secrets_release(sec.names, sec.values, sec.n);
     if (rc) {
         *err_text = steps_error_json("request_error", e.msg);

@@ -69,6 +69,7 @@ void wf_free(struct wf *w)
     free(w->v);
     free(w->e);
     free(w->topo);
+    free(w->anc);
     json_decref(w->def);
     free(w);
 }
@@ -928,6 +929,31 @@ static int toposort(struct wf *w, struct ifl_err *e)
     return rc;
 }
 
+/* Each vertex's ancestors, sources first so that a vertex's parents are
+ * complete when it is reached. */
+static void ancestors(struct wf *w)
+{
+    size_t words = (w->nv + 63) / 64;
+    w->anc_words = words;
+    w->anc = xcalloc(w->nv * words + 1, sizeof *w->anc);
+    for (size_t t = 0; t < w->nv; t++) {
+        size_t v = w->topo[t];
+        uint64_t *dst = w->anc + v * words;
+        for (size_t k = 0; k < w->v[v].n_in; k++) {
+            size_t from = w->e[w->v[v].in[k]].from;
+            const uint64_t *src = w->anc + from * words;
+            for (size_t x = 0; x < words; x++)
+                dst[x] |= src[x];
+            dst[from / 64] |= (uint64_t)1 << (from % 64);
+        }
+    }
+}
+
+int wf_is_ancestor(const struct wf *w, size_t a, size_t v)
+{
+    return a < w->nv && v < w->nv && (w->anc[v * w->anc_words + a / 64] >> (a % 64) & 1);
+}
+
 /* Every vertex is reached from an ENTRY_POINT: one that is not would stay
  * PENDING in every execution, which would still end `completed` (spec §3's
  * join rule dispatches nothing without an incoming edge). */
@@ -1011,6 +1037,8 @@ static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
     }
     if (!rc)
         rc = toposort(w, e);
+    if (!rc)
+        ancestors(w);
     if (!rc && strict)
         rc = check_reachable(w, e);
     if (rc) {

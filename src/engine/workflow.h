@@ -79,7 +79,16 @@ struct wf {
     struct wf_edge *e;
     size_t ne;
     size_t *topo; /* vertex indexes in topological order */
+    /* anc[v * anc_words …]: a bit per vertex that has a path to v */
+    uint64_t *anc;
+    size_t anc_words;
 };
+
+/* 1 when vertex a has a path to vertex v (a is one of v's ancestors).  A
+ * step's ancestors are all decided before it runs and none of them runs
+ * again while it waits, so their outputs cannot change between its
+ * attempts — unlike a parallel branch's. */
+int wf_is_ancestor(const struct wf *w, size_t a, size_t v);
 
 /* Bounds of a definition (docs/api.md, "Limits"): every step of an
  * execution is a row its claims read, and every edge a decision. */

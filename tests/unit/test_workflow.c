@@ -324,6 +324,12 @@ static void test_good_graph(void **state)
     assert_non_null(w->e[1].cond);
     assert_null(w->e[0].cond);
     assert_int_equal(wf_vertex_index(w, "zz"), -1);
+    /* ancestors: what a GATEWAY's request may read (b and c are parallel) */
+    long a = wf_vertex_index(w, "a"), b = wf_vertex_index(w, "b"), c = wf_vertex_index(w, "c");
+    assert_true(wf_is_ancestor(w, a, d) && wf_is_ancestor(w, b, d) && wf_is_ancestor(w, c, d));
+    assert_true(wf_is_ancestor(w, a, b) && wf_is_ancestor(w, a, c));
+    assert_false(wf_is_ancestor(w, b, c) || wf_is_ancestor(w, c, b));
+    assert_false(wf_is_ancestor(w, d, a) || wf_is_ancestor(w, d, d) || wf_is_ancestor(w, a, a));
     wf_free(w);
 }
 

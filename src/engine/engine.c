@@ -1448,6 +1448,21 @@ struct retry_args {
     char *replay; /* the stored answer, when k->replayed */
 };
 
+/* steps_retry's decide_edge: the condition over {payload, steps,
+ * execution} with `response` the source's output, as at its completion. */
+static void retry_decide_edge(const struct wf *w, size_t edge, const struct store_execution *x,
+                              const struct store_step *rows, size_t n,
+                              const struct store_step *from, struct decision *d)
+{
+    json_t *ctx = engine_context(x, rows, n), *out = NULL;
+    if (!from->output ||
+        json_parse(from->output, strlen(from->output), &json_stored_limits, &out, NULL))
+        out = json_null();
+    json_object_set_new(ctx, "response", out);
+    engine_decide(w->e[edge].cond, ctx, d);
+    json_decref(ctx);
+}
+
 static json_t *retry_answer(const struct steps_retry *r)
 {
     return json_pack("{s:s, s:i, s:s}", "executionId", r->execution_id, "retriedSteps", r->retried,
@@ -1498,7 +1513,8 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, struct 
               .execution_id = id,
               .now = clock_now_ms(),
               .seen = seen,
-              .n_seen = n_seen},
+              .n_seen = n_seen,
+              .decide_edge = retry_decide_edge},
         .k = k,
     };
     rc = store_tx_run(g->store, tx_retry, &a, e);

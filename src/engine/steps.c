@@ -579,6 +579,57 @@ const struct steps_seen *steps_seen_find(const struct steps_seen *v, size_t n, c
     return NULL;
 }
 
+/* A FAILED step that never ran was failed by an incoming edge's condition
+ * error (spec §3).  A retry decides its incoming edges again — a source
+ * COMPLETED: its condition, evaluated now; SKIPPED: not taken; anything
+ * else: undecided — and applies the join rule: dispatched when all are
+ * decided and one was taken, SKIPPED (and the skip propagated) when none
+ * was, PENDING while some are undecided.  Returns 0 with the step's row
+ * moved, or 1 when a condition fails again (*error, owned: the step stays
+ * FAILED).  The guard is never passed over: counting the failed edge as
+ * taken would run a call its condition was there to hold back. */
+static int redecide(const struct steps_retry *a, struct view *v, const struct store_execution *x,
+                    size_t r, long vi, char **error)
+{
+    const struct wf_vertex *vx = &a->w->v[vi];
+    int decided = 0, taken = 0;
+    *error = NULL;
+    for (size_t k = 0; k < vx->n_in; k++) {
+        const struct wf_edge *ed = &a->w->e[vx->in[k]];
+        long fr = v->row_of[ed->from];
+        enum step_state fs = fr >= 0 ? v->rows[fr].state : STEP_PENDING;
+        if (fs == STEP_SKIPPED) {
+            decided++;
+        } else if (fs == STEP_COMPLETED) {
+            struct decision d = {EDGE_TAKEN, NULL};
+            if (ed->cond)
+                a->decide_edge(a->w, vx->in[k], x, v->rows, v->n, &v->rows[fr], &d);
+            if (d.kind == EDGE_ERROR) {
+                free(*error);
+                *error = d.error;
+                continue;
+            }
+            decided++;
+            taken += d.kind == EDGE_TAKEN;
+        }
+    }
+    if (*error)
+        return 1;
+    struct store_step *st = &v->rows[r];
+    st->in_decided = decided;
+    st->in_taken = taken;
+    v->dirty[r] = 1;
+    if (decided < (int)vx->n_in) {
+        st->state = STEP_PENDING;
+    } else if (taken) {
+        st->state = STEP_DISPATCHED;
+    } else {
+        st->state = STEP_SKIPPED;
+        skip_out(v, (size_t)vi);
+    }
+    return 0;
+}
+
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_retry *a = arg;
@@ -597,6 +648,10 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
                       err_set(e, IFL_ECONFLICT,
                               "execution %s was cancelled; start it over to run it again",
                               a->execution_id));
+    struct view v;
+    view_init(&v, a->w, rows, n, a->now);
+    int *retried = xcalloc(n ? n : 1, sizeof *retried);
+    struct store_execution full = {0};
     for (size_t i = 0; !rc && i < n; i++) {
         struct store_step *st = &rows[i];
         enum step_state was = st->state;
@@ -617,13 +672,19 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
             if (seen->unknown && vi >= 0 && a->w->v[vi].verify)
                 verify_first = 1;
         }
-        st->state = STEP_DISPATCHED;
-        /* Failed by an edge's condition error before its other edges were
-         * decided: the retry counts that edge as taken and waits for the
-         * rest (the join rule), instead of running the step now. */
-        if (was == STEP_FAILED && vi >= 0 && st->in_decided < (int)a->w->v[vi].n_in) {
-            st->state = STEP_PENDING;
-            st->in_taken++;
+        if (was == STEP_FAILED && vi >= 0 && st->attempts == 0 && a->decide_edge) {
+            char *again = NULL;
+            /* the whole row (the load reads only what moving steps needs):
+             * the conditions read its payload */
+            if (!full.id[0] &&
+                (rc = store_tx_execution_get(tx, a->workspace, a->execution_id, &full, e)))
+                break;
+            if (redecide(a, &v, &full, i, vi, &again)) {
+                free(again); /* fails as before: the step stays as it is */
+                continue;
+            }
+        } else {
+            st->state = STEP_DISPATCHED;
         }
         st->epoch++;
         st->next_run_at = a->now;
@@ -635,28 +696,51 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
                                   "operator; the call's earlier outcome is unknown, so verify "
                                   "runs first\",\"verifyFirst\":true}")
                         : NULL;
+        v.dirty[i] = 1;
+        retried[i] = 1;
+        a->retried++;
+    }
+    /* The retry's event first, then the rows it moved (and those a skip
+     * reached), each guarded by the state it was loaded in, with their
+     * events in version order. */
+    int64_t ver = x.version + 1;
+    if (!rc && a->retried) {
+        json_t *d = json_object();
+        json_object_set_new(d, "retriedSteps", json_integer(a->retried));
+        rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, ver, e);
+    }
+    for (size_t i = 0; !rc && a->retried && i < n; i++) {
+        if (!v.dirty[i])
+            continue;
         int changed = 0;
-        rc = store_tx_step_update(tx, st, was, -1, &changed, e);
+        rc = store_tx_step_update(tx, &rows[i], v.was[i], -1, &changed, e);
         if (!rc && !changed)
-            rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", st->vertex);
-        if (!rc) /* in the history, and where a new retry budget starts */
-            rc = store_tx_attempt_record(tx, a->execution_id, st->vertex, st->epoch, "operator",
-                                         STEPS_OPERATOR_RETRY, e);
-        if (!rc)
-            a->retried++;
+            rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", rows[i].vertex);
+        if (!rc && retried[i]) /* in the history, and where a new retry budget starts */
+            rc = store_tx_attempt_record(tx, a->execution_id, rows[i].vertex, rows[i].epoch,
+                                         "operator", STEPS_OPERATOR_RETRY, e);
+        if (!rc && rows[i].state == STEP_SKIPPED)
+            rc = steps_event_text(tx, a->workspace, a->execution_id, "step.skipped",
+                                  steps_event_data_text(&rows[i]), ++ver, e);
     }
     /* Nothing retried: the execution keeps its status (a stale one has no
      * steps to derive one from). */
     const char *status = a->retried ? steps_status(rows, n) : x.status;
     snprintf(a->status, sizeof a->status, "%s", status);
     if (!rc && a->retried) {
-        json_t *d = json_object();
-        json_object_set_new(d, "retriedSteps", json_integer(a->retried));
-        rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, x.version + 1,
-                         e);
+        /* a retry whose steps were all skipped ends the execution */
+        if (strcmp(status, "running") != 0 && strcmp(status, x.status) != 0) {
+            char type[64];
+            snprintf(type, sizeof type, "execution.%s", status);
+            rc = steps_event_text(tx, a->workspace, a->execution_id, type,
+                                  steps_status_data_text(status), ++ver, e);
+        }
         if (!rc)
-            rc = store_tx_execution_set_status(tx, a->execution_id, status, x.version + 1, e);
+            rc = store_tx_execution_set_status(tx, a->execution_id, status, ver, e);
     }
+    free(retried);
+    store_execution_clear(&full);
+    view_free(&v);
     store_steps_free(rows, n);
     store_execution_clear(&x);
     return rc;

@@ -144,6 +144,13 @@ struct steps_retry {
     /* the FAILED and REQUIRES_RECONCILIATION GATEWAY steps the caller read */
     const struct steps_seen *seen;
     size_t n_seen;
+    /* Evaluates the condition of edge `edge` (its source `from` COMPLETED)
+     * over the execution as the transaction loaded it; *d as
+     * engine_decide fills it.  A step an edge's condition failed is
+     * retried by deciding its edges again (NULL: counted as before). */
+    void (*decide_edge)(const struct wf *w, size_t edge, const struct store_execution *x,
+                        const struct store_step *rows, size_t n, const struct store_step *from,
+                        struct decision *d);
     int retried; /* result */
     char status[32];
 };

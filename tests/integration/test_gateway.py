@@ -788,26 +788,30 @@ def test_start_over_waits_until_nothing_is_left_to_settle(server, mock):
 
 def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, mock):
     """`join` has two incoming edges: one whose condition errors (it fails
-    `join` at once) and one from a call still in flight.  An operator's
-    retry counts the errored edge as taken and leaves `join` PENDING until
-    the call's edge is decided too (spec §3's join rule); then it runs,
-    with the call's output in hand."""
+    `join` at once: the entry decides it before the TRANSFORM `t` has run)
+    and one from a call still in flight.  An operator's retry evaluates the
+    condition again — `t` has completed now, so it is taken — and leaves
+    `join` PENDING until the call's edge is decided too (spec §3's join
+    rule); then it runs, with the call's output in hand."""
     cfg = charge_flow(mock)["vertices"]["charge"]["config"]
     cfg["headers"].pop("Authorization")
     put_workflow(server, "joinr", {
         "vertices": {
             "order": {"type": "ENTRY_POINT"},
+            "t": {"type": "TRANSFORM", "config": {"output": "checked"}},
             "charge": {"type": "GATEWAY", "config": cfg},
             "join": {"type": "TRANSFORM", "config": {"output": {"paid": "= steps.charge.status"}}},
         },
-        "edges": [{"from": "order", "to": "charge"},
-                  {"from": "order", "to": "join", "condition": "= $error('no')"},
+        "edges": [{"from": "order", "to": "charge"}, {"from": "order", "to": "t"},
+                  {"from": "order", "to": "join",
+                   "condition": "= $exists(steps.t) ? true : $error('t has not run')"},
                   {"from": "charge", "to": "join"}],
     })
     mock.faults("latency=1500:count=1")
     xid = run(server, "joinr", {"order": {"id": "o-35", "amount": 5}}, entry="order")
     st = steps_of(server.get(f"{WS}/executions/{xid}").json)
     assert st["join"]["state"] == "FAILED" and st["charge"]["state"] == "EXECUTING", st
+    assert st["t"]["state"] == "COMPLETED", st
     r = server.post(f"{WS}/executions/{xid}/retry")
     assert r.status == 200 and r.json["retriedSteps"] == 1, r
     st = steps_of(server.get(f"{WS}/executions/{xid}").json)
@@ -817,6 +821,69 @@ def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, moc
     assert x["status"] == "completed", x
     assert steps_of(x)["join"]["output"] == {"paid": 201}
     assert mock.charges("o-35") == 1
+
+
+def test_a_retry_never_passes_over_a_guard_whose_condition_failed(server, mock):
+    """Found by a spec judge: `check → charge` guarded by a condition that
+    fails to evaluate (T2009) left `charge` FAILED, as spec §3 says — and an
+    operator's retry then counted that edge as taken and charged, though
+    the guard never said yes.  A retry decides the edge again: an error
+    again leaves the step FAILED (nothing retried, nothing sent); a
+    condition that now reads false skips it, and the execution ends."""
+    cfg = charge_flow(mock)["vertices"]["charge"]["config"]
+    cfg["headers"].pop("Authorization")
+    put_workflow(server, "guard", {
+        "vertices": {
+            "order": {"type": "ENTRY_POINT"},
+            "check": {"type": "TRANSFORM", "config": {"output": {"n": "= payload.n"}}},
+            "charge": {"type": "GATEWAY", "config": cfg},
+            "after": {"type": "TRANSFORM", "config": {"output": "done"}},
+        },
+        "edges": [{"from": "order", "to": "check"},
+                  {"from": "check", "to": "charge", "condition": "= response.n + 1 > 1"},
+                  {"from": "charge", "to": "after"}],
+    })
+    xid = run(server, "guard", {"order": {"id": "o-g1", "amount": 5}, "n": "x"}, entry="order")
+    x = finished(server, xid)
+    st = steps_of(x)
+    assert x["status"] == "failed" and st["charge"]["state"] == "FAILED", st
+    assert st["charge"]["error"]["code"] == "T2001", st["charge"]
+    r = server.post(f"{WS}/executions/{xid}/retry")
+    assert r.status == 200 and r.json["retriedSteps"] == 0 and r.json["status"] == "failed", r
+    st = steps_of(server.get(f"{WS}/executions/{xid}").json)
+    assert st["charge"]["state"] == "FAILED" and st["charge"]["attempts"] == 0, st
+    assert posts(mock) == 0
+    # a guard that errors at first and reads false when retried: skipped
+    put_workflow(server, "guard2", {
+        "vertices": {
+            "order": {"type": "ENTRY_POINT"},
+            "t": {"type": "TRANSFORM", "config": {"output": "late"}},
+            "charge": {"type": "GATEWAY", "config": cfg},
+            "after": {"type": "TRANSFORM", "config": {"output": "done"}},
+        },
+        "edges": [{"from": "order", "to": "t"},
+                  {"from": "order", "to": "charge",
+                   "condition": "= $exists(steps.t) ? false : $error('t has not run')"},
+                  {"from": "charge", "to": "after"}],
+    })
+    xid = run(server, "guard2", {"order": {"id": "o-g2", "amount": 5}}, entry="order")
+    x = finished(server, xid)
+    assert x["status"] == "failed" and steps_of(x)["charge"]["state"] == "FAILED", x
+    r = server.post(f"{WS}/executions/{xid}/retry")
+    assert r.status == 200 and r.json["retriedSteps"] == 1 and r.json["status"] == "completed", r
+    x = finished(server, xid)
+    st = steps_of(x)
+    assert x["status"] == "completed", x
+    assert st["charge"]["state"] == "SKIPPED" and st["after"]["state"] == "SKIPPED", st
+    assert posts(mock) == 0
+    ev = [e["type"] for e in server.get(f"{WS}/events?limit=1000").json["items"]
+          if e.get("executionId") == xid]
+    assert ev[-4:] == ["execution.retried", "step.skipped", "step.skipped",
+                       "execution.completed"], ev
+    versions = [e["aggregateVersion"] for e in server.get(f"{WS}/events?limit=1000").json["items"]
+                if e.get("executionId") == xid]
+    assert versions == list(range(1, len(versions) + 1)), versions
+    assert server.get(f"{WS}/executions/{xid}").json["version"] == versions[-1]
 
 
 def test_an_operator_retry_starts_a_new_retry_budget(server, mock):

@@ -660,8 +660,20 @@ static void trigger(struct call *c, int mode)
     }
     /* The header is an RFC 8941 sf-string (spec §7): `"k-1"` is the key
      * k-1, as ?clientIdempotencyId=k-1 is; any other value (a bare token,
-     * or text with spaces) is the key as sent. */
-    char hbuf[IDENTITY_KEY_MAX + 1];
+     * or text with spaces) is the key as sent — without the whitespace
+     * around it, which is no part of a field value (RFC 9110 §5.5). */
+    char hbuf[IDENTITY_KEY_MAX + 1], tbuf[IDENTITY_KEY_MAX + 3];
+    if (hk) {
+        hk += strspn(hk, " \t");
+        size_t hl = strlen(hk);
+        while (hl && (hk[hl - 1] == ' ' || hk[hl - 1] == '\t'))
+            hl--;
+        if (hl < strlen(hk) && hl < sizeof tbuf) {
+            memcpy(tbuf, hk, hl);
+            tbuf[hl] = '\0';
+            hk = tbuf;
+        }
+    }
     if (hk && hk[0] == '"' && http_sf_string(hk, hbuf, sizeof hbuf) == 0)
         hk = hbuf;
     else if (hk && strcmp(hk, "\"\"") == 0) {
@@ -1821,6 +1833,17 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
         api_problem(res, 404, "not-found", "no such resource", NULL);
         goto done;
     }
+    /* A control character in a segment (a percent-encoded NUL arrives as
+     * DEL) names nothing: 400, as the name checks answer for the names
+     * they check — also for an execution id, a token id, a subscription. */
+    for (int i = 0; i < c.nseg; i++)
+        for (const char *p = c.seg[i]; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+                api_problem(res, 400, "invalid-name",
+                            "a path segment holds a control character (a percent-encoded NUL?)",
+                            NULL);
+                goto done;
+            }
     /* A trigger without the token may still be a signed webhook: the
      * engine answers it only for an entry point that verifies signatures
      * (engine_trigger_begin), 401 otherwise. */

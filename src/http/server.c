@@ -528,22 +528,30 @@ int http_sf_string(const char *h, char *out, size_t cap)
     size_t n = 0;
     if (cap < 2)
         return IFL_EINVAL;
+    /* a field value has no whitespace around it (RFC 9110 §5.5; RFC 8941
+     * §4.2 discards it): a client's or proxy's stray space is not the key */
+    while (*h == ' ' || *h == '\t')
+        h++;
+    size_t len = strlen(h);
+    while (len && (h[len - 1] == ' ' || h[len - 1] == '\t'))
+        len--;
+    const char *end = h + len;
     if (*h == '"') {
         const char *p = h + 1;
-        for (; *p && *p != '"'; p++) {
+        for (; p < end && *p != '"'; p++) {
             if (*p == '\\') {
                 p++;
                 if (*p != '"' && *p != '\\')
                     return IFL_EINVAL;
             }
-            if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || n + 1 >= cap)
+            if (p >= end || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || n + 1 >= cap)
                 return IFL_EINVAL;
             out[n++] = *p;
         }
-        if (*p != '"' || p[1] != '\0')
+        if (p >= end || *p != '"' || p + 1 != end)
             return IFL_EINVAL;
     } else {
-        for (const char *p = h; *p; p++) {
+        for (const char *p = h; p < end; p++) {
             if ((unsigned char)*p <= 0x20 || (unsigned char)*p > 0x7e || *p == '"' || n + 1 >= cap)
                 return IFL_EINVAL;
             out[n++] = *p;

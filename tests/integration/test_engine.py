@@ -487,6 +487,9 @@ def test_retry_with_a_key_replays_and_never_retries_twice(server):
     st = failed_again(server, xid, "needs_secret", e0)  # the secret is still missing
     b = server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": "retry-1"})
     assert b.status == 200 and b.json == a.json and b.headers.get("idempotent-replayed") == "true", b
+    # whitespace around the value is no part of it (RFC 9110 §5.5)
+    b2 = server.post(f"{WS}/executions/{xid}/retry", headers={"Idempotency-Key": '"retry-1" '})
+    assert b2.status == 200 and b2.json == a.json, b2
     after = steps_of(server.get(f"{WS}/executions/{xid}").json)["needs_secret"]
     assert after["state"] == "FAILED" and after["epoch"] == st["epoch"], after
     assert [h["outcome"] for h in after["history"]].count("operator_retry") == 1

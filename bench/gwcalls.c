@@ -147,7 +147,7 @@ int main(int argc, char **argv)
         }
     }
     double secs = (double)(now_us() - t0) / 1e6;
-    gw_client_free(c); /* joins the client's thread: its time is in RUSAGE_SELF */
+    gw_client_free(c, 0); /* joins the client's thread: its time is in RUSAGE_SELF */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double cpu_us = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +

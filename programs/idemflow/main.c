@@ -46,6 +46,7 @@ static void usage(FILE *f)
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
           "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
           "                 [--egress-deny link-local|loopback|private|CIDR,...|none]\n"
+          "                 [--max-connections N] [--max-connections-per-ip N]\n"
           "                 [--test-clock] [--core-dumps]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
@@ -241,8 +242,9 @@ struct serve_opts {
     const char *listen, *db, *load;
     size_t max_body;
     int test_clock;
-    int core_dumps;   /* --core-dumps: leave the process dumpable */
-    int http_threads; /* -1: the default for the store */
+    int core_dumps;                   /* --core-dumps: leave the process dumpable */
+    unsigned max_conns, max_conns_ip; /* --max-connections[-per-ip]; 0: the defaults */
+    int http_threads;                 /* -1: the default for the store */
     struct engine_run_opts run;
 };
 
@@ -496,6 +498,16 @@ static int cmd_serve(int argc, char **argv)
             }
             o.run.retention_ms = n * 86400 * 1000;
             i++;
+        } else if ((strcmp(a, "--max-connections") == 0 ||
+                    strcmp(a, "--max-connections-per-ip") == 0) &&
+                   v) {
+            long long n = flag_int(v, 1, 65536);
+            if (n < 0) {
+                fprintf(stderr, "idemflow serve: %s must be 1..65536\n", a);
+                return 2;
+            }
+            *(strcmp(a, "--max-connections") == 0 ? &o.max_conns : &o.max_conns_ip) = (unsigned)n;
+            i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);
             if (n < 0) {
@@ -588,6 +600,8 @@ static int cmd_serve(int argc, char **argv)
     struct http_opts ho = {
         .listen = o.listen,
         .max_body = o.max_body,
+        .conn_limit = o.max_conns,
+        .per_ip = o.max_conns_ip,
         .handler = api_handle,
         .toobig = api_toobig,
         .ctx = api,

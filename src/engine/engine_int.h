@@ -82,6 +82,12 @@ struct engine {
 
 struct gw_job;
 #define GW_MAX_INFLIGHT 256
+/* How long a stop waits for GATEWAY calls in flight (and webhook
+ * deliveries) before it ends them (gw_client_free): a destination that
+ * never answers, or a workflow's hour-long timeoutMs, must not hold a
+ * SIGTERM for longer than the operator's stop. */
+#define GW_STOP_GRACE_MS 10000
+#define HOOKS_STOP_GRACE_MS 2000
 
 /* Wakes the workers to commit finished calls only: nothing became
  * claimable, so a worker that found nothing to claim does not ask again

@@ -935,8 +935,8 @@ void *engine_hooks_main(void *arg)
         if (hooks_wait(&h, busy ? 0 : POLL_MS))
             break;
     }
-    if (h.client) /* calls still out end now ("shutdown"); their outcomes are kept */
-        gw_client_free(h.client);
+    if (h.client) /* calls still out end soon ("shutdown"); their outcomes are kept */
+        gw_client_free(h.client, HOOKS_STOP_GRACE_MS);
     settle(&h);
     subs_clear(&h);
     pthread_cond_destroy(&h.cv);

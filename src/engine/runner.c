@@ -987,7 +987,7 @@ void engine_stop(struct engine *g)
         pthread_join(g->workers[i], NULL);
     /* Calls in flight finish (the client waits for them), then their
      * outcomes are committed here. */
-    gw_client_free(g->gw);
+    gw_client_free(g->gw, GW_STOP_GRACE_MS);
     g->gw = NULL;
     engine_gw_drain(g);
     pthread_mutex_lock(&g->wmu);

@@ -1108,7 +1108,9 @@ struct xfer {
     char denied[64]; /* the address the egress policy refused ("" none) */
     int opened;      /* sockets opened: a name with an allowed address too */
     int late;        /* req->send_by had passed when the request was to leave */
+    int shutdown;    /* ended by the client's stop, not by libcurl */
     struct xfer *next;
+    struct xfer *fnext; /* the client thread's list of calls in flight */
 };
 
 /* Called once a connection (new or reused) is ready, before any byte of
@@ -1264,6 +1266,11 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
             snprintf(r->error, sizeof r->error,
                      "the lease ran out before the request left; not sent");
         }
+        if (x->shutdown)
+            snprintf(r->error, sizeof r->error, "%s",
+                     r->transport == GW_T_NOT_SENT
+                         ? "shutdown: the engine stopped before the request left; not sent"
+                         : "shutdown: the engine stopped before the answer came");
         if (x->denied[0] && !x->opened && req_size == 0) { /* no address was allowed */
             r->transport = GW_T_NOT_SENT;
             r->denied = 1;
@@ -1297,27 +1304,68 @@ struct gw_client {
      * when calls arrive faster than the thread turns around). */
     int woken;
     int stopping;
+    int64_t stop_grace_ms; /* how long a stop waits for calls in flight */
     int max_inflight;
 };
+
+/* Ends x without libcurl's result (the client is stopping): sent or not as
+ * libcurl counted the request's bytes, the error saying why. */
+static void xfer_end_shutdown(struct xfer *x)
+{
+    x->shutdown = 1;
+    gw_done_fn done = x->done;
+    void *ctx = x->ctx;
+    struct gw_response *r = xmalloc(sizeof *r);
+    xfer_finish(x, CURLE_ABORTED_BY_CALLBACK, r);
+    done(ctx, r);
+}
 
 static void *client_main(void *arg)
 {
     struct gw_client *c = arg;
     pthread_setname_np(pthread_self(), "gateway");
     int inflight = 0;
+    struct xfer *flying = NULL;
+    int64_t stop_at = -1;
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int stop = c->stopping;
         c->woken = 0; /* a submit from now on wakes the poll below */
+        struct xfer *unsent = NULL;
+        if (stop) { /* nothing starts once a stop began: queued calls end unsent */
+            unsent = c->queue;
+            c->queue = NULL;
+        }
         while (c->queue && inflight < c->max_inflight) {
             struct xfer *x = c->queue;
             c->queue = x->next;
             curl_multi_add_handle(c->multi, x->h);
+            x->fnext = flying;
+            flying = x;
             inflight++;
         }
         if (!c->queue)
             c->tail = &c->queue;
         pthread_mutex_unlock(&c->mu);
+        for (struct xfer *x = unsent, *next; x; x = next) {
+            next = x->next;
+            xfer_end_shutdown(x);
+        }
+        if (stop && stop_at < 0)
+            stop_at = clock_mono_ms();
+        /* A call that outlasts the stop's grace (a destination that never
+         * answers, a workflow's hour-long timeoutMs) ends now, its outcome
+         * unknown once sent: the step's policy takes it from there, as
+         * after a crash, and the stop's length is the operator's. */
+        if (stop && inflight > 0 && clock_mono_ms() - stop_at >= c->stop_grace_ms) {
+            for (struct xfer *x = flying, *next; x; x = next) {
+                next = x->fnext;
+                curl_multi_remove_handle(c->multi, x->h);
+                xfer_end_shutdown(x);
+            }
+            flying = NULL;
+            inflight = 0;
+        }
         if (stop && inflight == 0)
             break;
         int running = 0;
@@ -1332,6 +1380,11 @@ static void *client_main(void *arg)
             CURLcode cc = m->data.result;
             curl_multi_remove_handle(c->multi, m->easy_handle);
             inflight--;
+            for (struct xfer **p = &flying; *p; p = &(*p)->fnext)
+                if (*p == x) {
+                    *p = x->fnext;
+                    break;
+                }
             gw_done_fn done = x->done;
             void *ctx = x->ctx;
             struct gw_response *r = xmalloc(sizeof *r);
@@ -1395,12 +1448,13 @@ void gw_client_submit(struct gw_client *c, const struct gw_request *req, long ti
         curl_multi_wakeup(c->multi);
 }
 
-void gw_client_free(struct gw_client *c)
+void gw_client_free(struct gw_client *c, int64_t grace_ms)
 {
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
     c->stopping = 1;
+    c->stop_grace_ms = grace_ms;
     pthread_mutex_unlock(&c->mu);
     curl_multi_wakeup(c->multi);
     pthread_join(c->thread, NULL);

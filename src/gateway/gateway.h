@@ -221,9 +221,11 @@ typedef void (*gw_done_fn)(void *ctx, struct gw_response *resp /* callee owns */
 
 /* max_inflight: concurrent transfers (default 256). *out owned by caller. */
 int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e);
-/* Stops the thread; in-flight calls complete with GW_T_AMBIGUOUS ("shutdown")
- * unless nothing was sent. */
-void gw_client_free(struct gw_client *c);
+/* Stops the thread: queued calls not yet started end at once unsent
+ * (GW_T_NOT_SENT, "shutdown"); calls in flight get grace_ms to end on their
+ * own, then end with GW_T_AMBIGUOUS ("shutdown") unless no byte was sent.
+ * Every `done` has run when it returns. */
+void gw_client_free(struct gw_client *c, int64_t grace_ms);
 /* Queues a call; `done` runs on the client's thread when it ends (keep it
  * short: hand the response to another thread).  The request must stay
  * valid until done runs. */

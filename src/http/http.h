@@ -88,6 +88,7 @@ struct http_opts {
     const char *listen;  /* "HOST:PORT" (IPv4) or "[ADDR]:PORT"; port 0 = any free */
     size_t max_body;     /* bytes; default 1 MiB */
     unsigned conn_limit; /* default 1024 */
+    unsigned per_ip;     /* connections one client address may hold; 0: no limit */
     unsigned timeout_s;  /* idle connection timeout; default 60 */
     unsigned threads;    /* 0: a thread per connection; N: N event-loop threads */
     http_handler_fn handler;

@@ -52,6 +52,7 @@ struct reqctx {
     struct http_server *s;
     struct buf body;
     int too_big;
+    size_t discarded; /* bytes of an oversized body read and dropped */
     struct MHD_Connection *conn;
     int counted; /* in busy */
     /* a deferred request (http_defer): its answer comes from finish */
@@ -390,7 +391,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_data_size) {
         if (!c->too_big && buf_append(&c->body, upload_data, *upload_data_size))
             c->too_big = 1; /* keep reading (and discarding) to answer cleanly */
+        if (c->too_big)
+            c->discarded += *upload_data_size;
         *upload_data_size = 0;
+        /* A chunked body has no length to refuse up front, and may never
+         * end: past 8 × the cap (a declared length that large is refused at
+         * once) the connection is closed.  libmicrohttpd takes no answer
+         * in the middle of an upload, so the client sees the close. */
+        if (c->too_big && c->discarded / 8 > s->o.max_body)
+            return MHD_NO;
         return MHD_YES;
     }
     if (c->too_big)
@@ -682,7 +691,8 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, sa,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul,
         NULL, MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
-        MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+        o->timeout_s ? o->timeout_s : 60,
         o->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, o->threads, MHD_OPTION_END);
     if (!s->d) {
         pthread_mutex_destroy(&s->mu);

@@ -1208,6 +1208,34 @@ def test_a_shutdown_waits_for_a_handler_that_outlasts_its_drain(make_server, moc
     assert mock.charges("term-2") == 1
 
 
+def test_a_stop_ends_a_call_that_would_outlast_it_as_an_unknown_outcome(make_server, mock):
+    """Found by a resource judge: SIGTERM waited for every call in flight to
+    end, and a workflow may give a call an hour (`timeoutMs` 3600000): a
+    destination that never answers held the stop until kill -9.  A stop
+    now gives calls 10 s, then ends them as "shutdown" — sent, so its
+    outcome is unknown: the keyed step goes back to DISPATCHED and the next
+    start sends it again with its key (one charge)."""
+    s = make_server()
+    s.start()
+    setup_pay(s, mock, timeoutMs=3600000)
+    mock.faults("latency=600000:after_commit:count=1")
+    xid = pay(s, "long-1")
+    wait_for(lambda: charge_step(s, xid)["state"] == "EXECUTING" and mock.charges("long-1") == 1)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=60) == 0, s.logs(3000)
+    assert time.monotonic() - t0 < 40
+    s.start()
+    x = finished(s, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed", x
+    outcomes = [h["outcome"] for h in ch["history"]]
+    assert outcomes[0] == "ambiguous_outcome" and outcomes[-1] == "success", ch["history"]
+    assert "shutdown" in json.dumps(ch["history"][0]), ch["history"][0]
+    assert ch["output"]["headers"].get("idempotent-replayed") == "true", ch["output"]
+    assert mock.charges("long-1") == 1
+
+
 def assert_secret_nowhere(s):
     """Stops s, then greps its logs and its database (files or pg_dump)."""
     s.stop()

@@ -39,6 +39,75 @@ static unsigned hash3(const char *a, const char *b, int v)
     return (h ^ (unsigned)v) % CACHE_BUCKETS;
 }
 
+/* One workspace's sealed secrets (engine_int.h, scmu). */
+struct sealed_cache {
+    char *ws;
+    char **names, **sealed;
+    size_t n;
+    struct sealed_cache *next;
+};
+
+/* Drops ws's entry (NULL: every entry); the caller holds scmu or is the
+ * last user. */
+static void sealed_cache_drop(struct engine *g, const char *ws)
+{
+    for (struct sealed_cache **p = &g->sc; *p;) {
+        struct sealed_cache *c = *p;
+        if (ws && strcmp(c->ws, ws) != 0) {
+            p = &c->next;
+            continue;
+        }
+        *p = c->next;
+        free(c->ws);
+        store_strv_free(c->names, c->n);
+        store_strv_free(c->sealed, c->n);
+        free(c);
+    }
+}
+
+static char **strv_dup(char *const *v, size_t n)
+{
+    char **d = n ? xcalloc(n, sizeof *d) : NULL;
+    for (size_t i = 0; i < n; i++)
+        d[i] = xstrdup(v[i]);
+    return d;
+}
+
+/* store_secret_all through the cache (engine_int.h). */
+static int sealed_all(struct engine *g, const char *ws, char ***names, char ***sealed, size_t *n,
+                      struct ifl_err *e)
+{
+    uint64_t gen = 0;
+    if (g->sc_on) {
+        pthread_mutex_lock(&g->scmu);
+        gen = g->sc_gen;
+        for (struct sealed_cache *c = g->sc; c; c = c->next)
+            if (strcmp(c->ws, ws) == 0) {
+                *names = strv_dup(c->names, c->n);
+                *sealed = strv_dup(c->sealed, c->n);
+                *n = c->n;
+                pthread_mutex_unlock(&g->scmu);
+                return 0;
+            }
+        pthread_mutex_unlock(&g->scmu);
+    }
+    int rc = store_secret_all(g->store, ws, names, sealed, n, e);
+    if (rc || !g->sc_on)
+        return rc;
+    pthread_mutex_lock(&g->scmu);
+    if (g->sc_gen == gen) {
+        struct sealed_cache *c = xcalloc(1, sizeof *c);
+        c->ws = xstrdup(ws);
+        c->names = strv_dup(*names, *n);
+        c->sealed = strv_dup(*sealed, *n);
+        c->n = *n;
+        c->next = g->sc;
+        g->sc = c;
+    }
+    pthread_mutex_unlock(&g->scmu);
+    return 0;
+}
+
 int engine_new(struct store *s, const struct engine_opts *o, struct engine **out, struct ifl_err *e)
 {
     struct engine *g = xcalloc(1, sizeof *g);
@@ -52,6 +121,8 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     pthread_mutex_init(&g->wmu, NULL);
     pthread_mutex_init(&g->gmu, NULL);
     pthread_mutex_init(&g->kmu, NULL);
+    pthread_mutex_init(&g->scmu, NULL);
+    g->sc_on = strcmp(store_backend(s), "sqlite") == 0;
     pthread_cond_init(&g->wcv, NULL);
     pthread_cond_init(&g->scv, NULL);
     pthread_cond_init(&g->ncv, NULL);
@@ -71,6 +142,8 @@ void engine_free(struct engine *g)
     pthread_mutex_destroy(&g->wmu);
     pthread_mutex_destroy(&g->gmu);
     pthread_mutex_destroy(&g->kmu);
+    sealed_cache_drop(g, NULL);
+    pthread_mutex_destroy(&g->scmu);
     pthread_cond_destroy(&g->wcv);
     pthread_cond_destroy(&g->scv);
     pthread_cond_destroy(&g->ncv);
@@ -280,6 +353,10 @@ int engine_secret_put(struct engine *g, const char *ws, const char *name, const 
         return err_set(e, rc, "cannot encrypt the secret");
     rc = store_secret_put(g->store, ws, name, sealed, e);
     free(sealed);
+    pthread_mutex_lock(&g->scmu); /* after the commit: see sealed_all */
+    g->sc_gen++;
+    sealed_cache_drop(g, ws);
+    pthread_mutex_unlock(&g->scmu);
     return rc;
 }
 
@@ -315,9 +392,11 @@ int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***
 {
     char **sealed = NULL;
     *values = NULL;
-    int rc = store_secret_all(g->store, ws, names, &sealed, n, e);
-    if (rc)
+    int rc = sealed_all(g, ws, names, &sealed, n, e);
+    if (rc) { /* what a failed read filled (the names go with the caller's release) */
+        store_strv_free(sealed, *n);
         return rc;
+    }
     *values = *n ? xcalloc(*n, sizeof **values) : NULL;
     for (size_t i = 0; i < *n; i++) {
         char *aad = secret_aad(ws, (*names)[i]);

@@ -74,6 +74,16 @@ struct engine {
     struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
     int gw_inflight_n;
 
+    /* A workspace's sealed secrets, as engine_secrets_all read them (every
+     * GATEWAY claim asks), under scmu.  Only where this process is the
+     * database's one writer (SQLite): every secret PUT then passes
+     * engine_secret_put, which bumps sc_gen and drops the entry; a read
+     * that raced a PUT (sc_gen moved) is not kept.  Values stay sealed. */
+    pthread_mutex_t scmu;
+    int sc_on;
+    uint64_t sc_gen;
+    struct sealed_cache *sc;
+
     /* Operator actions whose Idempotency-Key is in flight in this process
      * (engine_op_key_enter), under kmu. */
     pthread_mutex_t kmu;

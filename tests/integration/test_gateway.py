@@ -1594,6 +1594,37 @@ def test_echoes_a_decoding_cannot_undo_and_other_secrets_are_scrubbed_too(make_s
             assert form not in logs and form.encode() not in files, form
 
 
+def test_a_rotated_secret_goes_out_at_once(make_server):
+    """The workspace's sealed secrets are kept in memory between claims
+    (SQLite: this process is the only writer); a PUT drops them, so the
+    next call sends the new value, and a call in a workspace whose secret
+    was missing sees it once it is PUT."""
+    import hashlib
+
+    def respond(path, headers, body):
+        got = headers.get("Authorization", "")
+        return json.dumps({"sha": hashlib.sha256(got.encode()).hexdigest()}).encode(), {}
+
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        put_workflow(s, "rot", {
+            "vertices": {"start": {"type": "ENTRY_POINT"},
+                         "call": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                             "headers": {"Authorization": "Bearer {{ secrets.ROT }}"},
+                             "body": {"n": "= payload.n"}}}},
+            "edges": [{"from": "start", "to": "call"}]})
+        x = finished(s, run(s, "rot", {"n": 0}))
+        assert steps_of(x)["call"]["state"] == "FAILED", x  # no such secret yet
+        for i, value in enumerate(("rot-value-one", "rot-value-two", "rot-value-three")):
+            assert s.put(f"{WS}/secrets/ROT", {"value": value}).status == 204
+            x = finished(s, run(s, "rot", {"n": i + 1}))
+            want = hashlib.sha256(f"Bearer {value}".encode()).hexdigest()
+            assert steps_of(x)["call"]["output"]["body"] == {"sha": want}, (value, x)
+        s.stop()
+
+
 def test_egress_policy_refuses_denied_addresses_without_sending(make_server, mock):
     """serve --egress-deny (default: link-local, where cloud metadata services
     answer): a call whose address is denied fails at once with

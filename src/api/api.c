@@ -1833,17 +1833,6 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
         api_problem(res, 404, "not-found", "no such resource", NULL);
         goto done;
     }
-    /* A control character in a segment (a percent-encoded NUL arrives as
-     * DEL) names nothing: 400, as the name checks answer for the names
-     * they check — also for an execution id, a token id, a subscription. */
-    for (int i = 0; i < c.nseg; i++)
-        for (const char *p = c.seg[i]; *p; p++)
-            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
-                api_problem(res, 400, "invalid-name",
-                            "a path segment holds a control character (a percent-encoded NUL?)",
-                            NULL);
-                goto done;
-            }
     /* A trigger without the token may still be a signed webhook: the
      * engine answers it only for an entry point that verifies signatures
      * (engine_trigger_begin), 401 otherwise. */
@@ -1870,6 +1859,18 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
         api_problem(res, 401, "unauthorized", "a valid bearer token is required", NULL);
         goto done;
     }
+    /* After the token check (an unauthenticated client learns nothing of
+     * the path's form).  A control character in a segment (a percent-encoded
+     * NUL arrives as DEL) names nothing: 400, as the name checks answer for the names
+     * they check — also for an execution id, a token id, a subscription. */
+    for (int i = 0; i < c.nseg; i++)
+        for (const char *p = c.seg[i]; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+                api_problem(res, 400, "invalid-name",
+                            "a path segment holds a control character (a percent-encoded NUL?)",
+                            NULL);
+                goto done;
+            }
     int path_matched = 0;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         const struct route *r = &routes[i];

@@ -346,6 +346,20 @@ int engine_secret_put(struct engine *g, const char *ws, const char *name, const 
     int rc = store_workspace_exists(g->store, ws, e);
     if (rc)
         return rc;
+    /* Every GATEWAY answer of the workspace is scrubbed of every secret it
+     * holds: their number bounds that work (a new name past it is refused;
+     * a value of one it holds may change). */
+    char **names = NULL;
+    size_t n = 0;
+    if ((rc = store_secret_list(g->store, ws, &names, &n, e)))
+        return rc;
+    int known = 0;
+    for (size_t i = 0; i < n && !known; i++)
+        known = strcmp(names[i], name) == 0;
+    store_strv_free(names, n);
+    if (!known && n >= ENGINE_SECRETS_MAX)
+        return err_setp(e, IFL_EVALIDATION, "", "a workspace holds at most %d secrets",
+                        ENGINE_SECRETS_MAX);
     char *aad = secret_aad(ws, name), *sealed = NULL;
     rc = crypto_seal(g->key, aad, value, strlen(value), &sealed);
     free(aad);
@@ -1603,8 +1617,12 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, struct 
         rc = engine_replay_answer(a.replay, answer, e);
     else if (!rc)
         *answer = retry_answer(&a.r);
-    if (!rc && !k->replayed && a.r.retried)
+    if (!rc && !k->replayed && a.r.retried) {
         engine_wake(g);
+        /* every step it retried was skipped: the execution ended here */
+        if (a.r.ended)
+            engine_execution_moved(g, id, a.r.status);
+    }
     free(a.replay);
     return rc;
 }

@@ -77,6 +77,10 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
 int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int version,
                         const struct wf **out, int *version_out, struct ifl_err *e);
 
+/* The most secrets a workspace holds (engine_secret_put refuses a new name
+ * past it, IFL_EVALIDATION): every GATEWAY answer is scrubbed of them all. */
+#define ENGINE_SECRETS_MAX 256
+
 /* Seals and stores a secret value; the plaintext is never stored. */
 int engine_secret_put(struct engine *g, const char *ws, const char *name, const char *value,
                       struct ifl_err *e);

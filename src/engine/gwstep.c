@@ -516,16 +516,28 @@ static struct attempt_note job_note(const struct gw_job *j, const char *note)
  * every re-sent call answers at once, the time a kill can land between
  * the note and the outcome stays one commit long.  Only on this rare path
  * (a first attempt is never noted: the hot path writes nothing extra). */
+/* A call the stop ended after it left (gw_client_free's grace ran out):
+ * what it did is unknown, as when a process dies mid-call, and it is left
+ * as such a death leaves it — EXECUTING under its lease, for the next start
+ * (or, on PostgreSQL, another process once the lease lapses) to recover: a
+ * keyed call sent again with its key, `verify` verifying first, `reconcile`
+ * parked.  No attempt is spent on it and no deadline checked now, so a
+ * stop never turns a call on its last attempt into a FAILED step. */
+static int stopped_mid_call(const struct gw_job *j)
+{
+    return j->resp && j->resp->shutdown && j->resp->transport != GW_T_NOT_SENT;
+}
+
 static void note_responses(struct engine *g, struct gw_job *list)
 {
     size_t n = 0, k = 0;
     for (struct gw_job *j = list; j; j = j->next)
-        n += j->recovered && !j->noted;
+        n += j->recovered && !j->noted && !stopped_mid_call(j);
     if (!n)
         return;
     struct attempt_note *v = xcalloc(n, sizeof *v);
     for (struct gw_job *j = list; j; j = j->next)
-        if (j->recovered && !j->noted) {
+        if (j->recovered && !j->noted && !stopped_mid_call(j)) {
             j->noted = 1;
             v[k++] = job_note(j, STEPS_RESPONDED);
         }
@@ -655,6 +667,13 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     enum gw_class cls = gw_classify(r, clock_now_ms(), &ra);
     count_response(j->g, j->phase == 1, cls, r);
     o->attempt_outcome = gw_class_name(cls);
+    if (r->shutdown) { /* queued when the stop began: never left, no attempt spent */
+        o->to = STEP_DISPATCHED;
+        o->run_at = clock_now_ms();
+        *err_text = class_error_note("not_sent", NULL, j, r, j->phase == 1, NULL);
+        o->attempt_outcome = "not_sent";
+        return 1;
+    }
     if (r->denied) { /* the policy will not change by waiting: no retry */
         o->to = STEP_FAILED;
         o->attempt_outcome = "egress_denied";
@@ -826,6 +845,15 @@ size_t engine_gw_drain(struct engine *g)
         /* A provider that echoes a secret must not get it stored or shown. */
         gw_response_scrub(j->resp, &j->req);
         gw_response_scrub(j->resp, &j->vreq);
+        if (stopped_mid_call(j)) {
+            log_info("step.stopped_mid_call",
+                     "%s/%s epoch %lld: the stop ended the call before its answer came; the "
+                     "step is recovered as after a crash",
+                     j->execution_id, j->vertex, (long long)j->epoch);
+            inflight_remove(j);
+            job_free(j);
+            continue;
+        }
         json_t *out = NULL;
         if (!decide(j, &go->o, &go->out_text, &out, &go->err_text))
             continue; /* another call is in flight for this job */

@@ -634,6 +634,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_retry *a = arg;
     a->retried = 0;
+    a->ended = 0;
     a->status[0] = '\0';
     struct store_execution x;
     struct store_step *rows = NULL;
@@ -680,7 +681,15 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
                 (rc = store_tx_execution_get(tx, a->workspace, a->execution_id, &full, e)))
                 break;
             if (redecide(a, &v, &full, i, vi, &again)) {
-                free(again); /* fails as before: the step stays as it is */
+                /* fails again: the step stays FAILED, with the error of now
+                 * (the operator sees why), and is not counted as retried */
+                if (!st->error || strcmp(st->error, again) != 0) {
+                    free(st->error);
+                    st->error = again;
+                    v.dirty[i] = 1;
+                } else {
+                    free(again);
+                }
                 continue;
             }
         } else {
@@ -709,7 +718,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         json_object_set_new(d, "retriedSteps", json_integer(a->retried));
         rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, ver, e);
     }
-    for (size_t i = 0; !rc && a->retried && i < n; i++) {
+    for (size_t i = 0; !rc && i < n; i++) {
         if (!v.dirty[i])
             continue;
         int changed = 0;
@@ -730,6 +739,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     if (!rc && a->retried) {
         /* a retry whose steps were all skipped ends the execution */
         if (strcmp(status, "running") != 0 && strcmp(status, x.status) != 0) {
+            a->ended = 1;
             char type[64];
             snprintf(type, sizeof type, "execution.%s", status);
             rc = steps_event_text(tx, a->workspace, a->execution_id, type,

@@ -152,6 +152,7 @@ struct steps_retry {
                         const struct store_step *rows, size_t n, const struct store_step *from,
                         struct decision *d);
     int retried; /* result */
+    int ended;   /* result: the retry ended the execution (all it retried was skipped) */
     char status[32];
 };
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);

@@ -200,10 +200,12 @@ static void put_encoded(struct buf *b, const char *val, enum enc enc)
 
 /* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
  * Returns a new heap string, or NULL with *rc set on a resolver error. */
-/* Remembers a text to scrub in r (once). */
-static void keep_form(struct gw_request *r, const char *val)
+/* Remembers a text to scrub in r, once among the entries from `from` on
+ * (one secret's forms: a workspace's many secrets are not compared with
+ * each other, which would be quadratic in their number). */
+static void keep_form(struct gw_request *r, const char *val, size_t from)
 {
-    for (size_t i = 0; i < r->nsecrets; i++)
+    for (size_t i = from; i < r->nsecrets; i++)
         if (strcmp(r->secrets[i], val) == 0)
             return;
     r->secrets = xrealloc(r->secrets, (r->nsecrets + 1) * sizeof *r->secrets);
@@ -224,7 +226,12 @@ static void keep_secret(struct gw_request *r, const char *val)
 {
     if (!r)
         return;
-    keep_form(r, val);
+    /* a value already kept (sent twice in one request) adds nothing */
+    for (size_t i = 0; i < r->nsecrets; i++)
+        if (strcmp(r->secrets[i], val) == 0)
+            return;
+    size_t from = r->nsecrets;
+    keep_form(r, val, from);
     size_t n = strlen(val), o = 0;
     char *f = xmalloc(2 * n + 1);
     for (size_t i = 0; i < n; i++) {
@@ -240,7 +247,7 @@ static void keep_secret(struct gw_request *r, const char *val)
     }
     f[o] = '\0';
     if (strlen(f) == o) /* a %00 would cut it short */
-        keep_form(r, f);
+        keep_form(r, f, from);
     size_t a = 0, b = n;
     while (a < b && (val[a] == ' ' || val[a] == '\t'))
         a++;
@@ -248,10 +255,10 @@ static void keep_secret(struct gw_request *r, const char *val)
         b--;
     memcpy(f, val + a, b - a);
     f[b - a] = '\0';
-    keep_form(r, f);
+    keep_form(r, f, from);
     for (size_t i = 0; i <= n; i++)
         f[i] = (char)tolower((unsigned char)val[i]);
-    keep_form(r, f);
+    keep_form(r, f, from);
     o = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)val[i];
@@ -263,7 +270,7 @@ static void keep_secret(struct gw_request *r, const char *val)
         }
     }
     f[o] = '\0';
-    keep_form(r, f);
+    keep_form(r, f, from);
     crypto_wipe(f, 2 * n + 1);
     free(f);
 }
@@ -287,7 +294,7 @@ static void keep_userinfo(struct gw_request *r)
     if ((user && *user) || (pw && *pw)) {
         char *up = xasprintf("%s:%s", user ? user : "", pw ? pw : "");
         char *b64 = crypto_base64(up, strlen(up));
-        keep_form(r, b64);
+        keep_form(r, b64, 0);
         crypto_wipe(up, strlen(up));
         crypto_wipe(b64, strlen(b64));
         free(up);
@@ -1266,6 +1273,7 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
             snprintf(r->error, sizeof r->error,
                      "the lease ran out before the request left; not sent");
         }
+        r->shutdown = x->shutdown;
         if (x->shutdown)
             snprintf(r->error, sizeof r->error, "%s",
                      r->transport == GW_T_NOT_SENT
@@ -1353,19 +1361,6 @@ static void *client_main(void *arg)
         }
         if (stop && stop_at < 0)
             stop_at = clock_mono_ms();
-        /* A call that outlasts the stop's grace (a destination that never
-         * answers, a workflow's hour-long timeoutMs) ends now, its outcome
-         * unknown once sent: the step's policy takes it from there, as
-         * after a crash, and the stop's length is the operator's. */
-        if (stop && inflight > 0 && clock_mono_ms() - stop_at >= c->stop_grace_ms) {
-            for (struct xfer *x = flying, *next; x; x = next) {
-                next = x->fnext;
-                curl_multi_remove_handle(c->multi, x->h);
-                xfer_end_shutdown(x);
-            }
-            flying = NULL;
-            inflight = 0;
-        }
         if (stop && inflight == 0)
             break;
         int running = 0;
@@ -1390,6 +1385,20 @@ static void *client_main(void *arg)
             struct gw_response *r = xmalloc(sizeof *r);
             xfer_finish(x, cc, r);
             done(ctx, r);
+        }
+        /* A call that outlasts the stop's grace (a destination that never
+         * answers, a workflow's hour-long timeoutMs) ends now — after the
+         * answers that came in the last turn were taken above — its outcome
+         * unknown once sent (gwstep.c leaves the step as a crash would);
+         * the stop's length is the operator's. */
+        if (stop && inflight > 0 && clock_mono_ms() - stop_at >= c->stop_grace_ms) {
+            for (struct xfer *x = flying, *next; x; x = next) {
+                next = x->fnext;
+                curl_multi_remove_handle(c->multi, x->h);
+                xfer_end_shutdown(x);
+            }
+            flying = NULL;
+            inflight = 0;
         }
         /* Calls that just finished may have made room for queued ones: take
          * them now rather than after the next event (up to a second away when

@@ -158,6 +158,7 @@ struct gw_response {
     char error[256];    /* transport error text */
     int denied;         /* not sent: the egress policy refused the address */
     int late;           /* not sent: the request's send_by had passed */
+    int shutdown;       /* ended by the client's stop (gw_client_free), not by the call */
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);

@@ -387,7 +387,7 @@ int store_open(const char *url, struct store **out, struct ifl_err *e)
     /* Another scheme ("Postgres://u:pw@…", "mysql://…") is no file name;
      * refused without repeating the rest, which may hold a password. */
     size_t sl = strspn(url, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-");
-    if (sl && strncmp(url + sl, "://", 3) == 0)
+    if (sl && strncmp(url + sl, "://", 3) == 0 && strncmp(url, "sqlite:", 7) != 0)
         return err_set(e, IFL_EINVAL,
                        "unknown database url scheme '%.*s': use postgres://, postgresql:// (in "
                        "lower case), sqlite:PATH or a file path",

@@ -184,6 +184,10 @@ int engine_crash_parse(char *line, struct engine_crash *out);
  * only weakens the crash-loop guard. */
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);
 
+/* Renders a claimed GATEWAY step's call.  NULL when it is not to be sent:
+ * with *err_text the step's error (it fails), or with *err_text NULL when
+ * the store could not be read (nothing is wrong with the step: it is tried
+ * again later). */
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text);

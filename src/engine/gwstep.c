@@ -399,6 +399,15 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     FAULT("gateway.before_render");
     struct sec sec = {0};
     int rc = engine_secrets_all(g, c->workspace, &sec.names, &sec.values, &sec.n, &e);
+    if (rc) {
+        /* The store failed a read (an outage): nothing is wrong with the
+         * step and nothing was sent — *err_text NULL says "again later". */
+        log_warn("step.secrets_unread", "%s/%s: the workspace's secrets cannot be read: %s",
+                 c->execution_id, c->vertex, e.msg);
+        engine_secrets_release(sec.names, sec.values, sec.n);
+        job_free(j);
+        return NULL;
+    }
     json_t *rctx = render_context(w, vi, ctx);
     if (!rc)
         rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||

@@ -170,6 +170,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     }
     long vi = wf_vertex_index(w, c->vertex);
     enum step_state to = STEP_FAILED;
+    int64_t run_at = 0;
     if (vi < 0) {
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
@@ -182,6 +183,12 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
             json_decref(p->ctx);
             p->ctx = NULL;
             return; /* launched by run_batch; the outcome comes when the call ends */
+        }
+        if (!p->err_text) { /* the store failed a read: not sent, again in a second */
+            to = STEP_DISPATCHED;
+            run_at = clock_now_ms() + 1000;
+            p->err_text = steps_error_json("not_sent", "the store could not be read while the "
+                                                       "request was rendered; nothing was sent");
         }
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
@@ -205,7 +212,10 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         .to = to,
         .output = p->out_text,
         .error = p->err_text,
-        .attempt_outcome = to == STEP_COMPLETED ? "completed" : "failed",
+        .attempt_outcome = to == STEP_COMPLETED    ? "completed"
+                           : to == STEP_DISPATCHED ? "not_sent"
+                                                   : "failed",
+        .run_at = run_at,
         .dec = p->d,
         .now = clock_now_ms(),
     };

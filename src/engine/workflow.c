@@ -491,6 +491,44 @@ static int bad_header_value(json_t *s)
     return 0;
 }
 
+/* An expression that gives another value at each evaluation: the clock,
+ * randomness, or `$eval` (which can spell either). */
+static int unstable_expr(json_t *s)
+{
+    const char *src = json_string_value(s);
+    if (*src != '=')
+        return 0;
+    src = expr_text(src);
+    struct expr *x = NULL;
+    struct expr_error xe;
+    if (expr_compile(src, strlen(src), &x, &xe) != 0)
+        return 0; /* the template's compile reports it */
+    static const char *const unstable[] = {"now", "millis", "random", "eval", NULL};
+    int hit = expr_uses_variable(x, unstable) != NULL;
+    expr_free(x);
+    return hit;
+}
+
+/* The first string of cfg's `parts` that `bad` finds, as IFL_EVALIDATION
+ * with `why` and its pointer; 0 when there is none. */
+static int find_in_parts(const struct wf_vertex *v, json_t *cfg, const char *const *parts,
+                         int (*bad)(json_t *s), const char *why, struct ifl_err *e)
+{
+    int rc = 0;
+    for (int i = 0; parts[i] && !rc; i++) {
+        struct buf b;
+        buf_init(&b, 0);
+        buf_printf(&b, "/config/%s", parts[i]);
+        if (find_string(json_object_get(cfg, parts[i]), &b, bad)) {
+            char p[IFL_ERR_PTR_MAX];
+            vptr(p, sizeof p, v->id, b.p);
+            rc = err_setp(e, IFL_EVALIDATION, p, "%s", why);
+        }
+        buf_free(&b);
+    }
+    return rc;
+}
+
 /* New versions only: what a GATEWAY's literal parts show wrong before any
  * run — each would fail every call (`request_error`) or never resolve.
  * Stored versions keep running as they did (docs/upgrading.md). */
@@ -522,19 +560,29 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         }
         buf_free(&b);
     }
+    /* With a key, what the provider compares — url, query, body — must be
+     * the same on every attempt: a provider answers a key sent again with
+     * another body 422 (the IETF draft; Stripe 400), which after an
+     * attempt whose outcome is unknown would fail a step whose call took
+     * effect.  Other headers (a timestamp) may vary. */
+    int keyed = 0;
+    const char *hk;
+    json_t *hv;
+    json_object_foreach(json_object_get(cfg, "headers"), hk, hv) keyed |=
+        strcasecmp(hk, "Idempotency-Key") == 0;
+    static const char *const compared[] = {"url", "query", "body", NULL};
+    if (!rc && keyed)
+        rc = find_in_parts(v, cfg, compared, unstable_expr,
+                           "a request with an Idempotency-Key must be the same on every attempt: "
+                           "$now, $millis, $random and $eval give another value each time (a "
+                           "provider answers a key sent again with another body 422)",
+                           e);
     static const char *const parts[] = {"url", "headers", "query", "body", "verify", NULL};
-    for (int i = 0; parts[i] && !rc; i++) {
-        struct buf b;
-        buf_init(&b, 0);
-        buf_printf(&b, "/config/%s", parts[i]);
-        if (find_string(json_object_get(cfg, parts[i]), &b, bad_secret_name)) {
-            vptr(p, sizeof p, v->id, b.p);
-            rc = err_setp(e, IFL_EVALIDATION, p,
-                          "a secret name is letters, digits and _ (no secret can be named with "
-                          "-): this placeholder would never resolve");
-        }
-        buf_free(&b);
-    }
+    if (!rc)
+        rc = find_in_parts(v, cfg, parts, bad_secret_name,
+                           "a secret name is letters, digits and _ (no secret can be named with "
+                           "-): this placeholder would never resolve",
+                           e);
     /* whole milliseconds and attempts (a fraction would be cut off) */
     static const char *const ints[][2] = {
         {"", "timeoutMs"},           {"", "deadlineMs"},

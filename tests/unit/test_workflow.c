@@ -167,6 +167,15 @@ static void test_rejections(void **state)
         {"\"url\":\"http://x\",\"headers\":{\"Idempotency-Key\":"
          "\"= $eval('$string($ran' & 'dom())')\"}",
          "/vertices/g/config/headers/Idempotency-Key"},
+        /* with a key, what the provider compares is the same every attempt */
+        {"\"url\":\"http://x\",\"headers\":{\"Idempotency-Key\":\"= payload.id\"},"
+         "\"body\":{\"order\":\"= payload.id\",\"at\":[\"= $now()\"]}",
+         "/vertices/g/config/body/at/0"},
+        {"\"url\":\"http://x\",\"headers\":{\"idempotency-key\":\"k\"},"
+         "\"query\":{\"nonce\":\"= $string($random())\"}",
+         "/vertices/g/config/query/nonce"},
+        {"\"url\":\"= 'http://x/' & $millis()\",\"headers\":{\"Idempotency-Key\":\"k\"}",
+         "/vertices/g/config/url"},
     };
     for (size_t i = 0; i < sizeof gw_bad / sizeof *gw_bad; i++) {
         char *def = xasprintf("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"

@@ -409,9 +409,8 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         return NULL;
     }
     json_t *rctx = render_context(w, vi, ctx);
-    if (!rc)
-        rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
-             (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
+    rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
+         (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
     json_decref(rctx);
     engine_secrets_release(sec.names, sec.values, sec.n);
     if (rc) {
@@ -519,12 +518,6 @@ static struct attempt_note job_note(const struct gw_job *j, const char *note)
     return (struct attempt_note){j->execution_id, j->vertex, j->epoch, note};
 }
 
-/* Notes "responded" on the attempts of the re-sent calls in `list` whose
- * response just arrived, before anything evaluates one (its `doneWhen`, its
- * edge conditions): all in one group commit, so that after a restart, when
- * every re-sent call answers at once, the time a kill can land between
- * the note and the outcome stays one commit long.  Only on this rare path
- * (a first attempt is never noted: the hot path writes nothing extra). */
 /* A call the stop ended after it left (gw_client_free's grace ran out):
  * what it did is unknown, as when a process dies mid-call, and it is left
  * as such a death leaves it — EXECUTING under its lease, for the next start
@@ -537,6 +530,12 @@ static int stopped_mid_call(const struct gw_job *j)
     return j->resp && j->resp->shutdown && j->resp->transport != GW_T_NOT_SENT;
 }
 
+/* Notes "responded" on the attempts of the re-sent calls in `list` whose
+ * response just arrived, before anything evaluates one (its `doneWhen`, its
+ * edge conditions): all in one group commit, so that after a restart, when
+ * every re-sent call answers at once, the time a kill can land between
+ * the note and the outcome stays one commit long.  Only on this rare path
+ * (a first attempt is never noted: the hot path writes nothing extra). */
 static void note_responses(struct engine *g, struct gw_job *list)
 {
     size_t n = 0, k = 0;

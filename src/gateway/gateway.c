@@ -198,8 +198,6 @@ static void put_encoded(struct buf *b, const char *val, enum enc enc)
     }
 }
 
-/* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
- * Returns a new heap string, or NULL with *rc set on a resolver error. */
 /* Remembers a text to scrub in r, once among the entries from `from` on
  * (one secret's forms: a workspace's many secrets are not compared with
  * each other, which would be quadratic in their number). */
@@ -309,7 +307,9 @@ static void keep_userinfo(struct gw_request *r)
     curl_url_cleanup(h);
 }
 
-/* Sentinels at offset `from` or later are written with `enc`, earlier ones
+/* Replaces every sentinel in s: with "****" (fn NULL) or the resolved value.
+ * Returns a new heap string, or NULL with *rc set on a resolver error.
+ * Sentinels at offset `from` or later are written with `enc`, earlier ones
  * raw. */
 static char *replace_sentinels(const char *s, gw_secret_fn fn, void *ctx, int *rc,
                                struct gw_request *keep, enum enc enc, size_t from)

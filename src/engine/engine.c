@@ -620,7 +620,7 @@ static struct store_step *rows_for_job(const struct store_step *rows, size_t n)
  * worker to fail it with its error.  Only while the gateway client has room
  * (otherwise the workers pace the calls), and never with --no-inline. */
 static void claim_early(struct engine *g, const struct wf *w, const struct store_execution *nx,
-                        json_t *ctx, struct create_args *ca)
+                        struct create_args *ca)
 {
     if (g->run.no_inline || !g->gw) /* no gateway client: not started (or stopped) */
         return;
@@ -643,12 +643,8 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
     }
     if (!ca->nearly)
         return;
-    /* ctx holds what a worker's context would: the payload and the outputs
-     * of the rows completed so far.  The worker that finishes a call adds to
-     * its context, so each call has its own; the last takes ctx itself (the
-     * caller only drops it after this), the others a copy.  The payload may
-     * stay shared with the request: nothing writes to it. */
-    json_object_del(ctx, "response");
+    /* Each call gets a context of its own (the worker that finishes it adds
+     * to it), built as a worker's is: see below. */
     size_t kept = 0;
     for (size_t k = 0; k < ca->nearly; k++) {
         struct store_step *st = &ca->rows[ca->early[k].row];
@@ -661,7 +657,11 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         size_t n = ca->nrows;
         struct store_step *seen = rows_for_job(ca->rows, n);
         char *err = NULL;
-        json_t *jctx = k + 1 == ca->nearly ? json_incref(ctx) : json_deep_copy(ctx);
+        /* the context a worker's attempt would read, from the texts the
+         * transaction stores (the payload's and the inline outputs'), so
+         * that every attempt renders the same request: a value read back
+         * from its text (-0 is written 0) is what later attempts see */
+        json_t *jctx = engine_context(nx, ca->rows, ca->nrows);
         struct gw_job *j = engine_gw_prepare(g, &c, w, ca->early[k].vi, jctx, &seen, &n, &err);
         json_decref(jctx);
         store_steps_free(seen, n);
@@ -711,7 +711,7 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
     ca->worker = g->worker_prefix;
     if (!g->run.no_inline)
         inline_initial(g, w, nx, ctx, ca);
-    claim_early(g, w, nx, ctx, ca);
+    claim_early(g, w, nx, ca);
     json_decref(ctx);
     ca->status = steps_status(ca->rows, ca->nrows);
     nx->status = (char *)ca->status;

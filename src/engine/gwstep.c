@@ -338,19 +338,34 @@ static void retry_budget(struct engine *g, const char *xid, const char *vertex, 
  * same Idempotency-Key on every attempt).  A parallel branch may complete
  * between two attempts, and a key or body that read its output would
  * change from one attempt to the next — a second charge under a new key.
- * Nothing else (an edge condition's `response`) either. */
+ * Nothing else (an edge condition's `response`) either.  The steps go in
+ * in the order of their names, whatever order the context had them in (a
+ * trigger's in the order they ran, a worker's as the store lists them):
+ * `steps.*` or `$keys(steps)` reads them in that order. */
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static json_t *render_context(const struct wf *w, long vi, json_t *ctx)
 {
-    json_t *r = json_object(), *steps = json_object(), *out;
+    json_t *r = json_object(), *steps = json_object(), *all = json_object_get(ctx, "steps");
     json_object_set(r, "payload", json_object_get(ctx, "payload"));
     json_object_set(r, "execution", json_object_get(ctx, "execution"));
+    const char **names = xcalloc(json_object_size(all) + 1, sizeof *names);
+    size_t n = 0;
     const char *name;
-    json_object_foreach(json_object_get(ctx, "steps"), name, out)
+    json_t *out;
+    json_object_foreach(all, name, out)
     {
         long a = wf_vertex_index(w, name);
         if (a >= 0 && wf_is_ancestor(w, (size_t)a, (size_t)vi))
-            json_object_set(steps, name, out);
+            names[n++] = name;
     }
+    qsort(names, n, sizeof *names, name_cmp);
+    for (size_t i = 0; i < n; i++)
+        json_object_set(steps, names[i], json_object_get(all, names[i]));
+    free(names);
     json_object_set_new(r, "steps", steps);
     return r;
 }

@@ -10,7 +10,9 @@
  * steps_apply, which applies them only if every row is still as read.
  */
 #include "base/mem.h"
+#include "crypto/crypto.h"
 #include "engine/engine_int.h"
+#include "gateway/gateway.h"
 #include "expr/template.h"
 #include "json/json.h"
 
@@ -27,6 +29,40 @@ static int secret_lookup(void *ctx, const char *name, char **value)
 {
     struct secret_ctx *sc = ctx;
     return engine_secret_get(sc->g, sc->ws, name, value, NULL);
+}
+
+/* A TRANSFORM computes on GATEWAY answers, which are scrubbed of every
+ * secret of the workspace only in the forms a destination echoes: one it
+ * re-encoded (base64, split in two fields) passes, and an expression can
+ * decode it ($base64decode, `&`).  The output is scrubbed too, so what is
+ * stored and shown never holds a secret's plain value.  0, or -1 when the
+ * secrets cannot be read (the step fails rather than risk it). */
+static int transform_scrub(struct engine *g, const char *ws, json_t **out, char **out_text)
+{
+    char **names = NULL, **values = NULL;
+    size_t n = 0;
+    struct ifl_err e = {0};
+    if (engine_secrets_all(g, ws, &names, &values, &n, &e)) {
+        engine_secrets_release(names, values, n);
+        return -1;
+    }
+    if (n && *out) {
+        struct gw_request sr = {0};
+        for (size_t i = 0; i < n; i++)
+            if (values[i])
+                gw_request_scrub_also(&sr, values[i]);
+        gw_output_scrub(*out, &sr);
+        gw_request_clear(&sr);
+        int too_big = 0;
+        char *text = json_to_string_max(*out, STEPS_OUTPUT_MAX, &too_big);
+        if (text) {
+            crypto_wipe(*out_text, strlen(*out_text));
+            free(*out_text);
+            *out_text = text;
+        }
+    }
+    engine_secrets_release(names, values, n);
+    return 0;
 }
 
 int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
@@ -60,6 +96,15 @@ int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, 
         *out_text = NULL;
         *err_text = steps_error_json("invalid_output", "the output nests arrays and objects "
                                                        "deeper than 512 levels");
+        return -1;
+    }
+    if (transform_scrub(g, ws, out, out_text)) {
+        json_decref(*out);
+        *out = NULL;
+        free(*out_text);
+        *out_text = NULL;
+        *err_text = steps_error_json("secrets_unread", "the workspace's secrets could not be read "
+                                                       "to scrub the output; retry the step");
         return -1;
     }
     return 0;

@@ -823,6 +823,39 @@ def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, moc
     assert mock.charges("o-35") == 1
 
 
+def test_the_first_attempt_renders_what_later_ones_read_back(server, mock):
+    """Found by a judge: the attempt the trigger makes rendered over the
+    values in memory — `steps` in the order the steps ran, -0 as -0 — and
+    later attempts over what the store gives back — `steps` in the order
+    the store lists them, -0 written as 0.  A body of `steps.*.sku` went out
+    ["A","B"] then ["B","A"] (the provider answered the key with another
+    body 422, and the step failed though the charge was made); a key that
+    read the sign of -0 changed (two charges).  Every attempt now renders
+    over the stored texts, `steps` in the order of their names."""
+    put_workflow(server, "order", {
+        "vertices": {
+            "z_entry": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "id"}},
+            "m1": {"type": "TRANSFORM", "config": {"output": {"sku": "A"}}},
+            "k2": {"type": "TRANSFORM", "config": {"output": {"sku": "B"}}},
+            "g": {"type": "GATEWAY", "config": {
+                "method": "POST", "url": f"{mock.url}/v1/charges",
+                "headers": {"Idempotency-Key": "= 'charge-' & payload.id"
+                                               " & ((1 / payload.b) < 0 ? '-n' : '-p')"},
+                "body": {"order": "= payload.id", "amount": 100, "items": "= steps.*.sku"},
+                "retry": {"maxAttempts": 4, "initialIntervalMs": 10, "maxIntervalMs": 20}}},
+        },
+        "edges": [{"from": "z_entry", "to": "m1"}, {"from": "z_entry", "to": "k2"},
+                  {"from": "m1", "to": "g"}, {"from": "k2", "to": "g"}],
+    })
+    mock.faults("status=500:after_commit:count=1")
+    xid = run(server, "order", {"id": "ord-1", "b": -0.0}, entry="z_entry")
+    x = finished(server, xid)
+    g = steps_of(x)["g"]
+    assert x["status"] == "completed", (x["status"], g)
+    assert [h["outcome"] for h in g["history"]] == ["ambiguous_outcome", "success"], g["history"]
+    assert mock.charges("ord-1") == 1
+
+
 def test_a_retry_never_passes_over_a_guard_whose_condition_failed(server, mock):
     """Found by a spec judge: `check → charge` guarded by a condition that
     fails to evaluate (T2009) left `charge` FAILED, as spec §3 says — and an
@@ -1593,6 +1626,46 @@ def test_echoes_a_decoding_cannot_undo_and_other_secrets_are_scrubbed_too(make_s
                          if path and os.path.exists(path + sfx))
         for form in forms:
             assert form not in logs and form.encode() not in files, form
+
+
+def test_a_transform_that_decodes_an_echo_is_scrubbed_too(make_server):
+    """Found by a judge: a destination that echoes a secret base64-encoded or
+    split across two fields passes the answer's scrub (no decoding gives it
+    back), and a TRANSFORM can decode it ($base64decode, `&`): the plain
+    value was stored and shown.  TRANSFORM outputs are scrubbed too."""
+    import base64
+    secret = "plainsecretvalue42"
+
+    def respond(path, headers, body):
+        got = headers.get("X-S", "")
+        return json.dumps({"v": base64.b64encode(got.encode()).decode(),
+                           "a": got[:9], "b": got[9:]}).encode(), {}
+
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        put_workflow(s, "dec", {
+            "vertices": {"start": {"type": "ENTRY_POINT"},
+                         "call": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                             "headers": {"X-S": "{{ secrets.S7 }}"}, "body": {"n": 1}}},
+                         "t": {"type": "TRANSFORM", "config": {"output": {
+                             "dec": "= $base64decode(steps.call.body.v)",
+                             "join": "= steps.call.body.a & steps.call.body.b",
+                             "plain": "= 'kept ' & steps.call.body.a"}}}},
+            "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t"}]})
+        assert s.put(f"{WS}/secrets/S7", {"value": secret}).status == 204
+        xid = run(s, "dec", {"n": 1})
+        x = finished(s, xid)
+        assert x["status"] == "completed", x
+        assert steps_of(x)["t"]["output"] == {"dec": "****", "join": "****",
+                                              "plain": "kept " + secret[:9]}, x
+        assert secret not in s.get(f"{WS}/executions/{xid}").raw.decode()
+        s.stop()
+        path = s.db[len("sqlite:"):] if s.db.startswith("sqlite:") else None
+        for sfx in ("", "-wal"):
+            if path and os.path.exists(path + sfx):
+                assert secret.encode() not in open(path + sfx, "rb").read()
 
 
 def test_a_rotated_secret_goes_out_at_once(make_server):

@@ -199,15 +199,17 @@ static void put_encoded(struct buf *b, const char *val, enum enc enc)
 }
 
 /* Remembers a text to scrub in r, once among the entries from `from` on
- * (one secret's forms: a workspace's many secrets are not compared with
- * each other, which would be quadratic in their number). */
-static void keep_form(struct gw_request *r, const char *val, size_t from)
+ * (one secret's forms: a workspace's many secrets' forms are not compared
+ * with each other, which would be quadratic in their number).  0 when it
+ * was there already. */
+static int keep_form(struct gw_request *r, const char *val, size_t from)
 {
     for (size_t i = from; i < r->nsecrets; i++)
         if (strcmp(r->secrets[i], val) == 0)
-            return;
+            return 0;
     r->secrets = xrealloc(r->secrets, (r->nsecrets + 1) * sizeof *r->secrets);
     r->secrets[r->nsecrets++] = xstrdup(val);
+    return 1;
 }
 
 static int hexval(char c);
@@ -224,12 +226,9 @@ static void keep_secret(struct gw_request *r, const char *val)
 {
     if (!r)
         return;
-    /* a value already kept (sent twice in one request) adds nothing */
-    for (size_t i = 0; i < r->nsecrets; i++)
-        if (strcmp(r->secrets[i], val) == 0)
-            return;
     size_t from = r->nsecrets;
-    keep_form(r, val, from);
+    if (!keep_form(r, val, 0)) /* kept already (sent twice in one request) */
+        return;
     size_t n = strlen(val), o = 0;
     char *f = xmalloc(2 * n + 1);
     for (size_t i = 0; i < n; i++) {

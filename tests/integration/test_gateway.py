@@ -1270,16 +1270,25 @@ def test_a_stop_ends_a_call_that_would_outlast_it_as_an_unknown_outcome(make_ser
     assert mock.charges("long-1") == 1
 
 
+def sqlite_bytes(s):
+    """The bytes of s's SQLite database and WAL (b"" on PostgreSQL)."""
+    if not s.db.startswith("sqlite:"):
+        return b""
+    path = s.db[len("sqlite:"):]
+    data = b""
+    for suffix in ("", "-wal"):
+        if os.path.exists(path + suffix):
+            with open(path + suffix, "rb") as f:
+                data += f.read()
+    return data
+
+
 def assert_secret_nowhere(s):
     """Stops s, then greps its logs and its database (files or pg_dump)."""
     s.stop()
     assert SECRET not in s.logs()
     if s.db.startswith("sqlite:"):
-        path = s.db[len("sqlite:"):]
-        for suffix in ("", "-wal"):
-            if os.path.exists(path + suffix):
-                with open(path + suffix, "rb") as f:
-                    assert SECRET.encode() not in f.read()
+        assert SECRET.encode() not in sqlite_bytes(s)
     else:
         dump = subprocess.run(["pg_dump", s.db], capture_output=True, check=True).stdout
         assert SECRET.encode() not in dump
@@ -1621,9 +1630,7 @@ def test_echoes_a_decoding_cannot_undo_and_other_secrets_are_scrubbed_too(make_s
             assert form not in text and json.dumps(form)[1:-1] not in text, (form, text)
         s.stop()
         logs = s.logs()
-        path = s.db[len("sqlite:"):] if s.db.startswith("sqlite:") else None
-        files = b"".join(open(path + sfx, "rb").read() for sfx in ("", "-wal")
-                         if path and os.path.exists(path + sfx))
+        files = sqlite_bytes(s)
         for form in forms:
             assert form not in logs and form.encode() not in files, form
 
@@ -1662,10 +1669,7 @@ def test_a_transform_that_decodes_an_echo_is_scrubbed_too(make_server):
                                               "plain": "kept " + secret[:9]}, x
         assert secret not in s.get(f"{WS}/executions/{xid}").raw.decode()
         s.stop()
-        path = s.db[len("sqlite:"):] if s.db.startswith("sqlite:") else None
-        for sfx in ("", "-wal"):
-            if path and os.path.exists(path + sfx):
-                assert secret.encode() not in open(path + sfx, "rb").read()
+        assert secret.encode() not in sqlite_bytes(s)
 
 
 def test_a_rotated_secret_goes_out_at_once(make_server):

@@ -143,9 +143,8 @@ static int render(const struct sec *s, const struct tmpl *t, const char *method,
     json_decref(rendered);
     if (!rc)
         rc = gw_request_unseal(out, real_secret, (void *)s, e);
-    for (size_t i = 0; !rc && i < s->n; i++)
-        if (s->values[i])
-            gw_request_scrub_also(out, s->values[i]);
+    if (!rc)
+        gw_request_scrub_also(out, s->values, s->n);
     return rc;
 }
 

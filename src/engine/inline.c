@@ -48,9 +48,7 @@ static int transform_scrub(struct engine *g, const char *ws, json_t **out, char 
     }
     if (n && *out) {
         struct gw_request sr = {0};
-        for (size_t i = 0; i < n; i++)
-            if (values[i])
-                gw_request_scrub_also(&sr, values[i]);
+        gw_request_scrub_also(&sr, values, n);
         gw_output_scrub(*out, &sr);
         gw_request_clear(&sr);
         int too_big = 0;

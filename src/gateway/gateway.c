@@ -272,9 +272,11 @@ static void keep_secret(struct gw_request *r, const char *val)
     free(f);
 }
 
-void gw_request_scrub_also(struct gw_request *r, const char *value)
+void gw_request_scrub_also(struct gw_request *r, char *const *values, size_t n)
 {
-    keep_secret(r, value);
+    for (size_t i = 0; i < n; i++)
+        if (values[i])
+            keep_secret(r, values[i]);
 }
 
 /* A url's user and password go out as "Authorization: Basic

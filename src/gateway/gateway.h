@@ -89,11 +89,12 @@ struct gw_request {
     size_t nsecrets;
 };
 void gw_request_clear(struct gw_request *r);
-/* Adds a secret value that r's answer must not show, though r may not
- * carry it (another secret of the workspace), to r's scrub list, with the
- * forms a destination may echo it in that no decoding gives back (as a
- * form decoder reads it, trimmed, lower case, as Latin-1).  Not owned. */
-void gw_request_scrub_also(struct gw_request *r, const char *value);
+/* Adds secret values that r's answer must not show, though r may not
+ * carry them (the other secrets of the workspace), to r's scrub list, with
+ * the forms a destination may echo them in that no decoding gives back (as
+ * a form decoder reads them, trimmed, lower case, as Latin-1).  values[i]
+ * NULL is skipped; none is owned. */
+void gw_request_scrub_also(struct gw_request *r, char *const *values, size_t n);
 
 /* The same request with every substituted secret replaced by "****": the
  * only form that may be stored, returned or logged.  Built on demand (only

@@ -72,7 +72,7 @@ backends="sqlite"
 if ls tests/integration/test_*.py >/dev/null 2>&1; then
   for be in $backends; do
     echo "== integration tests ($be)"
-    IDEMFLOW_TEST_BACKEND=$be /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration \
+    IDEMFLOW_TEST_BACKEND=$be /usr/bin/python3 -m pytest -q -rfEs -p no:cacheprovider tests/integration \
       >"$log/pytest-$be.out" 2>&1
     rc=$?
     tail -3 "$log/pytest-$be.out"

@@ -20,7 +20,7 @@ struct point {
     char name[64];
     enum action action;
     long ms;
-    long nth;
+    long nth; /* 0: every hit */
     atomic_long hits;
 };
 
@@ -41,7 +41,10 @@ static void parse_one(const char *s, size_t len)
     p->action = A_KILL;
     p->nth = 1;
     char *at = strchr(tmp, '@');
-    if (at) {
+    if (at && strcmp(at + 1, "*") == 0) {
+        *at = '\0';
+        p->nth = 0; /* every hit */
+    } else if (at) {
         *at = '\0';
         char *end = NULL;
         long n = strtol(at + 1, &end, 10);
@@ -101,7 +104,7 @@ void fault_hit(const char *name)
         if (strcmp(p->name, name) != 0)
             continue;
         long n = atomic_fetch_add(&p->hits, 1) + 1;
-        if (n != p->nth)
+        if (p->nth && n != p->nth)
             continue;
         log_warn("fault.fired", "fault point %s fired", name);
         switch (p->action) {

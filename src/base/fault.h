@@ -8,6 +8,7 @@
  *           crash     abort(): a crash (SIGABRT), which crashmark records,
  *                     where a kill leaves no trace
  *   @N      fire on the N-th hit of that point only (default: the first)
+ *   @*      fire on every hit (for sleep: a point that is always slow)
  * Each firing writes a "fault.fired" log line first, so a test can see it.
  *
  * When IDEMFLOW_FAULT is unset, FAULT(name) costs one load and a branch.

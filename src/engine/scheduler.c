@@ -21,9 +21,11 @@
  */
 #include "engine/engine_int.h"
 #include "base/clock.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +71,18 @@ static struct entry *find(struct sched *s, const char *ws, const char *wf, const
 }
 
 static int fire(struct engine *g, struct entry *x, int64_t at, int64_t now);
+static int due_one(struct engine *g, struct entry *x, int64_t now, int64_t until);
+
+/* When the version that replaced x's was put, as the listing has it: x's
+ * ticks from then on are superseded (tx_tick_claim's rule). */
+static int64_t replaced_at(const struct store_workflow *items, size_t n, const struct entry *x)
+{
+    for (size_t i = 0; i < n; i++)
+        if (items[i].version > x->version && strcmp(items[i].workspace, x->ws) == 0 &&
+            strcmp(items[i].name, x->wf) == 0)
+            return items[i].created_at;
+    return INT64_MAX;
+}
 
 /* Rebuilds the list from the store: entries of versions still latest keep
  * their next tick; new ones start after max(put time, now - LOOKBACK_MS). */
@@ -77,6 +91,7 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
     struct store_workflow *items = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
+    FAULT("schedule.before_list");
     if (store_workflows_latest(g->store, &items, &n, &e)) {
         log_warn("schedule.scan_failed", "listing workflows for their schedules: %s", e.msg);
         return;
@@ -125,18 +140,29 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
             x->seen = 1;
         }
     }
-    store_workflows_free(items, n);
+    /* The listing took time: a tick may have fallen due since `now`. */
+    int64_t listed = clock_now_ms();
     size_t kept = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct entry *x = &s->v[i];
-        /* A version replaced while its due tick waited to be tried again:
-         * that tick is still its own (as due() before a listing has it). */
-        if (!x->seen && x->failing && fire(g, x, x->failing, now)) {
-            atomic_fetch_add(&g->m.schedule_missed, 1);
-            log_warn("schedule.missed",
-                     "%s/%s/%s: a tick whose fire failed was left: version %d "
-                     "was replaced",
-                     x->ws, x->wf, x->vertex, x->version);
+        /* A version replaced while its due tick waited to be tried again,
+         * or whose tick fell due while this listing ran (it started before
+         * the tick, and listed the version put after it): that tick is still
+         * its own, as due() before a listing has it (found by a test whose
+         * listing was stalled at the fault point schedule.before_list). */
+        if (!x->seen && !engine_nap(g, 0)) {
+            int again = 0;
+            if (x->failing)
+                again = fire(g, x, x->failing, now);
+            else if (x->next >= 0 && x->next <= listed)
+                again = due_one(g, x, listed, replaced_at(items, n, x));
+            if (again) {
+                atomic_fetch_add(&g->m.schedule_missed, 1);
+                log_warn("schedule.missed",
+                         "%s/%s/%s: a tick whose fire failed was left: version %d "
+                         "was replaced",
+                         x->ws, x->wf, x->vertex, x->version);
+            }
         }
         if (x->seen)
             s->v[kept++] = *x;
@@ -144,6 +170,7 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
             entry_clear(x);
     }
     s->n = kept;
+    store_workflows_free(items, n);
     atomic_store(&g->m.schedule_entries, s->n);
     atomic_fetch_add(&g->m.schedule_scans, 1);
 }
@@ -207,6 +234,34 @@ static int fire(struct engine *g, struct entry *x, int64_t at, int64_t now)
     return again;
 }
 
+/* Fires x's latest tick due at `now` and before `until` (the store's own
+ * cut: a newer version created at or before a tick supersedes it), and
+ * counts the ones before it as missed.  Returns fire()'s "again" (the tick
+ * stays x->next), or 0. */
+static int due_one(struct engine *g, struct entry *x, int64_t now, int64_t until)
+{
+    const struct cron *c = &x->w->v[x->vi].schedule;
+    int64_t at = x->next, later;
+    unsigned long missed = 0;
+    while ((later = cron_next(c, at)) >= 0 && later <= now && later < until) {
+        at = later;
+        missed++;
+    }
+    int again = 0;
+    if (now - at > LOOKBACK_MS) {
+        missed++;
+    } else {
+        again = fire(g, x, at, now);
+    }
+    if (missed) {
+        atomic_fetch_add(&g->m.schedule_missed, missed);
+        log_warn("schedule.missed", "%s/%s/%s: %lu ticks were due while none fired", x->ws, x->wf,
+                 x->vertex, missed);
+    }
+    x->next = again ? at : cron_next(c, at);
+    return again;
+}
+
 static void due(struct engine *g, struct sched *s, int64_t now)
 {
     for (size_t i = 0; i < s->n; i++) {
@@ -215,25 +270,7 @@ static void due(struct engine *g, struct sched *s, int64_t now)
             continue;
         if (engine_nap(g, 0)) /* stopping: a fire may wait out the store's retries */
             return;
-        const struct cron *c = &x->w->v[x->vi].schedule;
-        int64_t at = x->next, later;
-        unsigned long missed = 0;
-        while ((later = cron_next(c, at)) >= 0 && later <= now) {
-            at = later;
-            missed++;
-        }
-        int again = 0;
-        if (now - at > LOOKBACK_MS) {
-            missed++;
-        } else {
-            again = fire(g, x, at, now);
-        }
-        if (missed) {
-            atomic_fetch_add(&g->m.schedule_missed, missed);
-            log_warn("schedule.missed", "%s/%s/%s: %lu ticks were due while none fired", x->ws,
-                     x->wf, x->vertex, missed);
-        }
-        x->next = again ? at : cron_next(c, at);
+        due_one(g, x, now, INT64_MAX);
     }
 }
 

@@ -608,33 +608,150 @@ void gw_response_clear(struct gw_response *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Replaces every occurrence of sec (slen bytes) in [p, p+n) with "****";
- * returns a new heap buffer (length in *out_n) or NULL when there is none. */
-static char *scrub_bytes(const char *p, size_t n, const char *sec, size_t slen, size_t *out_n)
+/* Spans of a text to mask, [v[k][0], v[k][1]): they may overlap, as two
+ * secrets that share bytes echoed as one run do. */
+struct spans {
+    size_t (*v)[2];
+    size_t n, cap;
+};
+
+static void span_add(struct spans *sp, size_t from, size_t to)
 {
-    const char *hit = memmem(p, n, sec, slen);
-    if (!hit)
+    if (sp->n == sp->cap) {
+        sp->cap = sp->cap ? 2 * sp->cap : 4;
+        sp->v = xrealloc(sp->v, sp->cap * sizeof *sp->v);
+    }
+    sp->v[sp->n][0] = from;
+    sp->v[sp->n++][1] = to;
+}
+
+static int span_cmp(const void *a, const void *b)
+{
+    const size_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* s[0..n) with every span of sp (freed here) replaced by "****", spans
+ * that overlap merged into one; a new heap buffer (length in *out_n), or
+ * NULL when sp is empty. */
+static char *spans_mask(const char *s, size_t n, struct spans *sp, size_t *out_n)
+{
+    if (!sp->n)
         return NULL;
+    qsort(sp->v, sp->n, sizeof *sp->v, span_cmp);
     struct buf b;
     buf_init(&b, 0);
-    const char *end = p + n;
-    while (hit) {
-        buf_append(&b, p, (size_t)(hit - p));
-        buf_puts(&b, "****");
-        p = hit + slen;
-        hit = memmem(p, (size_t)(end - p), sec, slen);
+    size_t at = 0;
+    for (size_t k = 0; k < sp->n; k++) {
+        if (sp->v[k][1] <= at) /* inside a span masked already */
+            continue;
+        if (sp->v[k][0] >= at) {
+            buf_append(&b, s + at, sp->v[k][0] - at);
+            buf_puts(&b, "****");
+        }
+        at = sp->v[k][1];
     }
-    buf_append(&b, p, (size_t)(end - p));
+    buf_append(&b, s + at, n - at);
+    free(sp->v);
+    *sp = (struct spans){0};
     *out_n = b.len;
     return buf_steal(&b);
 }
 
-/* Replaces every occurrence of sec[0..slen) in the response with "****". */
-static void scrub_form(struct gw_response *resp, const char *sec, size_t slen)
+/* The byte forms of req's secrets a provider may echo as the engine wrote
+ * them: as is, percent-encoded (a query value), JSON-escaped once and
+ * twice (a body string, echoed inside a JSON string).  Heap strings; the
+ * caller wipes and frees them (forms_free). */
+struct forms {
+    char **v;
+    size_t n, cap;
+};
+
+/* Keeps s (taken) in f unless f holds it already (s is then wiped and
+ * freed); returns f's copy. */
+static const char *forms_add(struct forms *f, char *s)
 {
+    for (size_t i = 0; i < f->n; i++)
+        if (strcmp(f->v[i], s) == 0) {
+            crypto_wipe(s, strlen(s));
+            free(s);
+            return f->v[i];
+        }
+    if (f->n == f->cap) {
+        f->cap = f->cap ? 2 * f->cap : 8;
+        f->v = xrealloc(f->v, f->cap * sizeof *f->v);
+    }
+    return f->v[f->n++] = s;
+}
+
+static void forms_free(struct forms *f)
+{
+    for (size_t i = 0; i < f->n; i++) {
+        crypto_wipe(f->v[i], strlen(f->v[i]));
+        free(f->v[i]);
+    }
+    free(f->v);
+}
+
+static void forms_of(const struct gw_request *req, struct forms *f)
+{
+    for (size_t i = 0; req && i < req->nsecrets; i++) {
+        const char *sec = req->secrets[i];
+        size_t slen = strlen(sec);
+        if (slen < GW_SECRET_MIN)
+            continue;
+        forms_add(f, xstrdup(sec));
+        char *pct = curl_easy_escape(NULL, sec, (int)slen);
+        if (pct) {
+            forms_add(f, xstrdup(pct));
+            crypto_wipe(pct, strlen(pct));
+            curl_free(pct);
+        }
+        const char *form = sec;
+        for (int level = 0; level < 2; level++) {
+            json_t *js = json_string(form);
+            char *esc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+            json_decref(js);
+            size_t elen = esc ? strlen(esc) : 0;
+            if (elen < 2 || (elen - 2 == strlen(form) && !strncmp(esc + 1, form, elen - 2))) {
+                if (esc)
+                    crypto_wipe(esc, elen);
+                free(esc);
+                break;
+            }
+            memmove(esc, esc + 1, elen - 2); /* without the quotes */
+            esc[elen - 2] = '\0';
+            form = forms_add(f, esc);
+        }
+    }
+}
+
+/* p[0..n) with every form of f masked, overlapping hits merged (one secret
+ * masked first must not leave the bytes of another that overlapped it);
+ * NULL when none is there. */
+static char *mask_forms(const char *p, size_t n, const struct forms *f, size_t *out_n)
+{
+    struct spans sp = {0};
+    for (size_t i = 0; i < f->n; i++) {
+        size_t flen = strlen(f->v[i]);
+        const char *q = p, *end = p + n, *hit;
+        while ((hit = memmem(q, (size_t)(end - q), f->v[i], flen))) {
+            span_add(&sp, (size_t)(hit - p), (size_t)(hit - p) + flen);
+            q = hit + 1; /* overlapping hits of one form, too */
+        }
+    }
+    return spans_mask(p, n, &sp, out_n);
+}
+
+void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
+{
+    struct forms f = {0};
+    forms_of(req, &f);
+    if (!f.n)
+        return;
     size_t n = 0;
     char *clean;
-    if (resp->body && (clean = scrub_bytes(resp->body, resp->body_len, sec, slen, &n))) {
+    if (resp->body && (clean = mask_forms(resp->body, resp->body_len, &f, &n))) {
         crypto_wipe(resp->body, resp->body_len);
         free(resp->body);
         resp->body = clean;
@@ -645,62 +762,16 @@ static void scrub_form(struct gw_response *resp, const char *sec, size_t slen)
     json_object_foreach(resp->headers, name, v)
     {
         const char *s = json_string_value(v);
-        if (s && (clean = scrub_bytes(s, strlen(s), sec, slen, &n))) {
+        if (s && (clean = mask_forms(s, strlen(s), &f, &n))) {
             json_string_setn(v, clean, n);
             free(clean);
         }
     }
-    if (memmem(resp->error, strlen(resp->error), sec, slen)) {
-        size_t en = 0;
-        char *e2 = scrub_bytes(resp->error, strlen(resp->error), sec, slen, &en);
-        snprintf(resp->error, sizeof resp->error, "%s", e2);
-        free(e2);
+    if ((clean = mask_forms(resp->error, strlen(resp->error), &f, &n))) {
+        snprintf(resp->error, sizeof resp->error, "%s", clean);
+        free(clean);
     }
-}
-
-void gw_response_scrub(struct gw_response *resp, const struct gw_request *req)
-{
-    for (size_t i = 0; req && i < req->nsecrets; i++) {
-        const char *sec = req->secrets[i];
-        size_t slen = strlen(sec);
-        if (slen < GW_SECRET_MIN)
-            continue;
-        scrub_form(resp, sec, slen);
-        /* as the engine itself wrote it, and a provider may echo it: a
-         * query value percent-encoded, a body string JSON-escaped */
-        char *pct = curl_easy_escape(NULL, sec, (int)slen);
-        if (pct && strcmp(pct, sec) != 0)
-            scrub_form(resp, pct, strlen(pct));
-        if (pct)
-            crypto_wipe(pct, strlen(pct));
-        curl_free(pct);
-        /* JSON-escaped, and escaped again (a provider echoing the body
-         * it got as a JSON string inside its JSON answer) */
-        char *form = xstrdup(sec);
-        for (int level = 0; level < 2; level++) {
-            json_t *js = json_string(form);
-            char *esc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
-            json_decref(js);
-            size_t elen = esc ? strlen(esc) : 0;
-            int same = elen < 2 || (elen - 2 == strlen(form) && !strncmp(esc + 1, form, elen - 2));
-            crypto_wipe(form, strlen(form));
-            free(form);
-            form = NULL;
-            if (same) {
-                if (esc)
-                    crypto_wipe(esc, elen);
-                free(esc);
-                break;
-            }
-            memmove(esc, esc + 1, elen - 2); /* without the quotes */
-            esc[elen - 2] = '\0';
-            scrub_form(resp, esc, elen - 2);
-            form = esc;
-        }
-        if (form)
-            crypto_wipe(form, strlen(form));
-        free(form);
-    }
+    forms_free(&f);
 }
 
 /* ---- secrets spelled with someone else's escapes ---------------------------
@@ -867,11 +938,6 @@ static void decode(const struct decoded *in, enum dec kind, struct decoded *out)
 }
 
 /* Spans [a, b) of the original to mask. */
-struct spans {
-    size_t (*v)[2];
-    size_t n, cap;
-};
-
 /* Adds the original's span of every secret of req found in d. */
 static void find_secrets(const struct decoded *d, const struct gw_request *req, struct spans *sp)
 {
@@ -883,12 +949,7 @@ static void find_secrets(const struct decoded *d, const struct gw_request *req, 
         const char *p = d->s, *end = d->s + d->n, *hit;
         while ((hit = memmem(p, (size_t)(end - p), sec, slen))) {
             size_t a = (size_t)(hit - d->s);
-            if (sp->n == sp->cap) {
-                sp->cap = sp->cap ? 2 * sp->cap : 4;
-                sp->v = xrealloc(sp->v, sp->cap * sizeof *sp->v);
-            }
-            sp->v[sp->n][0] = d->map[a];
-            sp->v[sp->n++][1] = d->map[a + slen];
+            span_add(sp, d->map[a], d->map[a + slen]);
             p = hit + slen;
         }
     }
@@ -912,12 +973,6 @@ static void find_decoded(const struct decoded *d, const struct gw_request *req, 
     }
 }
 
-static int span_cmp(const void *a, const void *b)
-{
-    const size_t *x = a, *y = b;
-    return x[0] < y[0] ? -1 : x[0] > y[0];
-}
-
 /* s[0..n) with every secret req sent — as written, or behind one or two
  * levels of JSON or percent escapes — replaced by "****"; NULL when none
  * was there. */
@@ -929,25 +984,7 @@ static char *scrub_secrets(const char *s, size_t n, const struct gw_request *req
     struct spans sp = {0};
     find_decoded(&d, req, 2, &sp);
     free(d.map);
-    if (!sp.n)
-        return NULL;
-    qsort(sp.v, sp.n, sizeof *sp.v, span_cmp);
-    struct buf b;
-    buf_init(&b, 0);
-    size_t at = 0;
-    for (size_t k = 0; k < sp.n; k++) {
-        if (sp.v[k][1] <= at) /* inside a span masked already */
-            continue;
-        if (sp.v[k][0] >= at) {
-            buf_append(&b, s + at, sp.v[k][0] - at);
-            buf_puts(&b, "****");
-        }
-        at = sp.v[k][1];
-    }
-    buf_append(&b, s + at, n - at);
-    free(sp.v);
-    *out_n = b.len;
-    return buf_steal(&b);
+    return spans_mask(s, n, &sp, out_n);
 }
 
 void gw_output_scrub(json_t *out, const struct gw_request *req)

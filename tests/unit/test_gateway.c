@@ -277,6 +277,22 @@ static void test_secrets_are_masked(void **state)
     assert_string_equal(json_string_value(json_object_get(resp.headers, "x-other")), "plain");
     assert_string_equal(resp.error, "upstream said ****");
     gw_response_clear(&resp);
+
+    /* two secrets that share bytes, echoed as one run: masking one first
+     * left the other's tail ("ghij") before the spans were merged */
+    char *two[] = {"abcdef12", "ef12ghij", NULL};
+    gw_request_scrub_also(&r, two, 3);
+    const char run[] = "{\"x\":\"[abcdef12ghij] [ef12ghijk]\"}";
+    resp = (struct gw_response){.transport = GW_T_OK, .status = 200};
+    resp.body = strdup(run);
+    resp.body_len = strlen(run);
+    resp.headers = json_pack("{s:s}", "x-echo", "abcdef12ghij");
+    snprintf(resp.error, sizeof resp.error, "said %s", "abcdef12ghij");
+    gw_response_scrub(&resp, &r);
+    assert_string_equal(resp.body, "{\"x\":\"[****] [****k]\"}");
+    assert_string_equal(json_string_value(json_object_get(resp.headers, "x-echo")), "****");
+    assert_string_equal(resp.error, "said ****");
+    gw_response_clear(&resp);
     gw_request_clear(&r);
     json_decref(rendered);
     free(url);

@@ -47,6 +47,7 @@ static void usage(FILE *f)
           "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
           "                 [--egress-deny link-local|loopback|private|CIDR,...|none]\n"
           "                 [--max-connections N] [--max-connections-per-ip N]\n"
+          "                 [--max-calls N] [--max-calls-per-destination N]\n"
           "                 [--test-clock] [--core-dumps]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
@@ -507,6 +508,17 @@ static int cmd_serve(int argc, char **argv)
                 return 2;
             }
             *(strcmp(a, "--max-connections") == 0 ? &o.max_conns : &o.max_conns_ip) = (unsigned)n;
+            i++;
+        } else if ((strcmp(a, "--max-calls") == 0 ||
+                    strcmp(a, "--max-calls-per-destination") == 0) &&
+                   v) {
+            long long n = flag_int(v, 1, 4096);
+            if (n < 0) {
+                fprintf(stderr, "idemflow serve: %s must be 1..4096\n", a);
+                return 2;
+            }
+            *(strcmp(a, "--max-calls") == 0 ? &o.run.max_calls : &o.run.max_calls_per_destination) =
+                (int)n;
             i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);

@@ -1411,10 +1411,15 @@ static void h_metrics(struct call *c)
                "# HELP idemflow_gateway_calls_in_flight GATEWAY requests on the wire.\n"
                "# TYPE idemflow_gateway_calls_in_flight gauge\n"
                "idemflow_gateway_calls_in_flight %d\n"
+               "# HELP idemflow_gateway_calls_deferred_total GATEWAY calls put off (DISPATCHED "
+               "again, nothing sent, no attempt spent): their destination had its share of the "
+               "calls in flight (serve --max-calls-per-destination).\n"
+               "# TYPE idemflow_gateway_calls_deferred_total counter\n"
+               "idemflow_gateway_calls_deferred_total %llu\n"
                "# HELP idemflow_gateway_response_seconds How long GATEWAY requests took, "
                "from the send to the answer (or the failure).\n"
                "# TYPE idemflow_gateway_response_seconds histogram\n",
-               engine_gw_inflight(a->g));
+               engine_gw_inflight(a->g), (unsigned long long)atomic_load(&m->gw_deferred));
     unsigned long long cum = 0;
     for (int k = 0; k < ENGINE_GW_NBUCKETS; k++) {
         cum += atomic_load(&m->gw_duration_bucket[k]);

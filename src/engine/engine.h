@@ -54,6 +54,7 @@ struct engine_metrics {
     atomic_ullong gw_responses[2][ENGINE_GW_NCLASSES];
     atomic_ullong gw_duration_bucket[ENGINE_GW_NBUCKETS];
     atomic_ullong gw_duration_sum_ms;
+    atomic_ullong gw_deferred; /* calls put off: their destination had its share in flight */
 };
 /* The class names of engine_metrics.gw_responses, in index order. */
 extern const char *const engine_gw_classes[ENGINE_GW_NCLASSES];
@@ -206,7 +207,13 @@ struct engine_run_opts {
      * than this are purged (0: never, the default); a purged execution's
      * id deduplicates until its entry point's dedupWindow has passed. */
     int64_t retention_ms;
-    int batch;     /* steps claimed per round trip; default 16 */
+    int batch; /* steps claimed per round trip; default 16 */
+    /* GATEWAY calls in flight in this process (default GW_MAX_CALLS), and
+     * to one destination (scheme, host and port) of them (default three
+     * quarters of max_calls): a call past its destination's share waits
+     * DISPATCHED (`deferred`, no attempt spent) so that a destination that
+     * hangs cannot take every slot (docs/gateway.md, "Concurrency"). */
+    int max_calls, max_calls_per_destination;
     int no_inline; /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
     /* Where crashed processes left their crash markers (base/crashmark.h;
      * the caller ran crashmark_init on it), or NULL: without it no crash is

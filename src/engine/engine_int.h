@@ -73,6 +73,7 @@ struct engine {
     struct gw_job *gw_done;     /* finished calls waiting for a worker */
     struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
     int gw_inflight_n;
+    struct gw_dest *gw_dests; /* calls per destination, from render to end (gmu) */
 
     /* A workspace's sealed secrets, as engine_secrets_all read them (every
      * GATEWAY claim asks), under scmu.  Only where this process is the
@@ -91,7 +92,10 @@ struct engine {
 };
 
 struct gw_job;
-#define GW_MAX_INFLIGHT 256
+#define GW_MAX_CALLS 256 /* engine_run_opts.max_calls's default */
+/* The outcome of an attempt that was not made: its destination had its
+ * share of the calls in flight (not counted in maxAttempts). */
+#define GW_DEFERRED "deferred"
 /* How long a stop waits for GATEWAY calls in flight (and webhook
  * deliveries) before it ends them (gw_client_free): a destination that
  * never answers, or a workflow's hour-long timeoutMs, must not hold a
@@ -184,13 +188,21 @@ int engine_crash_parse(char *line, struct engine_crash *out);
  * only weakens the crash-loop guard. */
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);
 
+/* A claimed GATEWAY step that is not sent now, though nothing is wrong
+ * with it: DISPATCHED again, to run at `at`, its attempt's outcome
+ * `outcome` ("not_sent": the store could not be read; "deferred": its
+ * destination has its share of the calls in flight, and the attempt is
+ * not counted in maxAttempts). */
+struct gw_again {
+    int64_t at; /* 0: not this case */
+    const char *outcome;
+};
 /* Renders a claimed GATEWAY step's call.  NULL when it is not to be sent:
- * with *err_text the step's error (it fails), or with *err_text NULL when
- * the store could not be read (nothing is wrong with the step: it is tried
- * again later). */
+ * with again->at set, it is to be tried again (*err_text a note saying
+ * why); otherwise *err_text is the step's error (it fails). */
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
-                                 char **err_text);
+                                 char **err_text, struct gw_again *again);
 /* Sends a prepared call (ownership passes to the engine).  claimed_at: when
  * its step was claimed; past half the lease the lease is renewed first,
  * and a call whose lease was taken over is dropped unsent. */

@@ -17,6 +17,10 @@
  *    (the next attempt asks the verify request before any re-send);
  *    `reconcile` → REQUIRES_RECONCILIATION;
  *  - 409 → onConflict; other 4xx → clientErrorMode.
+ * A call whose destination (scheme, host, port) has its share of the
+ * process's calls in flight is not sent: the step is DISPATCHED again
+ * (`deferred`, not an attempt of its budget), so a destination that hangs
+ * holds at most its share of the slots, not every one.
  * The Idempotency-Key comes from the step's template, so every attempt —
  * after a restart or an operator retry too — sends the same value.
  */
@@ -30,9 +34,11 @@
 #include "expr/template.h"
 #include "json/json.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 struct gw_job {
@@ -69,15 +75,97 @@ struct gw_job {
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
     char *worker;
+    struct gw_dest *dest; /* its share of its destination's calls, until job_free */
     struct gw_response *resp;
     struct gw_job *next;  /* done queue */
     struct gw_job *inext; /* in-flight list */
 };
 
+/* A destination's calls in this process, from render to job_free: a list
+ * under g->gmu (as many entries as destinations with a call out, at most
+ * max_calls; an entry goes with its last call). */
+struct gw_dest {
+    struct gw_dest *next;
+    int n;
+    char key[]; /* scheme://host:port, lower case */
+};
+
+/* The destination of a rendered url: scheme://host:port in lower case,
+ * without userinfo, the port the scheme's when none is given. */
+static char *dest_key(const char *url)
+{
+    const char *p = strstr(url, "://");
+    if (!p)
+        return xstrdup(url);
+    int slen = (int)(p - url);
+    const char *host = p + 3, *end = host + strcspn(host, "/?#");
+    for (const char *q = host; q < end; q++)
+        if (*q == '@') /* the last '@' before the path ends the userinfo */
+            host = q + 1;
+    int has_port = 0;
+    for (const char *q = end; q > host && q[-1] != ']'; q--) /* not an IPv6 literal's colons */
+        if (q[-1] == ':') {
+            has_port = 1;
+            break;
+        }
+    const char *port = has_port                                         ? ""
+                       : slen == 5 && strncasecmp(url, "https", 5) == 0 ? ":443"
+                       : slen == 4 && strncasecmp(url, "http", 4) == 0  ? ":80"
+                                                                        : "";
+    char *k = xasprintf("%.*s://%.*s%s", slen, url, (int)(end - host), host, port);
+    for (char *q = k; *q; q++)
+        *q = (char)tolower((unsigned char)*q);
+    return k;
+}
+
+/* Takes one of the destination's max_calls_per_destination shares for j;
+ * 0 when they are all taken. */
+static int dest_take(struct gw_job *j, const char *url)
+{
+    struct engine *g = j->g;
+    char *k = dest_key(url);
+    pthread_mutex_lock(&g->gmu);
+    struct gw_dest *d = g->gw_dests;
+    while (d && strcmp(d->key, k) != 0)
+        d = d->next;
+    int ok = !d || d->n < g->run.max_calls_per_destination;
+    if (ok && !d) {
+        size_t kl = strlen(k) + 1;
+        d = xcalloc(1, sizeof *d + kl);
+        memcpy(d->key, k, kl);
+        d->next = g->gw_dests;
+        g->gw_dests = d;
+    }
+    if (ok) {
+        d->n++;
+        j->dest = d;
+    }
+    pthread_mutex_unlock(&g->gmu);
+    free(k);
+    return ok;
+}
+
+static void dest_give_back(struct gw_job *j)
+{
+    struct engine *g = j->g;
+    pthread_mutex_lock(&g->gmu);
+    if (--j->dest->n == 0)
+        for (struct gw_dest **p = &g->gw_dests; *p; p = &(*p)->next)
+            if (*p == j->dest) {
+                *p = j->dest->next;
+                free(j->dest);
+                break;
+            }
+    pthread_mutex_unlock(&g->gmu);
+    j->dest = NULL;
+}
+
 static void job_free(struct gw_job *j)
 {
     if (!j)
         return;
+    if (j->dest)
+        dest_give_back(j);
     free(j->vertex);
     free(j->workspace);
     free(j->worker);
@@ -299,19 +387,53 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
     }
 }
 
-/* The retry budget of a step claimed for its attempt number `attempts`:
- * from its history, the attempts after the last operator retry and the
- * start of the first of them (now, when the history cannot be read). */
-static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
-                         int *made, int64_t *first)
+/* The step's error while its call is deferred: the error the attempt
+ * before left, if any — what the next attempt reads from it (verifyFirst,
+ * a recovery's code) must survive the wait — with `deferred` added, or
+ * {"code": "deferred", …}.  Without the earlier one's afterVerify: this
+ * attempt sent nothing that settled anything (steps_effect_unknown). */
+static char *deferral_note(const struct store_step *rows, size_t n, const char *vertex, int limit)
 {
-    *made = attempts;
+    json_t *err = NULL;
+    for (size_t i = 0; i < n && !err; i++)
+        if (strcmp(rows[i].vertex, vertex) == 0 && rows[i].error &&
+            json_parse(rows[i].error, strlen(rows[i].error), &json_stored_limits, &err, NULL) ==
+                0 &&
+            !json_is_object(err)) {
+            json_decref(err);
+            err = NULL;
+        }
+    const char *msg = "its destination had its share of the calls in flight (serve "
+                      "--max-calls-per-destination); nothing was sent";
+    if (!err) {
+        err = json_pack("{s:s,s:s}", "code", GW_DEFERRED, "message", msg);
+    } else {
+        json_object_del(err, "afterVerify");
+        json_object_del(err, GW_DEFERRED);
+    }
+    json_object_set_new(err, GW_DEFERRED, json_pack("{s:s,s:i}", "message", msg, "limit", limit));
+    char *text = json_to_string(err);
+    json_decref(err);
+    return text;
+}
+
+/* The retry budget of a step claimed for its attempt number `attempts`:
+ * from its history, the attempts after the last operator retry — not
+ * counting those deferred (nothing was sent: its destination was busy),
+ * which *deferred counts back from this one — and the start of the first
+ * of them, deferred or not (now, when the history cannot be read). */
+static void retry_budget(struct engine *g, const struct store_claim *c, int *made, int64_t *first,
+                         int *deferred)
+{
+    const char *vertex = c->vertex;
+    *made = c->attempts;
     *first = clock_now_ms();
-    if (attempts <= 1)
+    *deferred = 0;
+    if (c->attempts <= 1)
         return; /* the first attempt: no history to read */
     struct store_attempt *a = NULL;
     size_t n = 0;
-    if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0) {
+    if (store_attempts_get(g->store, c->execution_id, &a, &n, NULL) == 0) {
         int64_t since = 0; /* the epoch of the last operator retry */
         for (size_t i = 0; i < n; i++)
             if (strcmp(a[i].vertex, vertex) == 0 && a[i].outcome &&
@@ -322,9 +444,15 @@ static void retry_budget(struct engine *g, const char *xid, const char *vertex, 
             if (strcmp(a[i].vertex, vertex) != 0 || a[i].epoch <= since ||
                 (a[i].outcome && strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0))
                 continue;
-            count++;
             if (a[i].started_at < *first)
                 *first = a[i].started_at;
+            if (a[i].outcome && strcmp(a[i].outcome, GW_DEFERRED) == 0) {
+                (*deferred)++;
+            } else {
+                count++;
+                if (a[i].epoch != c->epoch) /* not this attempt's own row */
+                    *deferred = 0;
+            }
         }
         if (count >= 1) /* this attempt's own row is among them */
             *made = count;
@@ -369,10 +497,25 @@ static json_t *render_context(const struct wf *w, long vi, json_t *ctx)
     return r;
 }
 
+/* When a deferred call is tried again: 250 ms doubling with each deferral
+ * in a row up to 8 s, with full jitter over its upper half — the calls
+ * waiting for a destination that hangs ask less and less often, and not
+ * all at once. */
+static int64_t deferred_until(int deferred)
+{
+    int64_t ms = 250;
+    for (int i = 0; i < deferred && ms < 8000; i++)
+        ms *= 2;
+    if (ms > 8000)
+        ms = 8000;
+    return clock_now_ms() + ms / 2 + (int64_t)(gw_rnd01() * (double)(ms / 2));
+}
+
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
-                                 char **err_text)
+                                 char **err_text, struct gw_again *again)
 {
+    *again = (struct gw_again){0};
     const struct wf_vertex *v = &w->v[vi];
     if (v->broken) {
         *err_text = engine_broken_error(v);
@@ -391,14 +534,16 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* maxAttempts and the deadline count from the first attempt: this one,
      * or one in the history (read only when there is one) after the last
      * operator retry. */
-    retry_budget(g, c->execution_id, c->vertex, c->attempts, &j->budget_attempts,
-                 &j->first_attempt_ms);
+    int deferred = 0;
+    retry_budget(g, c, &j->budget_attempts, &j->first_attempt_ms, &deferred);
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
     /* A retry or a recovery that could only start after the deadline (the
-     * engine was down, or busy) does not start: nothing is sent past it. */
-    if (j->budget_attempts > 1 && clock_now_ms() > j->first_attempt_ms + v->policy.deadline_ms) {
+     * engine was down, or busy, or the destination was) does not start:
+     * nothing is sent past it. */
+    if ((j->budget_attempts > 1 || deferred) &&
+        clock_now_ms() > j->first_attempt_ms + v->policy.deadline_ms) {
         json_t *ej = json_pack("{s:s,s:s,s:i}", "code", "deadline_exceeded", "message",
                                "the deadline had passed when this attempt could start; nothing "
                                "was sent",
@@ -420,6 +565,9 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                  c->execution_id, c->vertex, e.msg);
         engine_secrets_release(sec.names, sec.values, sec.n);
         job_free(j);
+        *again = (struct gw_again){clock_now_ms() + 1000, "not_sent"};
+        *err_text = steps_error_json("not_sent", "the store could not be read while the "
+                                                 "request was rendered; nothing was sent");
         return NULL;
     }
     json_t *rctx = render_context(w, vi, ctx);
@@ -445,6 +593,16 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* A second send of the call is harmless only with a key the provider
      * honours (the `retry` policy says it does); a verify request is a read
      * when it is a GET or HEAD. */
+    /* Its destination's share of the calls in flight is taken: not sent,
+     * and not an attempt of its budget (a call to another destination is
+     * not held up behind a destination that hangs). */
+    if (!dest_take(j, j->req.url)) {
+        atomic_fetch_add(&g->m.gw_deferred, 1);
+        *err_text = deferral_note(*rows, *n, c->vertex, g->run.max_calls_per_destination);
+        *again = (struct gw_again){deferred_until(deferred), GW_DEFERRED};
+        job_free(j);
+        return NULL;
+    }
     j->req.resend_safe = v->policy.ambiguous == GW_AMB_RETRY && j->req.idempotency_key;
     j->vreq.resend_safe = j->vreq.method && (strcmp(j->vreq.method, "GET") == 0 ||
                                              strcmp(j->vreq.method, "HEAD") == 0);

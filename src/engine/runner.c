@@ -171,11 +171,13 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     long vi = wf_vertex_index(w, c->vertex);
     enum step_state to = STEP_FAILED;
     int64_t run_at = 0;
+    const char *again_outcome = NULL;
     if (vi < 0) {
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        p->job = engine_gw_prepare(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text);
+        struct gw_again again = {0};
+        p->job = engine_gw_prepare(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text, &again);
         if (p->job) {
             /* The call adds to its context on whichever worker drains it:
              * no reference may stay here (one dropped later, on this
@@ -184,11 +186,10 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
             p->ctx = NULL;
             return; /* launched by run_batch; the outcome comes when the call ends */
         }
-        if (!p->err_text) { /* the store failed a read: not sent, again in a second */
+        if (again.at) { /* nothing sent, nothing wrong with the step: again later */
             to = STEP_DISPATCHED;
-            run_at = clock_now_ms() + 1000;
-            p->err_text = steps_error_json("not_sent", "the store could not be read while the "
-                                                       "request was rendered; nothing was sent");
+            run_at = again.at;
+            again_outcome = again.outcome;
         }
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
@@ -212,7 +213,8 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         .to = to,
         .output = p->out_text,
         .error = p->err_text,
-        .attempt_outcome = to == STEP_COMPLETED    ? "completed"
+        .attempt_outcome = again_outcome           ? again_outcome
+                           : to == STEP_COMPLETED  ? "completed"
                            : to == STEP_DISPATCHED ? "not_sent"
                                                    : "failed",
         .run_at = run_at,
@@ -345,7 +347,7 @@ static void *worker_main(void *arg)
         if (stop)
             break;
         engine_gw_drain(g);
-        int room = GW_MAX_INFLIGHT - engine_gw_inflight(g);
+        int room = g->run.max_calls - engine_gw_inflight(g);
         int limit = room < g->run.batch ? room : g->run.batch;
         struct store_claim *cl = NULL;
         size_t n = 0;
@@ -907,6 +909,13 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
         g->run.lease_ms = 15000;
     if (g->run.batch <= 0)
         g->run.batch = 16;
+    if (g->run.max_calls <= 0)
+        g->run.max_calls = GW_MAX_CALLS;
+    if (g->run.max_calls_per_destination <= 0)
+        g->run.max_calls_per_destination =
+            g->run.max_calls >= 4 ? g->run.max_calls * 3 / 4 : g->run.max_calls;
+    if (g->run.max_calls_per_destination > g->run.max_calls)
+        g->run.max_calls_per_destination = g->run.max_calls;
     char host[64] = "host";
     gethostname(host, sizeof host - 1);
     snprintf(g->worker_prefix, sizeof g->worker_prefix, "%s:%ld", host, (long)getpid());
@@ -937,7 +946,7 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
     }
     g->stopping = 0;
     g->calls_done = 0;
-    if (gw_client_new(GW_MAX_INFLIGHT, &g->gw, e))
+    if (gw_client_new(g->run.max_calls, &g->gw, e))
         return IFL_EIO;
     g->workers = xcalloc((size_t)g->run.workers, sizeof *g->workers);
     for (int i = 0; i < g->run.workers; i++) {

@@ -1270,6 +1270,53 @@ def test_a_stop_ends_a_call_that_would_outlast_it_as_an_unknown_outcome(make_ser
     assert mock.charges("long-1") == 1
 
 
+def test_a_destination_that_hangs_holds_only_its_share_of_the_calls(make_server, mock, workdir):
+    """Found by a resource judge: the process's call slots were shared first
+    come, first served, so calls to a destination that hangs took every one
+    and the workers claimed nothing — other destinations' calls, and other
+    workspaces', waited for the hung ones' timeoutMs.  A destination now
+    holds at most its share (--max-calls-per-destination); a call past it
+    waits DISPATCHED, `deferred`, and the wait spends no attempt: each of
+    the two deferred calls here meets a 503 on its first send and still has
+    its second (maxAttempts 2)."""
+    s = make_server(extra=["--max-calls", "8", "--max-calls-per-destination", "4"])
+    s.start()
+    slow = Mock(workdir)
+    try:
+        slow.faults("latency=6000")
+        setup_pay(s, slow, name="slowpay", timeoutMs=30000, retry={
+            "maxAttempts": 2, "initialIntervalMs": 10, "maxIntervalMs": 50})
+        setup_pay(s, mock)
+        slow_ids = {f"slow-{i}": pay(s, f"slow-{i}", name="slowpay") for i in range(6)}
+        wait_for(lambda: metric(s, "idemflow_gateway_calls_deferred_total") >= 2 and
+                 slow.call("GET", "/stats")["requests"]["POST /v1/charges"] == 4)
+        # the four calls out (orders slow-0 to slow-3) have their latency;
+        # the first send of each of the two deferred ones meets a 503
+        slow.faults("status=503:order=slow-4:count=1;status=503:order=slow-5:count=1")
+        xid = pay(s, "fast-1")
+        x = finished(s, xid)
+        assert x["status"] == "completed", x
+        st = slow.call("GET", "/stats")
+        assert st["charges"] == 0 and st["requests"]["POST /v1/charges"] == 4, st
+        deferred = 0
+        for order, sid in slow_ids.items():
+            x = wait_for(lambda: (lambda x: x if x["status"] != "running" else None)(
+                s.get(f"{WS}/executions/{sid}").json), timeout=90)
+            assert x["status"] == "completed", steps_of(x)["charge"]
+            hist = [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+            assert hist[-1] == "success", hist
+            if "deferred" in hist:
+                deferred += 1
+                sent = [h for h in hist if h != "deferred"]
+                assert len(sent) == 2 and sent[0] != "success", hist
+            assert slow.charges(order) == 1
+        assert deferred == 2
+        assert slow.call("GET", "/stats")["requests"]["POST /v1/charges"] == 8
+        assert mock.charges("fast-1") == 1
+    finally:
+        slow.stop()
+
+
 def sqlite_bytes(s):
     """The bytes of s's SQLite database and WAL (b"" on PostgreSQL)."""
     if not s.db.startswith("sqlite:"):

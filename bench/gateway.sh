@@ -243,7 +243,8 @@ done = sorted(u - s for st, s, u in rows if st == "completed")
 span = (max(u for st, s, u in rows if st == "completed") - min(s for _, s, _ in rows)) if done else 0
 pct = lambda p: done[min(len(done) - 1, int(p / 100 * len(done)))] if done else 0
 steps = c.execute("select count(*) from steps where state = 'COMPLETED'").fetchone()[0]
-print(len(rows), len(done), span, pct(50), pct(99), steps)
+deferred = c.execute("select count(*) from step_attempts where outcome = 'deferred'").fetchone()[0]
+print(len(rows), len(done), span, pct(50), pct(99), steps, deferred)
 EOF
   else
     psql -X -q -At -F ' ' -v ON_ERROR_STOP=1 "$DBURL" -c "SELECT count(*),
@@ -251,10 +252,13 @@ EOF
         coalesce(max(updated_at) FILTER (WHERE status = 'completed') - min(created_at), 0),
         coalesce(percentile_disc(0.5) WITHIN GROUP (ORDER BY updated_at - created_at) FILTER (WHERE status = 'completed'), 0),
         coalesce(percentile_disc(0.99) WITHIN GROUP (ORDER BY updated_at - created_at) FILTER (WHERE status = 'completed'), 0),
-        (SELECT count(*) FROM steps WHERE state = 'COMPLETED')
+        (SELECT count(*) FROM steps WHERE state = 'COMPLETED'),
+        (SELECT count(*) FROM step_attempts WHERE outcome = 'deferred')
       FROM executions" >"$TMP/db.$store"
   fi
-  read -r rows completed span p50 p99 steps <"$TMP/db.$store"
+  # deferred: calls put off because their destination had its share of
+  # the calls in flight (--max-calls-per-destination; docs/gateway.md)
+  read -r rows completed span p50 p99 steps deferred <"$TMP/db.$store"
 
   # The provider's count: exactly one charge per order, one order per execution.
   curl -fsS --max-time 30 "$MOCK/stats" >"$TMP/stats.$store" || die "GET /stats failed"
@@ -273,8 +277,8 @@ EOF
   cpu=$(awk -v e=$((e1 - e0)) -v m=$((m1 - m0)) -v d="$(field "$TMP/driver.$store" cpu_us)" -v t="$TCK" -v n="$EXECS" \
     -v pg=$((p1 - p0)) 'BEGIN { printf "%.0f %.0f %.0f %.0f", 1e6 * e / t / n, 1e6 * m / t / n, d / n, 1e6 * pg / t / n }')
   echo "$store $eps $p50 $p99 $(field "$TMP/driver.$store" trig_rps) $(field "$TMP/driver.$store" inflight_avg) $foreign $cpu" >>"$TMP/table"
-  printf '  %s: %s\n  %s: %d rows, %d completed (%d steps), %.0f executions/s, p50 %d ms, p99 %d ms;' \
-    "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99"
+  printf '  %s: %s\n  %s: %d rows, %d completed (%d steps), %.0f executions/s, p50 %d ms, p99 %d ms, %d calls deferred;' \
+    "$store" "$(cat "$TMP/driver.$store")" "$store" "$rows" "$completed" "$steps" "$eps" "$p50" "$p99" "$deferred"
   printf ' mock: %d charges, %d orders, %d charged once, %d replays, %d connections; foreign %d%%\n' \
     "$charges" "$orders" "$once" "$replays" "$conns" "$foreign"
   # Where the engine's CPU went, per thread kind (threads that exited during

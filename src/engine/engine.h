@@ -209,10 +209,10 @@ struct engine_run_opts {
     int64_t retention_ms;
     int batch; /* steps claimed per round trip; default 16 */
     /* GATEWAY calls in flight in this process (default GW_MAX_CALLS), and
-     * to one destination (scheme, host and port) of them (default three
-     * quarters of max_calls): a call past its destination's share waits
-     * DISPATCHED (`deferred`, no attempt spent) so that a destination that
-     * hangs cannot take every slot (docs/gateway.md, "Concurrency"). */
+     * to one destination (scheme, host and port) of them (default seven
+     * eighths of max_calls: the rest is kept for the other destinations): a call past its
+     * destination's share waits DISPATCHED (`deferred`, no attempt spent) so that a destination
+     * that hangs cannot take every slot (docs/gateway.md, "Concurrency"). */
     int max_calls, max_calls_per_destination;
     int no_inline; /* 1: every TRANSFORM waits for a claim (see engine_inline_plan) */
     /* Where crashed processes left their crash markers (base/crashmark.h;

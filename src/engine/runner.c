@@ -912,8 +912,8 @@ int engine_start(struct engine *g, const struct engine_run_opts *o, struct ifl_e
     if (g->run.max_calls <= 0)
         g->run.max_calls = GW_MAX_CALLS;
     if (g->run.max_calls_per_destination <= 0)
-        g->run.max_calls_per_destination =
-            g->run.max_calls >= 4 ? g->run.max_calls * 3 / 4 : g->run.max_calls;
+        g->run.max_calls_per_destination = /* all but an eighth, kept for the others */
+            g->run.max_calls >= 8 ? g->run.max_calls - g->run.max_calls / 8 : g->run.max_calls;
     if (g->run.max_calls_per_destination > g->run.max_calls)
         g->run.max_calls_per_destination = g->run.max_calls;
     char host[64] = "host";

@@ -199,13 +199,36 @@ static char *sub_aad(const char *ws, const char *name)
 
 /* ---- the API -------------------------------------------------------------------- */
 
+/* The url as shown: credentials in its userinfo masked — "user:****@" or
+ * "****@" (a token as the user name) — as a GATEWAY's masked url shows
+ * them.  Deliveries still send them (libcurl: Authorization: Basic). */
+static json_t *url_shown(const char *url)
+{
+    const char *host = strstr(url, "://");
+    if (!host)
+        return json_string(url);
+    host += 3;
+    const char *end = host + strcspn(host, "/?#"), *at = NULL;
+    for (const char *q = host; q < end; q++)
+        if (*q == '@')
+            at = q;
+    if (!at)
+        return json_string(url);
+    const char *colon = memchr(host, ':', (size_t)(at - host));
+    size_t keep = colon ? (size_t)(colon + 1 - url) : (size_t)(host - url);
+    char *shown = xasprintf("%.*s****%s", (int)keep, url, at);
+    json_t *v = json_string(shown);
+    free(shown);
+    return v;
+}
+
 static json_t *view_of(struct engine *g, const struct store_subscription *x, struct ifl_err *e,
                        int *rc)
 {
     char ts[32];
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(x->name));
-    json_object_set_new(o, "url", json_string(x->url));
+    json_object_set_new(o, "url", url_shown(x->url));
     json_t *events = NULL;
     json_parse(x->events, strlen(x->events), &json_stored_limits, &events, NULL);
     json_object_set_new(o, "events", events ? events : json_array());

@@ -429,6 +429,32 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
     secret_not_logged(server)
 
 
+def test_credentials_in_a_url_are_sent_but_never_shown(server, receiver):
+    """Found by a secrets judge: a subscription's url was shown as given, so
+    a password or token in its userinfo came back in every view.  Views
+    mask it; deliveries still carry it (Authorization: Basic)."""
+    import base64
+    prepare(server)
+    pw = "pw-Planted9x"
+    url = receiver.url().replace("http://", f"http://hookuser:{pw}@")
+    shown = receiver.url().replace("http://", "http://hookuser:****@")
+    assert subscribe(server, "creds", url)["url"] == shown
+    tok = "tok-Planted7y"
+    token_only = subscribe(server, "token", receiver.url("/t").replace("http://", f"http://{tok}@"))
+    assert token_only["url"] == receiver.url("/t").replace("http://", "http://****@")
+    assert server.get(sub_path("creds")).json["url"] == shown
+    listed = server.get(f"{WS}/subscriptions").raw.decode()
+    assert pw not in listed and tok not in listed and shown in listed
+    xid = trigger(server)
+    finished(server, xid)
+    want = "Basic " + base64.b64encode(f"hookuser:{pw}".encode()).decode()
+    wait_for(lambda: any(r.headers.get("authorization") == want
+                         for r in receiver.received() if r.path == "/hook"),
+             what="a delivery with the url's credentials")
+    wait_for(lambda: any(r.path == "/t" for r in receiver.received()), what="a token delivery")
+    assert pw not in server.logs() and tok not in server.logs()
+
+
 def test_every_later_event_is_delivered_once_signed_and_in_order(server, receiver):
     prepare(server)
     old = trigger(server, -1)

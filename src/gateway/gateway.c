@@ -733,10 +733,14 @@ static char *mask_forms(const char *p, size_t n, const struct forms *f, size_t *
 {
     struct spans sp = {0};
     for (size_t i = 0; i < f->n; i++) {
-        size_t flen = strlen(f->v[i]);
+        size_t flen = strlen(f->v[i]), first = sp.n;
         const char *q = p, *end = p + n, *hit;
         while ((hit = memmem(q, (size_t)(end - q), f->v[i], flen))) {
-            span_add(&sp, (size_t)(hit - p), (size_t)(hit - p) + flen);
+            size_t at = (size_t)(hit - p);
+            if (sp.n > first && at < sp.v[sp.n - 1][1]) /* overlaps this form's last hit */
+                sp.v[sp.n - 1][1] = at + flen;          /* one span: memory stays O(hits) */
+            else
+                span_add(&sp, at, at + flen);
             q = hit + 1; /* overlapping hits of one form, too */
         }
     }

@@ -61,7 +61,8 @@ extern const char *const engine_gw_classes[ENGINE_GW_NCLASSES];
 /* The duration buckets' upper bounds in ms (the last one +Inf is not
  * listed). */
 extern const long engine_gw_buckets_ms[ENGINE_GW_NBUCKETS - 1];
-/* GATEWAY calls (and verify requests) on the wire now. */
+/* GATEWAY calls rendered and not yet ended: on the wire (a call or its
+ * verify request), or about to be. */
 int engine_gw_inflight(struct engine *g);
 
 /* *out owned by the caller (engine_free).  Borrows s. */

@@ -74,6 +74,7 @@ struct engine {
     struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
     int gw_inflight_n;
     struct gw_dest *gw_dests; /* calls per destination, from render to end (gmu) */
+    int gw_shares_n;          /* … all of them: rendered, or on the wire */
 
     /* A workspace's sealed secrets, as engine_secrets_all read them (every
      * GATEWAY claim asks), under scmu.  Only where this process is the
@@ -93,8 +94,7 @@ struct engine {
 
 struct gw_job;
 #define GW_MAX_CALLS 256 /* engine_run_opts.max_calls's default */
-/* The outcome of an attempt that was not made: its destination had its
- * share of the calls in flight (not counted in maxAttempts). */
+/* A call put off: its destination had its share of the calls in flight. */
 #define GW_DEFERRED "deferred"
 /* How long a stop waits for GATEWAY calls in flight (and webhook
  * deliveries) before it ends them (gw_client_free): a destination that
@@ -189,13 +189,14 @@ int engine_crash_parse(char *line, struct engine_crash *out);
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);
 
 /* A claimed GATEWAY step that is not sent now, though nothing is wrong
- * with it: DISPATCHED again, to run at `at`, its attempt's outcome
- * `outcome` ("not_sent": the store could not be read; "deferred": its
- * destination has its share of the calls in flight, and the attempt is
- * not counted in maxAttempts). */
+ * with it: DISPATCHED again, to run at `at` — with its attempt's outcome
+ * `outcome` ("not_sent": the store could not be read), or as if it had
+ * never been claimed (unclaim, "deferred": its destination has its share
+ * of the calls in flight; no attempt is left, the error stays). */
 struct gw_again {
     int64_t at; /* 0: not this case */
     const char *outcome;
+    int unclaim; /* deferred: the claim is taken back, no attempt left (step_outcome) */
 };
 /* Renders a claimed GATEWAY step's call.  NULL when it is not to be sent:
  * with again->at set, it is to be tried again (*err_text a note saying

@@ -87,7 +87,8 @@ struct gw_job {
 struct gw_dest {
     struct gw_dest *next;
     int n;
-    char key[]; /* scheme://host:port, lower case */
+    int64_t next_slot; /* the last deferred call's turn (dest_take) */
+    char key[];        /* scheme://host:port, lower case */
 };
 
 /* The destination of a rendered url: scheme://host:port in lower case,
@@ -119,16 +120,24 @@ static char *dest_key(const char *url)
 }
 
 /* Takes one of the destination's max_calls_per_destination shares for j;
- * 0 when they are all taken. */
-static int dest_take(struct gw_job *j, const char *url)
+ * 0 when they are all taken, with *again_at when to try again: the calls
+ * put off are spread over the destination's calendar, as many a second as
+ * it has shares, from DEFER_MIN_MS on and at most DEFER_MAX_MS ahead — a
+ * few waiting calls are soon tried again, a backlog behind a destination
+ * that hangs asks the store no more than every DEFER_MAX_MS each. */
+#define DEFER_MIN_MS 250
+#define DEFER_MAX_MS 8000
+static int dest_take(struct gw_job *j, const char *url, int64_t *again_at)
 {
     struct engine *g = j->g;
     char *k = dest_key(url);
+    int share = g->run.max_calls_per_destination;
+    int64_t now = clock_now_ms(), spacing = 1000 / share > 1 ? 1000 / share : 1;
     pthread_mutex_lock(&g->gmu);
     struct gw_dest *d = g->gw_dests;
     while (d && strcmp(d->key, k) != 0)
         d = d->next;
-    int ok = !d || d->n < g->run.max_calls_per_destination;
+    int ok = !d || d->n < share;
     if (ok && !d) {
         size_t kl = strlen(k) + 1;
         d = xcalloc(1, sizeof *d + kl);
@@ -138,17 +147,26 @@ static int dest_take(struct gw_job *j, const char *url)
     }
     if (ok) {
         d->n++;
+        g->gw_shares_n++;
         j->dest = d;
+    } else {
+        d->next_slot =
+            d->next_slot > now + DEFER_MIN_MS ? d->next_slot + spacing : now + DEFER_MIN_MS;
+        if (d->next_slot > now + DEFER_MAX_MS)
+            d->next_slot = now + DEFER_MAX_MS;
+        *again_at = d->next_slot + (int64_t)(gw_rnd01() * (double)spacing);
     }
     pthread_mutex_unlock(&g->gmu);
     free(k);
     return ok;
 }
 
-static void dest_give_back(struct gw_job *j)
+/* Gives j's share back (under g->gmu): as its call ends, or with the job
+ * when it never left. */
+static void dest_give_back_locked(struct gw_job *j)
 {
     struct engine *g = j->g;
-    pthread_mutex_lock(&g->gmu);
+    g->gw_shares_n--;
     if (--j->dest->n == 0)
         for (struct gw_dest **p = &g->gw_dests; *p; p = &(*p)->next)
             if (*p == j->dest) {
@@ -156,8 +174,14 @@ static void dest_give_back(struct gw_job *j)
                 free(j->dest);
                 break;
             }
-    pthread_mutex_unlock(&g->gmu);
     j->dest = NULL;
+}
+
+static void dest_give_back(struct gw_job *j)
+{
+    pthread_mutex_lock(&j->g->gmu);
+    dest_give_back_locked(j);
+    pthread_mutex_unlock(&j->g->gmu);
 }
 
 static void job_free(struct gw_job *j)
@@ -269,7 +293,7 @@ static void submit(struct gw_job *j, const struct gw_request *r)
 int engine_gw_inflight(struct engine *g)
 {
     pthread_mutex_lock(&g->gmu);
-    int n = g->gw_inflight_n;
+    int n = g->gw_shares_n > g->gw_inflight_n ? g->gw_shares_n : g->gw_inflight_n;
     pthread_mutex_unlock(&g->gmu);
     return n;
 }
@@ -294,6 +318,8 @@ static void inflight_remove(struct gw_job *j)
             g->gw_inflight_n--;
             break;
         }
+    if (j->dest) /* the call ended: its destination may take the next one now */
+        dest_give_back_locked(j);
     pthread_mutex_unlock(&g->gmu);
 }
 
@@ -387,53 +413,20 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
     }
 }
 
-/* The step's error while its call is deferred: the error the attempt
- * before left, if any — what the next attempt reads from it (verifyFirst,
- * a recovery's code) must survive the wait — with `deferred` added, or
- * {"code": "deferred", …}.  Without the earlier one's afterVerify: this
- * attempt sent nothing that settled anything (steps_effect_unknown). */
-static char *deferral_note(const struct store_step *rows, size_t n, const char *vertex, int limit)
-{
-    json_t *err = NULL;
-    for (size_t i = 0; i < n && !err; i++)
-        if (strcmp(rows[i].vertex, vertex) == 0 && rows[i].error &&
-            json_parse(rows[i].error, strlen(rows[i].error), &json_stored_limits, &err, NULL) ==
-                0 &&
-            !json_is_object(err)) {
-            json_decref(err);
-            err = NULL;
-        }
-    const char *msg = "its destination had its share of the calls in flight (serve "
-                      "--max-calls-per-destination); nothing was sent";
-    if (!err) {
-        err = json_pack("{s:s,s:s}", "code", GW_DEFERRED, "message", msg);
-    } else {
-        json_object_del(err, "afterVerify");
-        json_object_del(err, GW_DEFERRED);
-    }
-    json_object_set_new(err, GW_DEFERRED, json_pack("{s:s,s:i}", "message", msg, "limit", limit));
-    char *text = json_to_string(err);
-    json_decref(err);
-    return text;
-}
-
 /* The retry budget of a step claimed for its attempt number `attempts`:
- * from its history, the attempts after the last operator retry — not
- * counting those deferred (nothing was sent: its destination was busy),
- * which *deferred counts back from this one — and the start of the first
- * of them, deferred or not (now, when the history cannot be read). */
-static void retry_budget(struct engine *g, const struct store_claim *c, int *made, int64_t *first,
-                         int *deferred)
+ * from its history, the attempts after the last operator retry and the
+ * start of the first of them (now, when the history cannot be read).  A
+ * deferred call left no attempt (steps_apply's unclaim). */
+static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
+                         int *made, int64_t *first)
 {
-    const char *vertex = c->vertex;
-    *made = c->attempts;
+    *made = attempts;
     *first = clock_now_ms();
-    *deferred = 0;
-    if (c->attempts <= 1)
+    if (attempts <= 1)
         return; /* the first attempt: no history to read */
     struct store_attempt *a = NULL;
     size_t n = 0;
-    if (store_attempts_get(g->store, c->execution_id, &a, &n, NULL) == 0) {
+    if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0) {
         int64_t since = 0; /* the epoch of the last operator retry */
         for (size_t i = 0; i < n; i++)
             if (strcmp(a[i].vertex, vertex) == 0 && a[i].outcome &&
@@ -444,15 +437,9 @@ static void retry_budget(struct engine *g, const struct store_claim *c, int *mad
             if (strcmp(a[i].vertex, vertex) != 0 || a[i].epoch <= since ||
                 (a[i].outcome && strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0))
                 continue;
+            count++;
             if (a[i].started_at < *first)
                 *first = a[i].started_at;
-            if (a[i].outcome && strcmp(a[i].outcome, GW_DEFERRED) == 0) {
-                (*deferred)++;
-            } else {
-                count++;
-                if (a[i].epoch != c->epoch) /* not this attempt's own row */
-                    *deferred = 0;
-            }
         }
         if (count >= 1) /* this attempt's own row is among them */
             *made = count;
@@ -497,20 +484,6 @@ static json_t *render_context(const struct wf *w, long vi, json_t *ctx)
     return r;
 }
 
-/* When a deferred call is tried again: 250 ms doubling with each deferral
- * in a row up to 8 s, with full jitter over its upper half — the calls
- * waiting for a destination that hangs ask less and less often, and not
- * all at once. */
-static int64_t deferred_until(int deferred)
-{
-    int64_t ms = 250;
-    for (int i = 0; i < deferred && ms < 8000; i++)
-        ms *= 2;
-    if (ms > 8000)
-        ms = 8000;
-    return clock_now_ms() + ms / 2 + (int64_t)(gw_rnd01() * (double)(ms / 2));
-}
-
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text, struct gw_again *again)
@@ -534,16 +507,14 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* maxAttempts and the deadline count from the first attempt: this one,
      * or one in the history (read only when there is one) after the last
      * operator retry. */
-    int deferred = 0;
-    retry_budget(g, c, &j->budget_attempts, &j->first_attempt_ms, &deferred);
+    retry_budget(g, c->execution_id, c->vertex, c->attempts, &j->budget_attempts,
+                 &j->first_attempt_ms);
     struct ifl_err e = {0};
     int verify;
     prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
     /* A retry or a recovery that could only start after the deadline (the
-     * engine was down, or busy, or the destination was) does not start:
-     * nothing is sent past it. */
-    if ((j->budget_attempts > 1 || deferred) &&
-        clock_now_ms() > j->first_attempt_ms + v->policy.deadline_ms) {
+     * engine was down, or busy) does not start: nothing is sent past it. */
+    if (j->budget_attempts > 1 && clock_now_ms() > j->first_attempt_ms + v->policy.deadline_ms) {
         json_t *ej = json_pack("{s:s,s:s,s:i}", "code", "deadline_exceeded", "message",
                                "the deadline had passed when this attempt could start; nothing "
                                "was sent",
@@ -565,7 +536,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                  c->execution_id, c->vertex, e.msg);
         engine_secrets_release(sec.names, sec.values, sec.n);
         job_free(j);
-        *again = (struct gw_again){clock_now_ms() + 1000, "not_sent"};
+        *again = (struct gw_again){clock_now_ms() + 1000, "not_sent", 0};
         *err_text = steps_error_json("not_sent", "the store could not be read while the "
                                                  "request was rendered; nothing was sent");
         return NULL;
@@ -596,10 +567,10 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* Its destination's share of the calls in flight is taken: not sent,
      * and not an attempt of its budget (a call to another destination is
      * not held up behind a destination that hangs). */
-    if (!dest_take(j, j->req.url)) {
+    int64_t again_at = 0;
+    if (!dest_take(j, j->req.url, &again_at)) {
         atomic_fetch_add(&g->m.gw_deferred, 1);
-        *err_text = deferral_note(*rows, *n, c->vertex, g->run.max_calls_per_destination);
-        *again = (struct gw_again){deferred_until(deferred), GW_DEFERRED};
+        *again = (struct gw_again){again_at, GW_DEFERRED, 1};
         job_free(j);
         return NULL;
     }

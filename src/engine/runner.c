@@ -172,6 +172,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     enum step_state to = STEP_FAILED;
     int64_t run_at = 0;
     const char *again_outcome = NULL;
+    int unclaim = 0;
     if (vi < 0) {
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
@@ -190,6 +191,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
             to = STEP_DISPATCHED;
             run_at = again.at;
             again_outcome = again.outcome;
+            unclaim = again.unclaim;
         }
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
@@ -218,6 +220,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
                            : to == STEP_DISPATCHED ? "not_sent"
                                                    : "failed",
         .run_at = run_at,
+        .unclaim = unclaim,
         .dec = p->d,
         .now = clock_now_ms(),
     };

@@ -470,6 +470,20 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         snprintf(o->status, sizeof o->status, "%s", x.status);
         goto out;
     }
+    if (o->unclaim) {
+        int changed = 0;
+        st->state = STEP_DISPATCHED;
+        free(st->lease_owner);
+        st->lease_owner = NULL;
+        st->lease_expires_at = 0;
+        st->attempts--;
+        st->next_run_at = o->run_at ? o->run_at : o->now;
+        if ((rc = store_tx_step_update(tx, st, o->from, o->epoch, &changed, e)) == 0 && changed)
+            rc = store_tx_attempt_delete(tx, o->execution_id, o->vertex, o->epoch, e);
+        o->fenced = !changed;
+        snprintf(o->status, sizeof o->status, "%s", x.status);
+        goto out;
+    }
     int inline_ok = o->n_inl && o->to == STEP_COMPLETED && as_seen(o, &v, n);
     /* The execution's output budget, counted on the rows as they are in
      * this transaction: over it, the step fails instead; its inlined

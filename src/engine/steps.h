@@ -74,6 +74,11 @@ struct step_outcome {
     const struct decision *dec;  /* COMPLETED: one per outgoing edge, in w->v[i].out order */
     int bump_epoch;              /* new epoch (fences any holder of the old one) */
     int64_t run_at;              /* DISPATCHED: when it may run again (0 = now) */
+    /* The claim taken back as if it never was (a GATEWAY call deferred:
+     * nothing was tried): DISPATCHED at run_at, the attempt not counted and
+     * its row deleted, the error as it was; to, error, attempt_outcome are
+     * not read. */
+    int unclaim;
     int64_t now;
     /* Inline completions (optional): applied in order, each only when this
      * outcome has just dispatched it, and only when every row of the

@@ -972,6 +972,12 @@ int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const
     return tx->s->ops->tx_attempt_finish(tx, execution_id, vertex, epoch, outcome, error, 1, e);
 }
 
+int store_tx_attempt_delete(struct store_tx *tx, const char *execution_id, const char *vertex,
+                            int64_t epoch, struct ifl_err *e)
+{
+    return tx->s->ops->tx_attempt_delete(tx, execution_id, vertex, epoch, e);
+}
+
 int store_tx_attempt_note(struct store_tx *tx, const char *execution_id, const char *vertex,
                           int64_t epoch, const char *outcome, struct ifl_err *e)
 {

@@ -377,6 +377,11 @@ int store_tx_step_update(struct store_tx *tx, const struct store_step *st,
 int store_tx_attempt_finish(struct store_tx *tx, const char *execution_id, const char *vertex,
                             int64_t epoch, const char *outcome, const char *error,
                             struct ifl_err *e);
+/* Deletes the attempt row of (execution, vertex, epoch) while it is still
+ * running: a claim taken back before anything was tried (a GATEWAY call
+ * deferred: its destination had its share of the calls in flight). */
+int store_tx_attempt_delete(struct store_tx *tx, const char *execution_id, const char *vertex,
+                            int64_t epoch, struct ifl_err *e);
 /* Notes `outcome` on the attempt of (execution, vertex, epoch) while it is
  * still running (finished_at stays NULL, store_tx_attempt_finish replaces
  * the note): what a recovery reads if the process dies before the outcome.

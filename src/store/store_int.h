@@ -110,6 +110,8 @@ struct store_ops {
     int (*tx_attempt_finish)(struct store_tx *tx, const char *execution_id, const char *vertex,
                              int64_t epoch, const char *outcome, const char *error, int finish,
                              struct ifl_err *e);
+    int (*tx_attempt_delete)(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, struct ifl_err *e);
     int (*tx_attempt_record)(struct store_tx *tx, const char *execution_id, const char *vertex,
                              int64_t epoch, const char *worker, const char *outcome,
                              struct ifl_err *e);

@@ -97,6 +97,7 @@ enum stmt {
     S_STEP_INSERT,
     S_STEP_UPDATE,
     S_ATTEMPT_FINISH,
+    S_ATTEMPT_DELETE,
     S_ATTEMPT_RECORD,
     S_EVENT_APPEND,
     S_EVENT_INSERT,
@@ -219,6 +220,10 @@ static const struct {
                           " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $4)"
                           " AND vertex = $5"
                           " AND epoch = $6 AND finished_at IS NULL"},
+    [S_ATTEMPT_DELETE] = {"ifl_attempt_delete",
+                          "DELETE FROM step_attempts"
+                          " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
+                          " AND vertex = $2 AND epoch = $3 AND finished_at IS NULL"},
     [S_ATTEMPT_RECORD] = {"ifl_attempt_record",
                           "INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
                           " started_at, finished_at, outcome, execution_seq)"
@@ -1871,6 +1876,17 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     return qd(t, S_ATTEMPT_FINISH, &p, e);
 }
 
+static int tx_attempt_delete(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, execution_id);
+    arg_s(&p, vertex);
+    arg_i(&p, epoch);
+    return qd(t, S_ATTEMPT_DELETE, &p, e);
+}
+
 static int tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
                              int64_t epoch, const char *worker, const char *outcome,
                              struct ifl_err *e)
@@ -2735,6 +2751,7 @@ static const struct store_ops pg_ops = {
     .tx_step_insert = tx_step_insert,
     .tx_step_update = tx_step_update,
     .tx_attempt_finish = tx_attempt_finish,
+    .tx_attempt_delete = tx_attempt_delete,
     .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,

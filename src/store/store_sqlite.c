@@ -1464,6 +1464,28 @@ static int tx_attempt_finish(struct store_tx *tx, const char *execution_id, cons
     return rc;
 }
 
+static int tx_attempt_delete(struct store_tx *tx, const char *execution_id, const char *vertex,
+                             int64_t epoch, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    int64_t seq;
+    int rc = tx_seq(tx, execution_id, &seq, e);
+    if (rc || !seq)
+        return rc;
+    static const char sql[] = "DELETE FROM step_attempts"
+                              " WHERE execution_seq = ? AND vertex = ? AND epoch = ?"
+                              " AND finished_at IS NULL";
+    sqlite3_stmt *st = stmt(c, sql, e);
+    if (!st)
+        return IFL_ESTORE;
+    sqlite3_bind_int64(st, 1, seq);
+    bind_text(st, 2, vertex);
+    sqlite3_bind_int64(st, 3, epoch);
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_delete");
+    done_stmt(st);
+    return rc;
+}
+
 static int tx_attempt_record(struct store_tx *tx, const char *execution_id, const char *vertex,
                              int64_t epoch, const char *worker, const char *outcome,
                              struct ifl_err *e)
@@ -2259,6 +2281,7 @@ static const struct store_ops sqlite_ops = {
     .tx_steps_insert = tx_steps_insert,
     .tx_step_update = tx_step_update,
     .tx_attempt_finish = tx_attempt_finish,
+    .tx_attempt_delete = tx_attempt_delete,
     .tx_attempt_record = tx_attempt_record,
     .tx_event_append = tx_event_append,
     .tx_idem_put = tx_idem_put,

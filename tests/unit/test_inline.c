@@ -185,6 +185,52 @@ static void prepare(struct fx *f, struct run *r, int64_t epoch)
     store_steps_free(rows, n);
 }
 
+/* A deferred GATEWAY call (gwstep.c): the claim is taken back as if it
+ * never was — DISPATCHED at run_at, its attempt uncounted and its row
+ * gone, the error as it was — and only by the claim's own epoch. */
+static void test_unclaim_leaves_no_attempt(void **state)
+{
+    struct fx *f = *state;
+    int64_t epoch = claim(f->s, "a", NULL, NULL), at = clock_now_ms() + 5000;
+    struct store_attempt *h = NULL;
+    size_t nh = 0, open_rows = 0;
+    assert_int_equal(store_attempts_get(f->s, XID, &h, &nh, NULL), 0);
+    for (size_t i = 0; i < nh; i++)
+        open_rows += strcmp(h[i].vertex, "a") == 0 && h[i].epoch == epoch;
+    assert_int_equal(open_rows, 1); /* the claim's own attempt */
+    store_attempts_free(h, nh);
+    struct step_outcome o = {.w = f->w,
+                             .workspace = "ws",
+                             .execution_id = XID,
+                             .vertex = "a",
+                             .epoch = epoch,
+                             .from = STEP_EXECUTING,
+                             .unclaim = 1,
+                             .run_at = at,
+                             .now = clock_now_ms()};
+    assert_int_equal(store_tx_run(f->s, steps_apply, &o, NULL), 0);
+    assert_false(o.fenced);
+    struct store_step *rows = NULL;
+    size_t n = 0;
+    assert_int_equal(store_steps_get(f->s, XID, &rows, &n, NULL), 0);
+    const struct store_step *a = row(rows, n, "a");
+    assert_int_equal(a->state, STEP_DISPATCHED);
+    assert_int_equal(a->attempts, 0);
+    assert_int_equal(a->epoch, epoch); /* a later holder of this epoch stays fenced */
+    assert_int_equal(a->next_run_at, at);
+    assert_null(a->error);
+    assert_null(a->lease_owner);
+    store_steps_free(rows, n);
+    assert_int_equal(store_attempts_get(f->s, XID, &h, &nh, NULL), 0);
+    for (size_t i = 0; i < nh; i++)
+        assert_string_not_equal(h[i].vertex, "a");
+    store_attempts_free(h, nh);
+    /* the same unclaim again (a stale worker): fenced, nothing written */
+    o.now = clock_now_ms();
+    assert_int_equal(store_tx_run(f->s, steps_apply, &o, NULL), 0);
+    assert_true(o.fenced);
+}
+
 static void test_inline_applies_on_unchanged_rows(void **state)
 {
     struct fx *f = *state;
@@ -381,6 +427,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_inline_applies_on_unchanged_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unclaim_leaves_no_attempt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inline_skipped_when_a_row_changed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inline_only_what_this_outcome_dispatched, setup,
                                         teardown),

@@ -94,7 +94,9 @@ stop() {
 
 restart() {
   running || { echo "pg.sh: no cluster in $DIR" >&2; exit 1; }
-  as_pg "$PG_BIN/pg_ctl" -D "$DIR/data" -m "${1:-fast}" -w -t 60 stop >/dev/null
+  # a loaded machine's shutdown checkpoint can outlast a minute: wait it
+  # out rather than leave the cluster down for every later test
+  as_pg "$PG_BIN/pg_ctl" -D "$DIR/data" -m "${1:-fast}" -w -t 300 stop >/dev/null
   pg_start
 }
 

@@ -96,6 +96,9 @@ def test_three_processes_survive_kill_term_stall_and_database_restart(make_serve
     # no sweeper could re-dispatch the step and the late completion would
     # (rightly) stand, leaving nothing to fence.
     wait_for(lambda: fenced_total(c) >= 1, timeout=120, interval=0.1)
+    # the restart's shutdown checkpoint must fit pg_ctl's timeout: flush
+    # (and finish any checkpoint under way) first, untimed
+    subprocess.run(["psql", os.environ["IDEMFLOW_TEST_PG"], "-qc", "CHECKPOINT"], check=True)
     subprocess.run([os.path.join(ROOT, "tests", "pg.sh"), "restart", "fast"], check=True)
     b.start()
     for t in threads:

@@ -641,7 +641,9 @@ def test_retry_after_is_honoured_in_engine_time(make_server, receiver):
         assert [r.id for r in reqs] == [first] + [e["id"] for e in evs], reqs
         for q in reqs:
             check_delivery(q, {e["id"]: e for e in evs}[q.id], wall_clock=False)
-        wait_for(lambda: delivery_states(s, "s")[first]["state"] == "delivered", what="committed")
+        # every event's outcome committed (and counted), not only the first's
+        wait_for(lambda: all(delivery_states(s, "s")[e["id"]]["state"] == "delivered" for e in evs),
+                 what="committed")
         d = delivery_states(s, "s")[first]
         assert d["attempts"] == 2 and d["lastStatus"] == 204, d
 

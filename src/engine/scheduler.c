@@ -247,17 +247,16 @@ static int due_one(struct engine *g, struct entry *x, int64_t now, int64_t until
         at = later;
         missed++;
     }
-    int again = 0;
-    if (now - at > LOOKBACK_MS) {
-        missed++;
-    } else {
-        again = fire(g, x, at, now);
-    }
+    int late = now - at > LOOKBACK_MS;
+    missed += (unsigned long)late;
+    /* counted before the fire, so that a reader who saw the fire's count
+     * sees the missed ones too */
     if (missed) {
         atomic_fetch_add(&g->m.schedule_missed, missed);
         log_warn("schedule.missed", "%s/%s/%s: %lu ticks were due while none fired", x->ws, x->wf,
                  x->vertex, missed);
     }
+    int again = late ? 0 : fire(g, x, at, now);
     x->next = again ? at : cron_next(c, at);
     return again;
 }

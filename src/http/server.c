@@ -532,6 +532,18 @@ static void __attribute__((format(printf, 2, 0))) mhd_log(void *cls, const char 
     log_warn("http.mhd", "%s", msg);
 }
 
+/* libmicrohttpd's fatal errors (MHD_PANIC: an internal inconsistency, a
+ * misuse such as stopping it under a suspended connection) end the
+ * process as before, but first say where in the log, as one line like the
+ * others, so that a crash at a stop can be diagnosed from the log alone. */
+static void mhd_panic(void *cls, const char *file, unsigned int line, const char *reason)
+{
+    (void)cls;
+    log_error("http.mhd_panic", "libmicrohttpd failed at %s:%u: %s", file ? file : "?", line,
+              reason ? reason : "(no reason given)");
+    abort();
+}
+
 int http_sf_string(const char *h, char *out, size_t cap)
 {
     size_t n = 0;
@@ -685,6 +697,7 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     /* a pool of one is no pool: MHD wants the option only for two or more */
+    MHD_set_panic_func(mhd_panic, NULL);
     s->d = MHD_start_daemon(
         flags, (uint16_t)port, NULL, NULL, on_request, s,
         /* the logger first, or MHD warns that earlier options may log elsewhere */

@@ -187,6 +187,9 @@ int engine_crash_parse(char *line, struct engine_crash *out);
 /* Writes notes[0..n) in one group commit.  A note that fails is logged; it
  * only weakens the crash-loop guard. */
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n);
+/* The same; failed[i] (n of them) says whether notes[i] was not written. */
+void engine_note_attempts_checked(struct engine *g, const struct attempt_note *notes, size_t n,
+                                  int *failed);
 
 /* A claimed GATEWAY step that is not sent now, though nothing is wrong
  * with it: DISPATCHED again, to run at `at` — with its attempt's outcome

@@ -120,24 +120,29 @@ static char *dest_key(const char *url)
 }
 
 /* Takes one of the destination's max_calls_per_destination shares for j;
- * 0 when they are all taken, with *again_at when to try again: the calls
- * put off are spread over the destination's calendar, as many a second as
- * it has shares, from DEFER_MIN_MS on and at most DEFER_MAX_MS ahead — a
- * few waiting calls are soon tried again, a backlog behind a destination
- * that hangs asks the store no more than every DEFER_MAX_MS each. */
+ * 0 when it gets none, with *again_at when to try again.  The calls put
+ * off go on the destination's calendar, one turn after the other, as many
+ * a second as it has shares, from DEFER_MIN_MS on and at most DEFER_MAX_MS
+ * ahead (spread over the second half of that when the calendar is full):
+ * a few waiting calls are soon tried again, and a backlog behind a
+ * destination that hangs asks the store about once every DEFER_MAX_MS
+ * each.  While calls wait their turn, a call that has not waited
+ * (`waited` 0: a new one) joins them rather than take a share freed for
+ * them. */
 #define DEFER_MIN_MS 250
 #define DEFER_MAX_MS 8000
-static int dest_take(struct gw_job *j, const char *url, int64_t *again_at)
+static int dest_take(struct gw_job *j, const char *url, int waited, int64_t *again_at)
 {
     struct engine *g = j->g;
     char *k = dest_key(url);
     int share = g->run.max_calls_per_destination;
-    int64_t now = clock_now_ms(), spacing = 1000 / share > 1 ? 1000 / share : 1;
+    int64_t spacing = 1000 / share > 1 ? 1000 / share : 1;
     pthread_mutex_lock(&g->gmu);
+    int64_t now = clock_now_ms();
     struct gw_dest *d = g->gw_dests;
     while (d && strcmp(d->key, k) != 0)
         d = d->next;
-    int ok = !d || d->n < share;
+    int ok = !d || (d->n < share && (waited || d->next_slot <= now));
     if (ok && !d) {
         size_t kl = strlen(k) + 1;
         d = xcalloc(1, sizeof *d + kl);
@@ -150,11 +155,13 @@ static int dest_take(struct gw_job *j, const char *url, int64_t *again_at)
         g->gw_shares_n++;
         j->dest = d;
     } else {
-        d->next_slot =
-            d->next_slot > now + DEFER_MIN_MS ? d->next_slot + spacing : now + DEFER_MIN_MS;
-        if (d->next_slot > now + DEFER_MAX_MS)
-            d->next_slot = now + DEFER_MAX_MS;
-        *again_at = d->next_slot + (int64_t)(gw_rnd01() * (double)spacing);
+        int64_t slot = d->next_slot + spacing;
+        if (slot < now + DEFER_MIN_MS)
+            slot = now + DEFER_MIN_MS;
+        if (slot > now + DEFER_MAX_MS) /* full: anywhere in its second half */
+            *again_at = now + DEFER_MAX_MS / 2 + (int64_t)(gw_rnd01() * (DEFER_MAX_MS / 2));
+        else
+            *again_at = (d->next_slot = slot) + (int64_t)(gw_rnd01() * (double)spacing);
     }
     pthread_mutex_unlock(&g->gmu);
     free(k);
@@ -568,7 +575,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
      * and not an attempt of its budget (a call to another destination is
      * not held up behind a destination that hangs). */
     int64_t again_at = 0;
-    if (!dest_take(j, j->req.url, &again_at)) {
+    if (!dest_take(j, j->req.url, c->epoch > c->attempts, &again_at)) {
         atomic_fetch_add(&g->m.gw_deferred, 1);
         *again = (struct gw_again){again_at, GW_DEFERRED, 1};
         job_free(j);
@@ -639,6 +646,12 @@ static int note_tx(struct store_tx *tx, void *arg, struct ifl_err *e)
 
 void engine_note_attempts(struct engine *g, const struct attempt_note *notes, size_t n)
 {
+    engine_note_attempts_checked(g, notes, n, NULL);
+}
+
+void engine_note_attempts_checked(struct engine *g, const struct attempt_note *notes, size_t n,
+                                  int *failed)
+{
     if (!n)
         return;
     void **args = xcalloc(n, sizeof *args);
@@ -647,10 +660,13 @@ void engine_note_attempts(struct engine *g, const struct attempt_note *notes, si
     for (size_t i = 0; i < n; i++)
         args[i] = (void *)&notes[i];
     store_tx_run_many_ordered(g->store, note_tx, args, note_key, n, rcs, errs);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (rcs[i])
             log_warn("step.note_failed", "%s/%s: %s", notes[i].execution_id, notes[i].vertex,
                      errs[i].msg);
+        if (failed)
+            failed[i] = rcs[i] != 0;
+    }
     free(args);
     free(rcs);
     free(errs);

@@ -234,15 +234,34 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
  * claim's own transaction writes the note (store_claim_noted); this clears
  * it once the batch ran, except where an outcome finishes the attempt
  * itself. */
-static void clear_notes(struct engine *g, const struct pending *p, size_t n)
+static void clear_notes(struct engine *g, struct pending *p, size_t n)
 {
     struct attempt_note *v = xcalloc(n, sizeof *v);
+    size_t *of = xcalloc(n, sizeof *of);
+    int *failed = xcalloc(n, sizeof *failed);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (p[i].noted && (p[i].job || !p[i].ready))
+        if (p[i].noted && (p[i].job || !p[i].ready)) {
+            of[k] = i;
             v[k++] =
                 (struct attempt_note){p[i].c->execution_id, p[i].c->vertex, p[i].c->epoch, NULL};
-    engine_note_attempts(g, v, k);
+        }
+    engine_note_attempts_checked(g, v, k, failed);
+    /* A call whose note stays `rendering` must not leave: a recovery reads
+     * that note as "never sent" and sends it again, even under `reconcile`.
+     * It is dropped, and its lease left to expire: recovered as one that
+     * died rendering, which it is. */
+    for (size_t j = 0; j < k; j++)
+        if (failed[j] && p[of[j]].job) {
+            log_warn("step.not_launched",
+                     "%s/%s epoch %lld: its attempt's note could not be cleared; not sent, "
+                     "recovered when its lease expires",
+                     p[of[j]].c->execution_id, p[of[j]].c->vertex, (long long)p[of[j]].c->epoch);
+            engine_gw_discard(p[of[j]].job);
+            p[of[j]].job = NULL;
+        }
+    free(failed);
+    free(of);
     free(v);
 }
 
@@ -264,7 +283,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     int noted = 0;
     for (size_t i = 0; i < n; i++) {
         p[i].c = &cl[i];
-        p[i].noted = strcmp(cl[i].kind, "GATEWAY") == 0 && cl[i].attempts > 1;
+        p[i].noted = strcmp(cl[i].kind, "GATEWAY") == 0 && STORE_CLAIM_NOTED(&cl[i]);
         noted |= p[i].noted;
     }
     size_t k = 0;
@@ -475,7 +494,8 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
 }
 
 /* The error a recovery leaves on a GATEWAY it re-dispatches (JSON text). */
-static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crashed)
+static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crashed,
+                                  int verify_before)
 {
     static const char *const why[] = {
         [DIED_MID_CALL] = "the worker stopped while the call was in flight; its outcome is "
@@ -487,7 +507,10 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crash
     json_t *ej = json_pack("{s:s,s:s}", "code",
                            d == DIED_MID_CALL ? STEPS_LEASE_EXPIRED_MID_CALL : death_outcome[0][d],
                            "message", why[d]);
-    if (amb == GW_AMB_VERIFY)
+    /* under `verify`; or, whatever the policy, when the attempt before left
+     * the call's effect unknown and this one, dead while rendering, sent
+     * nothing that settled it (an operator's retry of a parked call) */
+    if (amb == GW_AMB_VERIFY || (verify_before && d == DIED_RENDERING))
         json_object_set_new(ej, "verifyFirst", json_true());
     if (crashed) /* the process crashed there (a crash marker), not killed */
         json_object_set_new(ej, "crashed", json_true());
@@ -626,15 +649,19 @@ static int recover(struct engine *g, int64_t now)
         int park = gateway && amb == GW_AMB_RECONCILE;
         enum death death = DIED_MID_CALL;
         int expiries = 1, poison = 0, crashed = 0;
-        if (!park) {
-            int before = attempt_history(g, st, gateway, &death, &crashed);
-            if (crashed) { /* only crashes count: a kill is tried again, always */
-                expiries += before;
-                poison = expiries >= (gateway ? MAX_EVAL_CRASHES : MAX_LEASE_EXPIRIES);
-            }
+        int before = attempt_history(g, st, gateway, &death, &crashed);
+        /* Its note says it died rendering: the call never left (a call
+         * leaves only once its note is cleared, run_batch), so there is
+         * nothing to reconcile — it is tried again, as under any policy. */
+        if (park && death == DIED_RENDERING && !w->v[vi].broken)
+            park = 0;
+        if (!park && crashed) { /* only crashes count: a kill is tried again, always */
+            expiries += before;
+            poison = expiries >= (gateway ? MAX_EVAL_CRASHES : MAX_LEASE_EXPIRIES);
         }
-        char *err = poison    ? poison_error(gateway, expiries, amb == GW_AMB_VERIFY)
-                    : gateway ? gateway_expiry_error(death, amb, crashed)
+        int verify_before = gateway && steps_error_verify_first(st->error);
+        char *err = poison ? poison_error(gateway, expiries, amb == GW_AMB_VERIFY || verify_before)
+                    : gateway ? gateway_expiry_error(death, amb, crashed, verify_before)
                               : NULL;
         FAULT("sweeper.before_recover");
         struct step_outcome o = {

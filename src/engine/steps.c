@@ -565,9 +565,7 @@ out:
     return rc;
 }
 
-/* Whether a step's error (JSON text or NULL) asks the next attempt to
- * verify first. */
-static int error_verify_first(const char *error)
+int steps_error_verify_first(const char *error)
 {
     json_t *ej = NULL;
     int v = error && json_parse(error, strlen(error), &json_stored_limits, &ej, NULL) == 0 &&
@@ -673,7 +671,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (was != STEP_FAILED && was != STEP_REQUIRES_RECONCILIATION)
             continue;
         long vi = wf_vertex_index(a->w, st->vertex);
-        int verify_first = error_verify_first(st->error);
+        int verify_first = steps_error_verify_first(st->error);
         if (strcmp(st->kind, "GATEWAY") == 0) {
             const struct steps_seen *seen = steps_seen_find(a->seen, a->n_seen, st->vertex);
             if (!seen || seen->epoch != st->epoch) {

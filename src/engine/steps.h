@@ -117,6 +117,10 @@ void steps_sim_complete(struct steps_sim *s, long vi, const struct decision *dec
 long steps_sim_next(struct steps_sim *s);
 void steps_sim_free(struct steps_sim *s); /* NULL ok */
 
+/* Whether a step's error (JSON text or NULL) asks the next attempt to
+ * verify first. */
+int steps_error_verify_first(const char *error);
+
 /* store_tx_fn: applies a step_outcome (arg).  Returns 0 when fenced too
  * (nothing written, o->fenced = 1). */
 int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e);

@@ -259,9 +259,12 @@ void store_claims_free(struct store_claim *v, size_t n);
  * claimants.  *items is a heap array (store_claims_free). */
 int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                 struct store_claim **items, size_t *n, struct ifl_err *e);
-/* The same; a GATEWAY step claimed for its second attempt or later gets an
- * attempt row whose outcome is already retry_note (a note on the running
- * attempt, as store_tx_attempt_note writes) in the claim's own transaction. */
+/* The same; a GATEWAY step claimed for its second attempt or later, or
+ * claimed before without an attempt (its epoch ahead of its attempts: a
+ * deferred call's claim taken back, an operator's action), gets an attempt
+ * row whose outcome is already retry_note (a note on the running attempt,
+ * as store_tx_attempt_note writes) in the claim's own transaction. */
+#define STORE_CLAIM_NOTED(c) ((c)->attempts > 1 || (c)->epoch > (c)->attempts)
 int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                       const char *retry_note, struct store_claim **items, size_t *n,
                       struct ifl_err *e);

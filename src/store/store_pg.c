@@ -317,7 +317,8 @@ static const struct {
                  " history AS (INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
                  " started_at, execution_seq, outcome) SELECT execution_id, vertex, epoch,"
                  " $1::text, $3::bigint, execution_seq, CASE WHEN kind = 'GATEWAY'"
-                 " AND attempts > 1 THEN $5::text END FROM claimed)"
+                 " AND (attempts > 1 OR epoch > attempts) THEN $5::text END"
+                 " FROM claimed)" /* STORE_CLAIM_NOTED */
                  " SELECT * FROM claimed"},
     [S_CLAIM_MARK] = {"ifl_claim_mark",
                       "SELECT 1 FROM step_attempts WHERE execution_seq = $1 AND vertex = $2"

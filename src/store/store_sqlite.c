@@ -1982,7 +1982,7 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
         bind_text(st, 4, a->worker);
         sqlite3_bind_int64(st, 5, a->now);
         sqlite3_bind_int64(st, 6, seqs[i]);
-        int noted = strcmp(a->items[i].kind, "GATEWAY") == 0 && a->items[i].attempts > 1;
+        int noted = strcmp(a->items[i].kind, "GATEWAY") == 0 && STORE_CLAIM_NOTED(&a->items[i]);
         bind_text(st, 7, noted ? a->retry_note : NULL);
         rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "attempt_insert");
         done_stmt(st);

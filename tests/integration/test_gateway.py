@@ -1118,6 +1118,27 @@ def test_a_request_whose_rendering_crashes_every_worker_fails_after_three_attemp
     assert mock.charges("o-18") == 1
 
 
+def test_a_reconcile_call_killed_while_rendering_is_tried_again_not_parked(make_server, mock):
+    """Found by a reviewer: under `ambiguous: reconcile`, a worker killed
+    while rendering a retry parked the step for an operator, although the
+    retry's attempt was noted `rendering` — nothing had left (a call leaves
+    only once its note is cleared).  It is tried again and charged once."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_render:kill@2"},
+                    extra=["--workers", "1", "--no-inline", "--lease-ms", "1000"])
+    s.start()
+    setup_pay(s, mock, ambiguous="reconcile")
+    mock.faults("status=503:count=1")  # the first attempt is refused: a retry follows
+    xid = pay(s, "o-31")
+    assert s.proc.wait(timeout=30) == -signal.SIGKILL
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    x = finished(s, xid)
+    hist = [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+    assert x["status"] == "completed", (x["status"], hist)
+    assert hist == ["refused", "lease_expired_while_rendering", "success"], hist
+    assert mock.charges("o-31") == 1
+
+
 @pytest.mark.parametrize("point,extra,outcome", [
     ("gateway.after_response", [], "lease_expired_after_response"),
     ("gateway.before_render", ["--no-inline"], "lease_expired_while_rendering"),
@@ -1290,6 +1311,7 @@ def test_a_destination_that_hangs_holds_only_its_share_of_the_calls(make_server,
         setup_pay(s, mock)
         # ten calls, more than the process's 8 slots: without the shares
         # they would take every slot, and fast-1 would wait 6 s for them
+        t0 = time.monotonic()
         slow_ids = {f"slow-{i}": pay(s, f"slow-{i}", name="slowpay") for i in range(10)}
         wait_for(lambda: metric(s, "idemflow_gateway_calls_deferred_total") >= 6 and
                  slow.call("GET", "/stats")["requests"]["POST /v1/charges"] == 4)
@@ -1314,6 +1336,11 @@ def test_a_destination_that_hangs_holds_only_its_share_of_the_calls(make_server,
             assert slow.charges(order) == 1
         assert slow.call("GET", "/stats")["requests"]["POST /v1/charges"] == 12
         assert mock.charges("fast-1") == 1
+        # the waiting calls took turns on the destination's calendar (4 a
+        # second for 4 shares), not one claim each every few hundred ms
+        # (found by a reviewer: the calendar never moved on)
+        took = time.monotonic() - t0
+        assert metric(s, "idemflow_gateway_calls_deferred_total") <= 10 + 5 * took, took
     finally:
         slow.stop()
 

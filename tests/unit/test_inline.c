@@ -185,20 +185,55 @@ static void prepare(struct fx *f, struct run *r, int64_t epoch)
     store_steps_free(rows, n);
 }
 
+/* Claims `a` and sends it back to DISPATCHED with an error, as a refused
+ * call's retry does; returns the epoch it had. */
+static int64_t refused(struct fx *f, const char *error)
+{
+    int64_t epoch = claim(f->s, "a", NULL, NULL);
+    struct step_outcome o = {.w = f->w,
+                             .workspace = "ws",
+                             .execution_id = XID,
+                             .vertex = "a",
+                             .epoch = epoch,
+                             .from = STEP_EXECUTING,
+                             .to = STEP_DISPATCHED,
+                             .error = error,
+                             .attempt_outcome = "refused",
+                             .now = clock_now_ms()};
+    assert_int_equal(store_tx_run(f->s, steps_apply, &o, NULL), 0);
+    assert_false(o.fenced);
+    return epoch;
+}
+
+/* The attempt rows of `a`: how many, and whether one has `epoch`. */
+static size_t attempts_of_a(struct fx *f, int64_t epoch, int *has)
+{
+    struct store_attempt *h = NULL;
+    size_t nh = 0, k = 0;
+    *has = 0;
+    assert_int_equal(store_attempts_get(f->s, XID, &h, &nh, NULL), 0);
+    for (size_t i = 0; i < nh; i++)
+        if (strcmp(h[i].vertex, "a") == 0) {
+            k++;
+            *has |= h[i].epoch == epoch;
+        }
+    store_attempts_free(h, nh);
+    return k;
+}
+
 /* A deferred GATEWAY call (gwstep.c): the claim is taken back as if it
  * never was — DISPATCHED at run_at, its attempt uncounted and its row
- * gone, the error as it was — and only by the claim's own epoch. */
+ * gone, the error the attempt before left kept — and only by the claim's
+ * own epoch, which the next claim goes past. */
 static void test_unclaim_leaves_no_attempt(void **state)
 {
     struct fx *f = *state;
+    const char err[] = "{\"code\":\"refused\",\"verifyFirst\":true}";
+    int64_t first = refused(f, err);
     int64_t epoch = claim(f->s, "a", NULL, NULL), at = clock_now_ms() + 5000;
-    struct store_attempt *h = NULL;
-    size_t nh = 0, open_rows = 0;
-    assert_int_equal(store_attempts_get(f->s, XID, &h, &nh, NULL), 0);
-    for (size_t i = 0; i < nh; i++)
-        open_rows += strcmp(h[i].vertex, "a") == 0 && h[i].epoch == epoch;
-    assert_int_equal(open_rows, 1); /* the claim's own attempt */
-    store_attempts_free(h, nh);
+    int has = 0;
+    assert_int_equal(attempts_of_a(f, epoch, &has), 2);
+    assert_true(has); /* the claim's own attempt, open */
     struct step_outcome o = {.w = f->w,
                              .workspace = "ws",
                              .execution_id = XID,
@@ -215,20 +250,31 @@ static void test_unclaim_leaves_no_attempt(void **state)
     assert_int_equal(store_steps_get(f->s, XID, &rows, &n, NULL), 0);
     const struct store_step *a = row(rows, n, "a");
     assert_int_equal(a->state, STEP_DISPATCHED);
-    assert_int_equal(a->attempts, 0);
-    assert_int_equal(a->epoch, epoch); /* a later holder of this epoch stays fenced */
+    assert_int_equal(a->attempts, 1);
+    assert_int_equal(a->epoch, epoch); /* not handed out again */
     assert_int_equal(a->next_run_at, at);
-    assert_null(a->error);
+    assert_string_equal(a->error, err);
     assert_null(a->lease_owner);
     store_steps_free(rows, n);
-    assert_int_equal(store_attempts_get(f->s, XID, &h, &nh, NULL), 0);
-    for (size_t i = 0; i < nh; i++)
-        assert_string_not_equal(h[i].vertex, "a");
-    store_attempts_free(h, nh);
-    /* the same unclaim again (a stale worker): fenced, nothing written */
+    assert_int_equal(attempts_of_a(f, epoch, &has), 1);
+    assert_false(has);
+    assert_int_equal(attempts_of_a(f, first, &has), 1);
+    assert_true(has); /* the refused attempt stays */
+    /* the next claim goes past the epoch taken back; a late unclaim of
+     * that epoch (a stale worker) is fenced and deletes nothing */
+    struct store_claim *c = NULL;
+    assert_int_equal(store_claim(f->s, "w2", 16, at, 60000, &c, &n, NULL), 0);
+    int64_t next = -1;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(c[i].vertex, "a") == 0)
+            next = c[i].epoch;
+    store_claims_free(c, n);
+    assert_int_equal(next, epoch + 1);
     o.now = clock_now_ms();
     assert_int_equal(store_tx_run(f->s, steps_apply, &o, NULL), 0);
     assert_true(o.fenced);
+    assert_int_equal(attempts_of_a(f, next, &has), 2);
+    assert_true(has);
 }
 
 static void test_inline_applies_on_unchanged_rows(void **state)

@@ -14,7 +14,7 @@
 
 #define MAX_POINTS 16
 
-enum action { A_KILL, A_SLEEP, A_EXIT, A_CRASH };
+enum action { A_KILL, A_SLEEP, A_EXIT, A_CRASH, A_FAIL };
 
 struct point {
     char name[64];
@@ -67,6 +67,8 @@ static void parse_one(const char *s, size_t len)
             p->action = A_EXIT;
         } else if (strcmp(act, "crash") == 0) {
             p->action = A_CRASH;
+        } else if (strcmp(act, "fail") == 0) {
+            p->action = A_FAIL;
         } else if (strcmp(act, "kill") != 0) {
             return;
         }
@@ -97,8 +99,11 @@ void fault_init(void)
         log_warn("fault.armed", "fault point %s armed (hit %ld)", points[i].name, points[i].nth);
 }
 
-void fault_hit(const char *name)
+/* The point's firing (its action run, or for `fail` only logged): 1 when
+ * it fired with `fail`. */
+static int hit(const char *name)
 {
+    int fail = 0;
     for (int i = 0; i < npoints; i++) {
         struct point *p = &points[i];
         if (strcmp(p->name, name) != 0)
@@ -121,6 +126,20 @@ void fault_hit(const char *name)
                 ;
             break;
         }
+        case A_FAIL:
+            fail = 1;
+            break;
         }
     }
+    return fail;
+}
+
+void fault_hit(const char *name)
+{
+    (void)hit(name);
+}
+
+int fault_fails_hit(const char *name)
+{
+    return hit(name);
 }

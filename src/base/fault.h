@@ -7,6 +7,8 @@
  *           exit      _exit(3)
  *           crash     abort(): a crash (SIGABRT), which crashmark records,
  *                     where a kill leaves no trace
+ *           fail      the code at a FAULT_FAILS point fails as its operation
+ *                     would (a store read that errs), and goes on
  *   @N      fire on the N-th hit of that point only (default: the first)
  *   @*      fire on every hit (for sleep: a point that is always slow)
  * Each firing writes a "fault.fired" log line first, so a test can see it.
@@ -23,6 +25,11 @@ extern int fault_armed; /* frozen after fault_init() */
 /* Reads IDEMFLOW_FAULT once; call before starting threads. */
 void fault_init(void);
 void fault_hit(const char *name);
+/* fault_hit, and 1 when the point fired with `fail`. */
+int fault_fails_hit(const char *name);
+
+/* 1 when the point `name` fired with `fail`: the caller fails there. */
+#define FAULT_FAILS(name) (fault_armed && fault_fails_hit(name))
 
 #define FAULT(name)                                                                                \
     do {                                                                                           \

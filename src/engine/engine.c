@@ -406,6 +406,10 @@ int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***
 {
     char **sealed = NULL;
     *values = NULL;
+    *names = NULL;
+    *n = 0;
+    if (FAULT_FAILS("secrets.read"))
+        return err_set(e, IFL_ESTORE, "fault point secrets.read");
     int rc = sealed_all(g, ws, names, &sealed, n, e);
     if (rc) { /* what a failed read filled (the names go with the caller's release) */
         store_strv_free(sealed, *n);

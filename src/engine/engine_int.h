@@ -192,10 +192,10 @@ void engine_note_attempts_checked(struct engine *g, const struct attempt_note *n
                                   int *failed);
 
 /* A claimed GATEWAY step that is not sent now, though nothing is wrong
- * with it: DISPATCHED again, to run at `at` — with its attempt's outcome
- * `outcome` ("not_sent": the store could not be read), or as if it had
- * never been claimed (unclaim, "deferred": its destination has its share
- * of the calls in flight; no attempt is left, the error stays). */
+ * with it: DISPATCHED again, to run at `at`, as if it had never been
+ * claimed (unclaim: no attempt is left, the error stays) — `outcome`
+ * says why: "deferred" (its destination has its share of the calls in
+ * flight) or "not_sent" (the store could not be read). */
 struct gw_again {
     int64_t at; /* 0: not this case */
     const char *outcome;

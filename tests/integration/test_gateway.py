@@ -640,6 +640,26 @@ def verify_flow(mock, max_attempts=5, done_when="= $count(response.body.data) > 
         "edges": [{"from": "order", "to": "charge"}]}
 
 
+def test_a_claim_whose_secrets_cannot_be_read_keeps_its_verify_first(make_server, mock):
+    """Found by a judge: when the workspace's secrets could not be read (a
+    database outage) at a claim, the step went back to DISPATCHED with a
+    `not_sent` error written over the one before — and with it the
+    `verifyFirst` a 500 after the charge had left — so the next attempt
+    re-sent without verifying: a second charge at a provider that ignores
+    keys.  The claim is now taken back with the error as it was."""
+    s = make_server(env={"IDEMFLOW_FAULT": "secrets.read:fail@2"},
+                    extra=["--workers", "1", "--no-inline"])
+    s.start()
+    put_workflow(s, "rvw", verify_flow(mock))
+    mock.faults("ignore_idempotency;status=500:after_commit:count=1")
+    x = finished(s, run(s, "rvw", {"order": {"id": "o-35"}}, entry="order"))
+    assert "fault point secrets.read fired" in s.logs()
+    hist = [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+    assert x["status"] == "completed" and hist == ["ambiguous_outcome", "verified"], hist
+    assert mock.charges("o-35") == 1
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+
+
 def test_a_call_whose_lease_lapsed_before_it_left_is_not_sent(make_server, mock):
     """The trigger's thread claims the call, then stalls before sending it
     (gateway.before_launch:sleep, as a long batch or commit would) past its

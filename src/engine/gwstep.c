@@ -18,9 +18,9 @@
  *    `reconcile` → REQUIRES_RECONCILIATION;
  *  - 409 → onConflict; other 4xx → clientErrorMode.
  * A call whose destination (scheme, host, port) has its share of the
- * process's calls in flight is not sent: the step is DISPATCHED again
- * (`deferred`, not an attempt of its budget), so a destination that hangs
- * holds at most its share of the slots, not every one.
+ * process's calls in flight is not sent: its claim is taken back
+ * (`deferred`: DISPATCHED again, no attempt left), so a destination that
+ * hangs holds at most its share of the slots, not every one.
  * The Idempotency-Key comes from the step's template, so every attempt —
  * after a restart or an operator retry too — sends the same value.
  */
@@ -75,13 +75,14 @@ struct gw_job {
     struct store_step *rows; /* the execution as read at the claim */
     size_t nrows;
     char *worker;
-    struct gw_dest *dest; /* its share of its destination's calls, until job_free */
+    struct gw_dest *dest; /* its share of its destination's calls, until its call ends */
     struct gw_response *resp;
     struct gw_job *next;  /* done queue */
     struct gw_job *inext; /* in-flight list */
 };
 
-/* A destination's calls in this process, from render to job_free: a list
+/* A destination's calls in this process, from render to the call's end
+ * (or to job_free, for a call that never left): a list
  * under g->gmu (as many entries as destinations with a call out, at most
  * max_calls; an entry goes with its last call). */
 struct gw_dest {

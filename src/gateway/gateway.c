@@ -281,9 +281,23 @@ void gw_request_scrub_also(struct gw_request *r, char *const *values, size_t n)
 
 /* A url's user and password go out as "Authorization: Basic
  * base64(user:password)", an encoding the engine's own client makes: kept
- * when the url carried a secret, so an echo of that header is scrubbed. */
-static void keep_userinfo(struct gw_request *r)
+ * when the url's userinfo carried a secret (`sealed`, the url with its
+ * sentinels), so an echo of that header is scrubbed.  Not otherwise: a
+ * userinfo written in the clear is no secret, and neither is its base64,
+ * which the masked request may show (found by fuzz_gateway). */
+static void keep_userinfo(struct gw_request *r, const char *sealed)
 {
+    const char *auth = strstr(sealed, "://");
+    auth = auth ? auth + 3 : sealed;
+    const char *end = auth + strcspn(auth, "/?#"), *at = NULL;
+    for (const char *q = auth; q < end; q++)
+        if (*q == '@')
+            at = q;
+    char *userinfo = at ? xstrndup(auth, (size_t)(at - auth)) : NULL;
+    int secret = userinfo && strstr(userinfo, sentinel()) != NULL;
+    free(userinfo);
+    if (!secret)
+        return;
     CURLU *h = curl_url();
     char *user = NULL, *pw = NULL;
     if (h && curl_url_set(h, CURLUPART_URL, r->url, 0) == CURLUE_OK) {
@@ -576,7 +590,7 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
         free(r->sealed_url);
         r->sealed_url = r->url;
         r->url = s;
-        keep_userinfo(r);
+        keep_userinfo(r, r->sealed_url);
     }
     for (size_t i = 0; i < r->nheaders; i++)
         if (strstr(r->headers[i].value, so)) {

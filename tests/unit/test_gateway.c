@@ -211,6 +211,35 @@ static void test_secrets_in_query_and_body(void **state)
     free(tagged);
 }
 
+/* A url's userinfo goes out as Basic base64(user:password): that form is
+ * scrubbed when the userinfo held a secret, and only then (fuzz_gateway:
+ * a clear userinfo's base64 in a header counted as a leaked secret). */
+static void test_userinfo_is_a_secret_only_when_it_holds_one(void **state)
+{
+    (void)state;
+    char *s = gw_secret_sentinel("KEY");
+    for (int in_userinfo = 0; in_userinfo < 2; in_userinfo++) {
+        char url[512];
+        if (in_userinfo)
+            snprintf(url, sizeof url, "http://user:%s@127.0.0.1:9/c", s);
+        else
+            snprintf(url, sizeof url, "http://user@127.0.0.1:9/c?t=%s", s);
+        json_t *rendered = json_pack("{s:s}", "url", url);
+        struct gw_request r;
+        assert_int_equal(gw_request_build("GET", rendered, &r, NULL), 0);
+        assert_int_equal(gw_request_unseal(&r, resolver, NULL, NULL), 0);
+        int basic = 0;
+        const char *b64 = in_userinfo ? "dXNlcjpza19saXZlX1NFQ1JFVA==" /* user:sk_live_SECRET */
+                                      : "dXNlcjo=";                    /* user: */
+        for (size_t i = 0; i < r.nsecrets; i++)
+            basic |= strcmp(r.secrets[i], b64) == 0;
+        assert_int_equal(basic, in_userinfo);
+        gw_request_clear(&r);
+        json_decref(rendered);
+    }
+    free(s);
+}
+
 static void test_secrets_are_masked(void **state)
 {
     char *s = gw_secret_sentinel("KEY");
@@ -426,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_backoff_full_jitter),
         cmocka_unit_test(test_policy_defaults),
         cmocka_unit_test(test_secrets_are_masked),
+        cmocka_unit_test(test_userinfo_is_a_secret_only_when_it_holds_one),
         cmocka_unit_test(test_secrets_in_query_and_body),
         cmocka_unit_test(test_egress_policy),
         cmocka_unit_test(test_a_lapsed_lease_stops_the_request),

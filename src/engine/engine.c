@@ -661,21 +661,21 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         size_t n = ca->nrows;
         struct store_step *seen = rows_for_job(ca->rows, n);
         char *err = NULL;
-        struct gw_again again = {0};
+        int64_t again_at = 0;
         /* the context a worker's attempt would read, from the texts the
          * transaction stores (the payload's and the inline outputs'), so
          * that every attempt renders the same request: a value read back
          * from its text (-0 is written 0) is what later attempts see */
         json_t *jctx = engine_context(nx, ca->rows, ca->nrows);
         struct gw_job *j =
-            engine_gw_prepare(g, &c, w, ca->early[k].vi, jctx, &seen, &n, &err, &again);
+            engine_gw_prepare(g, &c, w, ca->early[k].vi, jctx, &seen, &n, &err, &again_at);
         json_decref(jctx);
         store_steps_free(seen, n);
         free(err);
         if (!j) { /* back to DISPATCHED: a worker fails it, or sends it when it is to be tried
                      again (the others' plans go stale: safe) */
-            if (again.at) /* its destination is busy: as a worker would defer it */
-                st->next_run_at = again.at;
+            if (again_at) /* its destination is busy: as a worker would defer it */
+                st->next_run_at = again_at;
             st->state = STEP_DISPATCHED;
             st->epoch--;
             st->attempts--;

@@ -72,9 +72,8 @@ struct engine {
     pthread_mutex_t gmu;
     struct gw_job *gw_done;     /* finished calls waiting for a worker */
     struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
-    int gw_inflight_n;
-    struct gw_dest *gw_dests; /* calls per destination, from render to end (gmu) */
-    int gw_shares_n;          /* … all of them: rendered, or on the wire */
+    struct gw_dest *gw_dests;   /* calls per destination, from render to end (gmu) */
+    int gw_shares_n;            /* … all of them: rendered, or on the wire */
 
     /* A workspace's sealed secrets, as engine_secrets_all read them (every
      * GATEWAY claim asks), under scmu.  Only where this process is the
@@ -94,8 +93,6 @@ struct engine {
 
 struct gw_job;
 #define GW_MAX_CALLS 256 /* engine_run_opts.max_calls's default */
-/* A call put off: its destination had its share of the calls in flight. */
-#define GW_DEFERRED "deferred"
 /* How long a stop waits for GATEWAY calls in flight (and webhook
  * deliveries) before it ends them (gw_client_free): a destination that
  * never answers, or a workflow's hour-long timeoutMs, must not hold a
@@ -191,22 +188,15 @@ void engine_note_attempts(struct engine *g, const struct attempt_note *notes, si
 void engine_note_attempts_checked(struct engine *g, const struct attempt_note *notes, size_t n,
                                   int *failed);
 
-/* A claimed GATEWAY step that is not sent now, though nothing is wrong
- * with it: DISPATCHED again, to run at `at`, as if it had never been
- * claimed (unclaim: no attempt is left, the error stays) — `outcome`
- * says why: "deferred" (its destination has its share of the calls in
- * flight) or "not_sent" (the store could not be read). */
-struct gw_again {
-    int64_t at; /* 0: not this case */
-    const char *outcome;
-    int unclaim; /* deferred: the claim is taken back, no attempt left (step_outcome) */
-};
 /* Renders a claimed GATEWAY step's call.  NULL when it is not to be sent:
- * with again->at set, it is to be tried again (*err_text a note saying
- * why); otherwise *err_text is the step's error (it fails). */
+ * with *again_at set, nothing is wrong with it — its destination has its
+ * share of the calls in flight, or the store could not be read — and its
+ * claim is to be taken back as if it had never been (step_outcome's
+ * unclaim: no attempt left, the error as it was), to run at *again_at;
+ * otherwise *err_text is the step's error (it fails). */
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
-                                 char **err_text, struct gw_again *again);
+                                 char **err_text, int64_t *again_at);
 /* Sends a prepared call (ownership passes to the engine).  claimed_at: when
  * its step was claimed; past half the lease the lease is renewed first,
  * and a call whose lease was taken over is dropped unsent. */

@@ -96,14 +96,11 @@ struct gw_dest {
  * without userinfo, the port the scheme's when none is given. */
 static char *dest_key(const char *url)
 {
-    const char *p = strstr(url, "://");
-    if (!p)
+    const char *auth, *at, *end;
+    if (!gw_url_authority(url, &auth, &at, &end))
         return xstrdup(url);
-    int slen = (int)(p - url);
-    const char *host = p + 3, *end = host + strcspn(host, "/?#");
-    for (const char *q = host; q < end; q++)
-        if (*q == '@') /* the last '@' before the path ends the userinfo */
-            host = q + 1;
+    int slen = (int)(auth - 3 - url);
+    const char *host = at ? at + 1 : auth;
     int has_port = 0;
     for (const char *q = end; q > host && q[-1] != ']'; q--) /* not an IPv6 literal's colons */
         if (q[-1] == ':') {
@@ -301,7 +298,7 @@ static void submit(struct gw_job *j, const struct gw_request *r)
 int engine_gw_inflight(struct engine *g)
 {
     pthread_mutex_lock(&g->gmu);
-    int n = g->gw_shares_n > g->gw_inflight_n ? g->gw_shares_n : g->gw_inflight_n;
+    int n = g->gw_shares_n; /* every call holds a share until it ends */
     pthread_mutex_unlock(&g->gmu);
     return n;
 }
@@ -312,7 +309,6 @@ static void inflight_add(struct gw_job *j)
     pthread_mutex_lock(&g->gmu);
     j->inext = g->gw_inflight;
     g->gw_inflight = j;
-    g->gw_inflight_n++;
     pthread_mutex_unlock(&g->gmu);
 }
 
@@ -323,7 +319,6 @@ static void inflight_remove(struct gw_job *j)
     for (struct gw_job **p = &g->gw_inflight; *p; p = &(*p)->inext)
         if (*p == j) {
             *p = j->inext;
-            g->gw_inflight_n--;
             break;
         }
     if (j->dest) /* the call ended: its destination may take the next one now */
@@ -494,9 +489,9 @@ static json_t *render_context(const struct wf *w, long vi, json_t *ctx)
 
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
-                                 char **err_text, struct gw_again *again)
+                                 char **err_text, int64_t *again_at)
 {
-    *again = (struct gw_again){0};
+    *again_at = 0;
     const struct wf_vertex *v = &w->v[vi];
     if (v->broken) {
         *err_text = engine_broken_error(v);
@@ -547,7 +542,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         /* taken back as a deferral is: the error the attempt before left
          * (its verifyFirst, found by a judge: a `not_sent` error written
          * over it let the next attempt send without verifying) stays */
-        *again = (struct gw_again){clock_now_ms() + 1000, "not_sent", 1};
+        *again_at = clock_now_ms() + 1000;
         return NULL;
     }
     json_t *rctx = render_context(w, vi, ctx);
@@ -576,10 +571,8 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* Its destination's share of the calls in flight is taken: not sent,
      * and not an attempt of its budget (a call to another destination is
      * not held up behind a destination that hangs). */
-    int64_t again_at = 0;
-    if (!dest_take(j, j->req.url, c->epoch > c->attempts, &again_at)) {
+    if (!dest_take(j, j->req.url, c->epoch > c->attempts, again_at)) {
         atomic_fetch_add(&g->m.gw_deferred, 1);
-        *again = (struct gw_again){again_at, GW_DEFERRED, 1};
         job_free(j);
         return NULL;
     }

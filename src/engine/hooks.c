@@ -204,18 +204,11 @@ static char *sub_aad(const char *ws, const char *name)
  * them.  Deliveries still send them (libcurl: Authorization: Basic). */
 static json_t *url_shown(const char *url)
 {
-    const char *host = strstr(url, "://");
-    if (!host)
+    const char *auth, *at, *end;
+    if (!gw_url_authority(url, &auth, &at, &end) || !at)
         return json_string(url);
-    host += 3;
-    const char *end = host + strcspn(host, "/?#"), *at = NULL;
-    for (const char *q = host; q < end; q++)
-        if (*q == '@')
-            at = q;
-    if (!at)
-        return json_string(url);
-    const char *colon = memchr(host, ':', (size_t)(at - host));
-    size_t keep = colon ? (size_t)(colon + 1 - url) : (size_t)(host - url);
+    const char *colon = memchr(auth, ':', (size_t)(at - auth));
+    size_t keep = colon ? (size_t)(colon + 1 - url) : (size_t)(auth - url);
     char *shown = xasprintf("%.*s****%s", (int)keep, url, at);
     json_t *v = json_string(shown);
     free(shown);

@@ -171,14 +171,13 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     long vi = wf_vertex_index(w, c->vertex);
     enum step_state to = STEP_FAILED;
     int64_t run_at = 0;
-    const char *again_outcome = NULL;
     int unclaim = 0;
     if (vi < 0) {
         p->err_text = steps_error_json("unknown_vertex", "the workflow version has no such vertex");
     } else if (w->v[vi].type == WF_GATEWAY) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        struct gw_again again = {0};
-        p->job = engine_gw_prepare(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text, &again);
+        int64_t again_at = 0;
+        p->job = engine_gw_prepare(g, c, w, vi, p->ctx, &p->rows, &p->n, &p->err_text, &again_at);
         if (p->job) {
             /* The call adds to its context on whichever worker drains it:
              * no reference may stay here (one dropped later, on this
@@ -187,11 +186,10 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
             p->ctx = NULL;
             return; /* launched by run_batch; the outcome comes when the call ends */
         }
-        if (again.at) { /* nothing sent, nothing wrong with the step: again later */
+        if (again_at) { /* nothing sent, nothing wrong with the step: again later */
             to = STEP_DISPATCHED;
-            run_at = again.at;
-            again_outcome = again.outcome;
-            unclaim = again.unclaim;
+            run_at = again_at;
+            unclaim = 1;
         }
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
@@ -215,10 +213,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         .to = to,
         .output = p->out_text,
         .error = p->err_text,
-        .attempt_outcome = again_outcome           ? again_outcome
-                           : to == STEP_COMPLETED  ? "completed"
-                           : to == STEP_DISPATCHED ? "not_sent"
-                                                   : "failed",
+        .attempt_outcome = to == STEP_COMPLETED ? "completed" : "failed",
         .run_at = run_at,
         .unclaim = unclaim,
         .dec = p->d,

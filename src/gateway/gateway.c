@@ -285,14 +285,22 @@ void gw_request_scrub_also(struct gw_request *r, char *const *values, size_t n)
  * sentinels), so an echo of that header is scrubbed.  Not otherwise: a
  * userinfo written in the clear is no secret, and neither is its base64,
  * which the masked request may show (found by fuzz_gateway). */
+int gw_url_authority(const char *url, const char **auth, const char **at, const char **end)
+{
+    const char *p = strstr(url, "://");
+    *auth = p ? p + 3 : url;
+    *end = *auth + strcspn(*auth, "/?#");
+    *at = NULL;
+    for (const char *q = *auth; q < *end; q++)
+        if (*q == '@')
+            *at = q;
+    return p != NULL;
+}
+
 static void keep_userinfo(struct gw_request *r, const char *sealed)
 {
-    const char *auth = strstr(sealed, "://");
-    auth = auth ? auth + 3 : sealed;
-    const char *end = auth + strcspn(auth, "/?#"), *at = NULL;
-    for (const char *q = auth; q < end; q++)
-        if (*q == '@')
-            at = q;
+    const char *auth, *at, *end;
+    gw_url_authority(sealed, &auth, &at, &end);
     char *userinfo = at ? xstrndup(auth, (size_t)(at - auth)) : NULL;
     int secret = userinfo && strstr(userinfo, sentinel()) != NULL;
     free(userinfo);

@@ -106,6 +106,13 @@ char *gw_request_masked_url(const struct gw_request *r);
 /* 1 when s is an HTTP field name (an RFC 9110 token). */
 int gw_header_name_valid(const char *s);
 
+/* The authority of url, "scheme://[userinfo@]host[:port]/…": *auth where
+ * it begins (after "://"; url itself when there is none, returning 0),
+ * *at the '@' that ends its userinfo (the last one before the path) or
+ * NULL, *end where it ends (at '/', '?', '#' or the string's end).  All
+ * point into url. */
+int gw_url_authority(const char *url, const char **auth, const char **at, const char **end);
+
 /* Renders `rendered` (the evaluated {url, headers, query, body} template,
  * borrowed; strings may contain secret sentinels, see gw_secret_sentinel)
  * into a request.  method NULL = "GET" without a body, "POST" with one.

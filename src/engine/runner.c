@@ -320,8 +320,10 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
             continue;
         }
         int ok = o->to == STEP_COMPLETED && !o->over_budget;
-        trace(g, ok ? "completed" : "failed", c);
-        atomic_fetch_add(ok ? &g->m.steps_completed : &g->m.steps_failed, 1);
+        if (!o->unclaim) { /* a claim taken back neither completed nor failed */
+            trace(g, ok ? "completed" : "failed", c);
+            atomic_fetch_add(ok ? &g->m.steps_completed : &g->m.steps_failed, 1);
+        }
         if (o->status_changed)
             engine_execution_moved(g, c->execution_id, o->status);
         engine_inline_done(g, &pp->plan, o);

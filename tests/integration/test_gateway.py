@@ -1361,6 +1361,8 @@ def test_a_destination_that_hangs_holds_only_its_share_of_the_calls(make_server,
         # (found by a reviewer: the calendar never moved on)
         took = time.monotonic() - t0
         assert metric(s, "idemflow_gateway_calls_deferred_total") <= 10 + 5 * took, took
+        # a deferral is no failed step (found reading the change again)
+        assert metric(s, 'idemflow_steps_total{event="failed"}') == 0
     finally:
         slow.stop()
 

@@ -360,6 +360,59 @@ static enum MHD_Result toobig(struct http_server *s, struct MHD_Connection *conn
     return ret;
 }
 
+/* Header fields a request may carry once.  libmicrohttpd 0.9 (Debian 12's)
+ * frames a body by the first Content-Length and ignores a second (fixed
+ * upstream in 1.0.4): behind a proxy that reads the last one, the rest of
+ * the body would be taken for the next request (RFC 9112 §6.3, request
+ * smuggling).  A body framed by both Transfer-Encoding and Content-Length
+ * is refused for the same reason, and a second Host, Content-Type or
+ * Authorization would have the engine read another value than a proxy in
+ * front of it checked. */
+static const char *const unique_fields[] = {
+    MHD_HTTP_HEADER_CONTENT_LENGTH, MHD_HTTP_HEADER_TRANSFER_ENCODING, MHD_HTTP_HEADER_HOST,
+    MHD_HTTP_HEADER_CONTENT_TYPE, MHD_HTTP_HEADER_AUTHORIZATION};
+#define N_UNIQUE (sizeof unique_fields / sizeof *unique_fields)
+
+static enum MHD_Result count_unique(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    (void)kind;
+    (void)value;
+    int *n = cls;
+    for (size_t i = 0; key && i < N_UNIQUE; i++)
+        n[i] += strcasecmp(key, unique_fields[i]) == 0;
+    return MHD_YES;
+}
+
+/* The framing fault of a request's header, or NULL. */
+static const char *framing_fault(struct MHD_Connection *conn)
+{
+    int n[N_UNIQUE] = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_unique, n);
+    for (size_t i = 0; i < N_UNIQUE; i++)
+        if (n[i] > 1)
+            return unique_fields[i];
+    return n[0] && n[1] ? "Content-Length and Transfer-Encoding" : NULL;
+}
+
+/* 400 for a header framed ambiguously; the connection is closed, the body
+ * never read. */
+static enum MHD_Result refuse_framing(struct http_server *s, struct MHD_Connection *conn,
+                                      const char *field)
+{
+    struct http_res res = {0};
+    int both = strchr(field, ' ') != NULL;
+    http_res_body(&res, 400, "application/problem+json",
+                  xasprintf("{\"type\":\"/problems/bad-request\",\"title\":\"Bad Request\","
+                            "\"status\":400,\"detail\":\"%s%s%s (RFC 9112)\"}",
+                            both ? "the request has both " : "the header field ", field,
+                            both ? ": send one of them" : " appears more than once: send it once"));
+    http_res_header(&res, "Connection", "close");
+    enum MHD_Result ret = send_res(s, conn, &res);
+    http_res_clear(&res);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -372,6 +425,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         buf_init(&c->body, s->o.max_body);
         c->conn = conn;
         *con_cls = c;
+        const char *fault = framing_fault(conn);
+        if (fault)
+            return refuse_framing(s, conn, fault);
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {

@@ -1,5 +1,6 @@
 """Workspaces, workflows and secrets over real HTTP."""
 import copy
+import json
 import os
 
 import pytest
@@ -193,6 +194,52 @@ def test_an_endless_chunked_body_is_cut_off(server):
     s.close()
     assert closed and sent < (16 << 20), sent
     assert server.get("/healthz").status == 200
+
+
+def _raw_exchange(port, data):
+    import socket
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(data)
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+    s.close()
+    return out
+
+
+@pytest.mark.parametrize("fields", [
+    b"Content-Length: 2\r\nContent-Length: 3\r\n",
+    b"Content-Length: 2\r\nContent-Length: 2\r\n",
+    b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+    b"Content-Length: 2\r\nContent-Type: text/plain\r\n",
+    b"Content-Length: 2\r\nHost: y\r\n",
+])
+def test_a_request_framed_two_ways_is_refused_and_changes_nothing(server, fields):
+    """Found by an audit: libmicrohttpd 0.9 framed a body by the first of two
+    Content-Length fields (fixed upstream in 1.0.4); a proxy reading the
+    other would take the rest for a next request (RFC 9112 §6.3).  Two
+    Content-Length, Content-Length with Transfer-Encoding, a second Host or
+    Content-Type: 400 problem+json, the connection closed, nothing stored."""
+    assert server.put("/v1/workspaces/frm", {}).status in (200, 201)
+    t = "/v1/workspaces/frm/workflows/orders/entry-points/by_payload/test-runs"
+    assert server.put("/v1/workspaces/frm/workflows/orders", ORDERS).status == 201
+    out = _raw_exchange(server.port, b"POST " + t.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Type: application/json\r\n" + fields + b"\r\n{}x")
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), out
+    assert b"application/problem+json" in head and b"connection: close" in head.lower(), head
+    doc = json.loads(body)
+    assert doc["status"] == 400 and doc["type"] == "/problems/bad-request", doc
+    assert "RFC 9112" in doc["detail"], doc
+    assert server.get("/v1/workspaces/frm/executions").json["items"] == []
+    # one of each is served as before
+    ok = _raw_exchange(server.port, b"POST " + t.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                       b"Connection: close\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 2\r\n\r\n{}")
+    assert ok.startswith(b"HTTP/1.1 201"), ok
 
 
 def test_connection_limits_bound_what_one_client_can_hold(make_server):

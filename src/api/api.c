@@ -67,9 +67,9 @@ void api_problem(struct http_res *res, int status, const char *slug, const char 
     json_object_set_new(p, "type", json_string(type));
     json_object_set_new(p, "title", json_string(title));
     json_object_set_new(p, "status", json_integer(status));
-    json_object_set_new(p, "detail", json_string(detail ? detail : title));
+    json_object_set_new(p, "detail", json_string_lossy(detail ? detail : title));
     if (pointer)
-        json_object_set_new(p, "pointer", json_string(pointer));
+        json_object_set_new(p, "pointer", json_string_lossy(pointer));
     http_res_body(res, status, "application/problem+json", json_to_string(p));
     json_decref(p);
 }

@@ -74,6 +74,52 @@ json_t *json_time(int64_t ms)
     return json_string(ts);
 }
 
+/* The length of the valid UTF-8 sequence at p (RFC 3629: no overlong
+ * forms, no surrogates, at most U+10FFFF), or 0. */
+static size_t utf8_seq(const unsigned char *p)
+{
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    unsigned char lo = 0x80, hi = 0xBF;
+    size_t n;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        lo = c == 0xE0 ? 0xA0 : 0x80;
+        hi = c == 0xED ? 0x9F : 0xBF;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        lo = c == 0xF0 ? 0x90 : 0x80;
+        hi = c == 0xF4 ? 0x8F : 0xBF;
+    } else
+        return 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+json_t *json_string_lossy(const char *s)
+{
+    json_t *v = json_string(s);
+    if (v || !s)
+        return v;
+    struct buf b;
+    buf_init(&b, 0);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        size_t n = utf8_seq(p);
+        buf_append(&b, n ? (const char *)p : "\xEF\xBF\xBD", n ? n : 3);
+        p += n ? n : 1;
+    }
+    v = json_stringn(b.p ? b.p : "", b.len);
+    buf_free(&b);
+    return v;
+}
+
 int json_depth_ok(const char *text, size_t len, int max)
 {
     size_t where = 0;

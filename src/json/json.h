@@ -39,6 +39,12 @@ json_t *json_stored_value(const char *text);
 /* Unix ms as an RFC 3339 UTC string value (clock_rfc3339); new reference. */
 json_t *json_time(int64_t ms);
 
+/* s as a string value (new reference), each byte that is not part of
+ * valid UTF-8 (a client's "%FF" echoed in a message) replaced by U+FFFD:
+ * json_string refuses such text, and a message built from input must not
+ * vanish from the document it belongs in. */
+json_t *json_string_lossy(const char *s);
+
 /* 1 when text[0..len) nests arrays and objects at most max deep (strings
  * skipped), else 0.  Does not validate the text otherwise. */
 int json_depth_ok(const char *text, size_t len, int max);

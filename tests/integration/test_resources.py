@@ -242,6 +242,16 @@ def test_a_request_framed_two_ways_is_refused_and_changes_nothing(server, fields
     assert ok.startswith(b"HTTP/1.1 201"), ok
 
 
+def test_a_problem_that_echoes_invalid_utf8_keeps_its_detail_and_pointer(server):
+    """Found by an audit: `executions/%FF` was a 404 without `detail` (the
+    message echoed the byte, which no JSON string may hold)."""
+    assert server.put("/v1/workspaces/u8", {}).status in (200, 201)
+    r = server.get("/v1/workspaces/u8/executions/%FF")
+    assert r.status == 404 and "\ufffd" in r.json["detail"], r
+    r = server.get("/v1/workspaces/u8/executions?%FF=1")
+    assert r.status == 400 and r.json["pointer"] == "/\ufffd" and "\ufffd" in r.json["detail"], r
+
+
 def test_connection_limits_bound_what_one_client_can_hold(make_server):
     """Found by a resource judge: 1,024 connections dribbling their headers
     (the total limit) locked every other client out.  `--max-connections-

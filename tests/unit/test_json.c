@@ -579,6 +579,30 @@ static void test_pointer_and_num(void **state)
     json_decref(p);
 }
 
+static void lossy_is(const char *in, const char *want)
+{
+    json_t *v = json_string_lossy(in);
+    assert_non_null(v);
+    assert_string_equal(json_string_value(v), want);
+    json_decref(v);
+}
+
+/* Invalid UTF-8 (a client's "%FF" echoed in a problem's detail) becomes
+ * U+FFFD per bad byte; valid text, 4-byte forms included, stays as it is. */
+static void test_string_lossy(void **state)
+{
+    (void)state;
+    lossy_is("plain", "plain");
+    lossy_is("caf\xC3\xA9 \xF0\x9F\x98\x80", "caf\xC3\xA9 \xF0\x9F\x98\x80");
+    lossy_is("id '\xFF'", "id '\xEF\xBF\xBD'");
+    lossy_is("\xC0\xAF", "\xEF\xBF\xBD\xEF\xBF\xBD");                   /* overlong '/' */
+    lossy_is("\xED\xA0\x80x", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDx"); /* a surrogate */
+    lossy_is("\xF4\x90\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+    lossy_is("end \xE2\x82", "end \xEF\xBF\xBD\xEF\xBF\xBD"); /* cut short at the end */
+    lossy_is("", "");
+    assert_null(json_string_lossy(NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -588,7 +612,7 @@ int main(void)
         cmocka_unit_test(test_parse_too_big),   cmocka_unit_test(test_nul_in_strings),
         cmocka_unit_test(test_escaping),        cmocka_unit_test(test_utf16_order),
         cmocka_unit_test(test_write_order),     cmocka_unit_test(test_buffer_cap),
-        cmocka_unit_test(test_pointer_and_num),
+        cmocka_unit_test(test_pointer_and_num), cmocka_unit_test(test_string_lossy),
     };
     return cmocka_run_group_tests_name("json", tests, NULL, NULL);
 }

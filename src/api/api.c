@@ -1099,6 +1099,15 @@ static void h_resolve(struct call *c)
         json_decref(body);
         return;
     }
+    /* … and so would a forgotten one: null is an output only when sent. */
+    if (completed && !json_object_get(body, "output")) {
+        json_decref(body);
+        member_problem(c->res, 422, "validation-error",
+                       "a completed resolution needs \"output\": what the step's successors "
+                       "read as its result (send null to mean none)",
+                       "output");
+        return;
+    }
     char key[256], fp[65];
     struct engine_op_key k;
     if (op_key(c, body, key, fp, &k)) {

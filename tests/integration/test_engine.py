@@ -402,11 +402,12 @@ def test_resolve_completes_a_failed_step_and_continues(server):
     put_workflow(server, "secretive", secret_flow(server))
     xid = run(server, "secretive", {"n": 2})
     finished(server, xid)
-    # a misspelled output would complete the step with null, for good: 422,
-    # and the step is still FAILED
+    # a misspelled or forgotten output would complete the step with null,
+    # for good: 422, and the step is still FAILED
     url = f"{WS}/executions/{xid}/steps/needs_secret/resolve"
     for body, pointer in (({"outcome": "completed", "ouput": {"auth": "x"}}, "/ouput"),
-                          ({"outcome": "failed", "output": {"auth": "x"}}, "/output")):
+                          ({"outcome": "failed", "output": {"auth": "x"}}, "/output"),
+                          ({"outcome": "completed"}, "/output")):
         r = server.post(url, body)
         assert r.status == 422 and r.json["pointer"] == pointer, (body, r)
     assert steps_of(server.get(f"{WS}/executions/{xid}").json)["needs_secret"]["state"] == "FAILED"

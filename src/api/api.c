@@ -15,6 +15,7 @@
 #include "engine/workflow.h"
 #include "json/json.h"
 
+#include <ctype.h>
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -197,7 +198,7 @@ static int check_name(struct call *c, const char *what, const char *name)
     if (wf_name_valid(name))
         return 0;
     char d[200];
-    snprintf(d, sizeof d, "%s names are 1-128 characters of A-Z a-z 0-9 _ - .", what);
+    snprintf(d, sizeof d, "%s names are 1-128 characters of A-Z a-z 0-9 _ - ., not . or ..", what);
     api_problem(c->res, 400, "invalid-name", d, NULL);
     return -1;
 }
@@ -228,7 +229,7 @@ static int query_bool(struct call *c, const char *name)
         return 0;
     char ptr[80];
     snprintf(ptr, sizeof ptr, "/%s", name);
-    api_problem(c->res, 400, "invalid-parameter", "expected true or false", ptr);
+    api_problem(c->res, 400, "invalid-parameter", "expected true or false (or 1 or 0)", ptr);
     return -2;
 }
 
@@ -926,8 +927,8 @@ static void key_problem(struct call *c, int k, const char *required_why)
 }
 
 /* The optional Idempotency-Key of an operator action (spec §7) into k,
- * with the request's fingerprint: SHA-256 over the method, the path and
- * the body (its JCS form when it is JSON, else its bytes).  key and fp
+ * with the request's fingerprint: SHA-256 over the method, the path's
+ * segments and the body (its JCS form when it is JSON, else its bytes).  key and fp
  * back k's strings.  0, or -1 after a 400. */
 static int op_key(struct call *c, const json_t *body, char key[256], char fp[65],
                   struct engine_op_key *k)
@@ -943,7 +944,12 @@ static int op_key(struct call *c, const json_t *body, char key[256], char fp[65]
     struct buf b, j;
     buf_init(&b, 0); /* uncapped: the request's own bytes, already bounded */
     buf_init(&j, 0);
-    buf_printf(&b, "%s\n%s\n", c->req->method, c->req->path);
+    /* the path as routed: "…/retry/" is the same action as "…/retry" (and
+     * was never another fingerprint for a path without the slash) */
+    buf_printf(&b, "%s\n", c->req->method);
+    for (int i = 0; i < c->nseg; i++)
+        buf_printf(&b, "/%s", c->seg[i]);
+    buf_puts(&b, "\n");
     if (body && json_jcs(body, &j) == 0)
         buf_append(&b, j.p, j.len);
     else
@@ -1168,7 +1174,8 @@ static int query_limit(struct call *c, int dflt, int *limit)
         return 0;
     char *end = NULL;
     long v = strtol(lq, &end, 10);
-    if (end == lq || *end || v < 1 || v > 1000) {
+    /* digits only: strtol would take " 5" and "+5" */
+    if (!isdigit((unsigned char)lq[0]) || *end || v < 1 || v > 1000) {
         api_problem(c->res, 400, "invalid-parameter", "limit must be between 1 and 1000", "/limit");
         return -1;
     }
@@ -1805,6 +1812,13 @@ static int query_known(struct call *c, const char *const *params)
     int twice = 0;
     for (size_t i = 0; known[i] && !twice; i++)
         twice = strcmp(known[i], other) == 0;
+    const char *v = twice ? c->req->query(c->req, other) : NULL;
+    if (twice && (!v || !*v)) {
+        buf_printf(&why, "query parameter '%s' has no value: give one, or leave it out", other);
+        member_problem(c->res, 400, "invalid-parameter", why.p, other);
+        buf_free(&why);
+        return 0;
+    }
     if (twice) {
         buf_printf(&why, "query parameter '%s' is given more than once", other);
         member_problem(c->res, 400, "invalid-parameter", why.p, other);

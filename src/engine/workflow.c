@@ -24,6 +24,10 @@ int wf_name_valid(const char *s)
     size_t n = strlen(s);
     if (n < 1 || n > 128)
         return 0;
+    /* "." and ".." are path segments no client sends as they are (RFC 3986
+     * §5.2.4 removes them: PUT …/workspaces/.. would reach /v1/) */
+    if (strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+        return 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

@@ -116,7 +116,7 @@ long wf_vertex_index(const struct wf *w, const char *id);
 
 const char *wf_type_name(enum wf_vertex_type t);
 
-/* A vertex / workflow / workspace name: 1–128 of [A-Za-z0-9_.-]. */
+/* A vertex / workflow / workspace name: 1–128 of [A-Za-z0-9_.-], not "." or "..". */
 int wf_name_valid(const char *s);
 /* A duration "N" + ms|s|m|h|d (N >= 1, at most 3650 days) into *ms; 0 or
  * -1 (NULL, malformed, out of range). */

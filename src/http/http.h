@@ -34,9 +34,10 @@ struct http_req {
     const char *(*header)(const struct http_req *r, const char *name);
     const char *(*query)(const struct http_req *r, const char *name);
     /* The first query parameter whose name is not in `known` (NULL-
-     * terminated) or that is given twice, or NULL: a misspelled one would
-     * otherwise be ignored, and of a repeated one query() shows the first
-     * only. */
+     * terminated), that is given twice or without a value ("?limit",
+     * "?after="), or NULL: a misspelled one would otherwise be ignored, of
+     * a repeated one query() shows the first only, and an empty one would
+     * read as absent. */
     const char *(*query_other)(const struct http_req *r, const char *const *known);
     /* How many header lines carry `name` (case-insensitive): header() shows
      * only the first, so a field that must be single checks this. */

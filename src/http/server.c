@@ -204,11 +204,14 @@ static enum MHD_Result other_arg(void *cls, enum MHD_ValueKind kind, const char 
     (void)kind;
     (void)value;
     struct other *o = cls;
-    if (!key || !*key) /* "?&", "&&": an empty segment names nothing */
+    /* "?&", "&&": an empty segment names nothing; "?=x" names "" */
+    if (!key || (!*key && (!value || !*value)))
         return MHD_YES;
     for (int i = 0; o->known[i]; i++) {
         if (strcmp(key, o->known[i]) != 0)
             continue;
+        if (!value || !*value) /* "?limit", "?after=": no value is none of its values */
+            break;
         if (i < 32 && !(o->seen & 1u << i)) {
             o->seen |= 1u << i;
             return MHD_YES;

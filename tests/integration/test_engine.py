@@ -294,7 +294,11 @@ def test_an_unknown_query_parameter_is_refused_everywhere(server):
     for path in (f"{WS}/executions?stauts=failed", f"{WS}/executions?status=failed&x=1",
                  f"{WS}/events?afterr=1", f"{WS}/dead-letters?limit=5&cursor=x",
                  f"{WS}/executions/{xid}?verbose=1", f"{WS}/workflows/chain?versoin=1",
-                 f"{WS}?x", f"{WS}/secrets?x=", f"{WS}/subscriptions?all=1"):
+                 f"{WS}?x", f"{WS}/secrets?x=", f"{WS}/subscriptions?all=1",
+                 # found by an audit: no value read as none, and " 5" as 5
+                 f"{WS}/executions?limit", f"{WS}/events?after=", f"{WS}/executions?=x",
+                 f"{WS}/executions?limit=%205", f"{WS}/dead-letters?limit=+5",
+                 f"{WS}/executions?status=completed&workflow="):
         r = server.get(path)
         assert r.status == 400 and r.json["type"] == "/problems/invalid-parameter", (path, r)
         bad = path.rpartition("?")[2].split("&")[-1].split("=")[0]
@@ -524,6 +528,11 @@ def test_an_action_key_is_one_header_and_its_fingerprint_the_body_not_its_spelli
         r = server.post(path, raw=raw, headers={"Idempotency-Key": "k-a"})
         assert r.status == 200 and r.json == a.json, (raw, r)
         assert r.headers.get("idempotent-replayed") == "true", (raw, r)
+    # found by an audit: the path as routed, so a trailing slash (routed to
+    # the same action) is the same request, not a 422 reuse
+    r = server.post(path + "/", raw=b"{}", headers={"Idempotency-Key": "k-a"})
+    assert r.status == 200 and r.json == a.json, r
+    assert r.headers.get("idempotent-replayed") == "true", r
     h = [x["outcome"] for x in steps_of(server.get(f"{WS}/executions/{xid}").json)
          ["needs_secret"]["history"]]
     assert h.count("operator_retry") == 1, h

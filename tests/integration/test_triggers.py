@@ -253,6 +253,14 @@ def test_a_nul_or_a_repeat_in_the_url_never_names_something_else(orders):
     for path in ("/v1/workspaces/acme%00y", "/v1/workspaces/acme/secrets/S%00x"):
         r = s.put(path, {"value": "a-secret-value"} if "secrets" in path else {})
         assert r.status == 400 and r.json["type"] == "/problems/invalid-name", (path, r)
+    # found by an audit: "." and ".." fit the characters, but a client drops
+    # them from a path (RFC 3986): such a resource could not be addressed
+    for path in ("/v1/workspaces/..", "/v1/workspaces/.", "/v1/workspaces/acme/workflows/.."):
+        r = s.put(path, {"vertices": {"e": {"type": "ENTRY_POINT"}}} if "workflows" in path else {})
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-name", (path, r)
+    r = s.put(WF + "x", {"vertices": {"..": {"type": "ENTRY_POINT"}}})
+    assert r.status == 422 and r.json["pointer"] == "/vertices/..", r
+    assert s.get("/v1/workspaces/acme/workflows/ordersx").status == 404
     r = s.get(f"{WF}?version=1%00")
     assert r.status == 400 and r.json["pointer"] == "/version", r
     # found by a spec judge: an execution id (and any other segment) too

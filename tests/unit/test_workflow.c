@@ -395,6 +395,10 @@ static void test_names(void **state)
     assert_false(wf_name_valid(""));
     assert_false(wf_name_valid("a/b"));
     assert_false(wf_name_valid("a b"));
+    assert_false(wf_name_valid("."));
+    assert_false(wf_name_valid(".."));
+    assert_true(wf_name_valid("..."));
+    assert_true(wf_name_valid(".a"));
     char long_name[130];
     memset(long_name, 'a', 129);
     long_name[129] = '\0';

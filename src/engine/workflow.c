@@ -812,10 +812,12 @@ static int compile_vertices(struct wf *w, json_t *vertices, int strict, struct i
     {
         struct wf_vertex *v = &w->v[w->nv++];
         v->id = xstrdup(id);
-        if (!wf_name_valid(id)) {
+        /* a stored version from before "." and ".." were refused runs on */
+        int dots = strcmp(id, ".") == 0 || strcmp(id, "..") == 0;
+        if (!wf_name_valid(id) && (strict || !dots)) {
             vptr(p, sizeof p, id, NULL);
             return err_setp(e, IFL_EVALIDATION, p,
-                            "vertex ids are 1-128 characters of A-Z a-z 0-9 _ - .");
+                            "vertex ids are 1-128 characters of A-Z a-z 0-9 _ - ., not . or ..");
         }
         if (!json_is_object(vx)) {
             vptr(p, sizeof p, id, NULL);

@@ -72,8 +72,8 @@ struct engine {
     pthread_mutex_t gmu;
     struct gw_job *gw_done;     /* finished calls waiting for a worker */
     struct gw_job *gw_inflight; /* calls on the wire (their leases are renewed) */
-    struct gw_dest *gw_dests;   /* calls per destination, from render to end (gmu) */
-    int gw_shares_n;            /* … all of them: rendered, or on the wire */
+    struct gw_dest *gw_dests;   /* shares per destination, from render to end (gmu) */
+    int gw_calls_n;             /* calls holding shares: rendered, or on the wire */
 
     /* A workspace's sealed secrets, as engine_secrets_all read them (every
      * GATEWAY claim asks), under scmu.  Only where this process is the

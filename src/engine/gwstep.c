@@ -76,6 +76,9 @@ struct gw_job {
     size_t nrows;
     char *worker;
     struct gw_dest *dest; /* its share of its destination's calls, until its call ends */
+    /* … and of its verify request's, when that goes elsewhere: until the
+     * verify ends (a verify host that hangs holds only its own share) */
+    struct gw_dest *vdest;
     struct gw_response *resp;
     struct gw_job *next;  /* done queue */
     struct gw_job *inext; /* in-flight list */
@@ -117,8 +120,9 @@ static char *dest_key(const char *url)
     return k;
 }
 
-/* Takes one of the destination's max_calls_per_destination shares for j;
- * 0 when it gets none, with *again_at when to try again.  The calls put
+/* Takes one of destination k's max_calls_per_destination shares into
+ * *slot (under g->gmu); 0 when it gets none, with *again_at when to try
+ * again.  The calls put
  * off go on the destination's calendar, one turn after the other, as many
  * a second as it has shares, from DEFER_MIN_MS on and at most DEFER_MAX_MS
  * ahead (spread over the second half of that when the calendar is full):
@@ -129,14 +133,11 @@ static char *dest_key(const char *url)
  * them. */
 #define DEFER_MIN_MS 250
 #define DEFER_MAX_MS 8000
-static int dest_take(struct gw_job *j, const char *url, int waited, int64_t *again_at)
+static int take_locked(struct engine *g, const char *k, int waited, int64_t now, int64_t *again_at,
+                       struct gw_dest **slot)
 {
-    struct engine *g = j->g;
-    char *k = dest_key(url);
     int share = g->run.max_calls_per_destination;
     int64_t spacing = 1000 / share > 1 ? 1000 / share : 1;
-    pthread_mutex_lock(&g->gmu);
-    int64_t now = clock_now_ms();
     struct gw_dest *d = g->gw_dests;
     while (d && strcmp(d->key, k) != 0)
         d = d->next;
@@ -150,42 +151,75 @@ static int dest_take(struct gw_job *j, const char *url, int waited, int64_t *aga
     }
     if (ok) {
         d->n++;
-        g->gw_shares_n++;
-        j->dest = d;
+        *slot = d;
     } else {
-        int64_t slot = d->next_slot + spacing;
-        if (slot < now + DEFER_MIN_MS)
-            slot = now + DEFER_MIN_MS;
-        if (slot > now + DEFER_MAX_MS) /* full: anywhere in its second half */
+        int64_t slot_at = d->next_slot + spacing;
+        if (slot_at < now + DEFER_MIN_MS)
+            slot_at = now + DEFER_MIN_MS;
+        if (slot_at > now + DEFER_MAX_MS) /* full: anywhere in its second half */
             *again_at = now + DEFER_MAX_MS / 2 + (int64_t)(gw_rnd01() * (DEFER_MAX_MS / 2));
         else
-            *again_at = (d->next_slot = slot) + (int64_t)(gw_rnd01() * (double)spacing);
+            *again_at = (d->next_slot = slot_at) + (int64_t)(gw_rnd01() * (double)spacing);
     }
+    return ok;
+}
+
+static void give_back_locked(struct engine *g, struct gw_dest **slot);
+
+/* The room the workers see is counted in calls, one per job: a job
+ * verifying on another host holds two destinations' shares, but one of
+ * the process's max_calls. */
+/* The shares j's requests need: its call's destination's, and its verify
+ * request's when that is another destination (both, or neither). */
+static int dest_take(struct gw_job *j, int waited, int64_t *again_at)
+{
+    struct engine *g = j->g;
+    char *k = dest_key(j->req.url);
+    char *vk = j->vreq.url ? dest_key(j->vreq.url) : NULL;
+    pthread_mutex_lock(&g->gmu);
+    int64_t now = clock_now_ms();
+    int ok = take_locked(g, k, waited, now, again_at, &j->dest);
+    if (ok && vk && strcmp(vk, k) != 0 && !take_locked(g, vk, waited, now, again_at, &j->vdest)) {
+        give_back_locked(g, &j->dest);
+        ok = 0;
+    }
+    g->gw_calls_n += ok;
     pthread_mutex_unlock(&g->gmu);
+    free(vk);
     free(k);
     return ok;
 }
 
-/* Gives j's share back (under g->gmu): as its call ends, or with the job
- * when it never left. */
-static void dest_give_back_locked(struct gw_job *j)
+/* Gives a share of j's back (under g->gmu): as its call (or its verify
+ * request) ends, or with the job when it never left. */
+static void give_back_locked(struct engine *g, struct gw_dest **slot)
 {
-    struct engine *g = j->g;
-    g->gw_shares_n--;
-    if (--j->dest->n == 0)
+    struct gw_dest *d = *slot;
+    if (--d->n == 0)
         for (struct gw_dest **p = &g->gw_dests; *p; p = &(*p)->next)
-            if (*p == j->dest) {
-                *p = j->dest->next;
-                free(j->dest);
+            if (*p == d) {
+                *p = d->next;
+                free(d);
                 break;
             }
-    j->dest = NULL;
+    *slot = NULL;
+}
+
+/* Gives back every share j holds, and its call (under g->gmu). */
+static void give_back_all_locked(struct gw_job *j)
+{
+    if (j->dest) {
+        give_back_locked(j->g, &j->dest);
+        j->g->gw_calls_n--;
+    }
+    if (j->vdest)
+        give_back_locked(j->g, &j->vdest);
 }
 
 static void dest_give_back(struct gw_job *j)
 {
     pthread_mutex_lock(&j->g->gmu);
-    dest_give_back_locked(j);
+    give_back_all_locked(j);
     pthread_mutex_unlock(&j->g->gmu);
 }
 
@@ -193,8 +227,7 @@ static void job_free(struct gw_job *j)
 {
     if (!j)
         return;
-    if (j->dest)
-        dest_give_back(j);
+    dest_give_back(j);
     free(j->vertex);
     free(j->workspace);
     free(j->worker);
@@ -298,7 +331,7 @@ static void submit(struct gw_job *j, const struct gw_request *r)
 int engine_gw_inflight(struct engine *g)
 {
     pthread_mutex_lock(&g->gmu);
-    int n = g->gw_shares_n; /* every call holds a share until it ends */
+    int n = g->gw_calls_n; /* every call holds its shares until it ends */
     pthread_mutex_unlock(&g->gmu);
     return n;
 }
@@ -321,8 +354,7 @@ static void inflight_remove(struct gw_job *j)
             *p = j->inext;
             break;
         }
-    if (j->dest) /* the call ended: its destination may take the next one now */
-        dest_give_back_locked(j);
+    give_back_all_locked(j); /* the call ended: its destination may take the next one now */
     pthread_mutex_unlock(&g->gmu);
 }
 
@@ -571,7 +603,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* Its destination's share of the calls in flight is taken: not sent,
      * and not an attempt of its budget (a call to another destination is
      * not held up behind a destination that hangs). */
-    if (!dest_take(j, j->req.url, c->epoch > c->attempts, again_at)) {
+    if (!dest_take(j, c->epoch > c->attempts, again_at)) {
         atomic_fetch_add(&g->m.gw_deferred, 1);
         job_free(j);
         return NULL;
@@ -777,6 +809,16 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
         o->attempt_outcome = "attempts_exhausted";
         return;
     }
+    /* The call this attempt sent got no answer (a timeout, a reset, the
+     * process's stop) or a proxy's 502 or 504, and the next attempt
+     * verifies: not before verify.afterMs, for a provider that may still be
+     * processing it — a verify sees only what it committed.  (The
+     * provider's own answer, a 500 say, means it is done with it.) */
+    int in_hand = r && (r->transport == GW_T_AMBIGUOUS ||
+                        (r->transport == GW_T_OK && (r->status == 502 || r->status == 504)));
+    if (verify_next && j->phase == 0 && in_hand && p->has_verify &&
+        retry_after < p->verify_after_ms)
+        retry_after = p->verify_after_ms;
     int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, gw_rnd01());
     if (now + wait > j->first_attempt_ms + p->deadline_ms) {
         o->to = STEP_FAILED;
@@ -904,6 +946,11 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
             j->resp = NULL;
             j->phase = 0; /* not done: now (and only now) re-send */
             j->resent_after_verify = 1;
+            if (j->vdest) { /* the verify host's share: the call holds its own */
+                pthread_mutex_lock(&j->g->gmu);
+                give_back_locked(j->g, &j->vdest);
+                pthread_mutex_unlock(&j->g->gmu);
+            }
             note_clear(j);
             submit(j, &j->req);
             return 0;

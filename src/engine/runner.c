@@ -661,6 +661,13 @@ static int recover(struct engine *g, int64_t now)
                     : gateway ? gateway_expiry_error(death, amb, crashed, verify_before)
                               : NULL;
         FAULT("sweeper.before_recover");
+        /* A call that may still be in the provider's hands is verified no
+         * sooner than verify.afterMs from now (gwstep.c retry_or_fail): a
+         * restart finds it dead at once, not when the provider is done. */
+        int64_t now_ms = clock_now_ms(), run_at = 0;
+        if (gateway && !park && !poison && death == DIED_MID_CALL && w->v[vi].policy.has_verify &&
+            (amb == GW_AMB_VERIFY || verify_before))
+            run_at = now_ms + w->v[vi].policy.verify_after_ms;
         struct step_outcome o = {
             .w = w,
             .workspace = st->workspace,
@@ -673,7 +680,8 @@ static int recover(struct engine *g, int64_t now)
                            : STEP_DISPATCHED,
             .error = err,
             .attempt_outcome = death_outcome[crashed][death],
-            .now = clock_now_ms(),
+            .now = now_ms,
+            .run_at = run_at,
         };
         if (apply(g, &o, &e) == 0 && !o.fenced) {
             recovered++;

@@ -588,12 +588,15 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
                            "-): this placeholder would never resolve",
                            e);
     /* whole milliseconds and attempts (a fraction would be cut off) */
-    static const char *const ints[][2] = {
-        {"", "timeoutMs"},           {"", "deadlineMs"},
-        {"/retry", "maxAttempts"},   {"/retry", "initialIntervalMs"},
-        {"/retry", "maxIntervalMs"}, {NULL, NULL}};
+    static const char *const ints[][2] = {{"", "timeoutMs"},
+                                          {"", "deadlineMs"},
+                                          {"/retry", "maxAttempts"},
+                                          {"/retry", "initialIntervalMs"},
+                                          {"/retry", "maxIntervalMs"},
+                                          {"/verify", "afterMs"},
+                                          {NULL, NULL}};
     for (int i = 0; ints[i][0] && !rc; i++) {
-        json_t *o = *ints[i][0] ? json_object_get(cfg, "retry") : cfg;
+        json_t *o = *ints[i][0] ? json_object_get(cfg, ints[i][0] + 1) : cfg;
         json_t *x = json_object_get(o, ints[i][1]);
         if (!json_is_real(x) || floor(json_real_value(x)) == json_real_value(x))
             continue;
@@ -782,7 +785,8 @@ static int config_members(const struct wf_vertex *v, json_t *cfg, struct ifl_err
         "ambiguous", "verify",     NULL};
     static const char *const retry[] = {"maxAttempts", "initialIntervalMs", "backoffCoefficient",
                                         "maxIntervalMs", NULL};
-    static const char *const verify[] = {"method", "url", "headers", "query", "doneWhen", NULL};
+    static const char *const verify[] = {"method",   "url",     "headers", "query",
+                                         "doneWhen", "afterMs", NULL};
     static const char *const transform[] = {"output", NULL};
     char p[IFL_ERR_PTR_MAX];
     vptr(p, sizeof p, v->id, "/config");

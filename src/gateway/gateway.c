@@ -146,6 +146,10 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
             return err_setp(e, IFL_EVALIDATION, "/verify/doneWhen",
                             "verify needs doneWhen (an expression over response)");
         p->has_verify = 1;
+        d = (double)p->timeout_ms;
+        if ((rc = num_member(verify, "afterMs", 0, 3600000, &d, "/verify/afterMs", e)))
+            return rc;
+        p->verify_after_ms = (long)d;
     }
     if (p->ambiguous == GW_AMB_RETRY && !p->has_idempotency_key)
         return err_setp(e, IFL_EVALIDATION, "/ambiguous",

@@ -42,6 +42,12 @@ struct gw_policy {
     enum gw_ambiguous ambiguous;     /* default retry with a key, else reconcile */
     int has_idempotency_key;         /* an Idempotency-Key header is configured */
     int has_verify;                  /* a verify request is configured */
+    /* verify.afterMs: the least wait between an attempt whose outcome is
+     * unknown and the verify request that asks about it — a provider may
+     * still commit a request after the client gave up on it, and a verify
+     * sees only what is committed.  Default: timeoutMs (as long again as
+     * the call was given). */
+    long verify_after_ms;
 };
 
 /* Reads a GATEWAY config (borrowed) with the spec's defaults.  Validation

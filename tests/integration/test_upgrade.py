@@ -41,6 +41,10 @@ def test_versions_an_earlier_engine_accepted_still_run(make_server, mock):
     # that a future one might add in the same way), 300 vertices (before
     # 1bb5a1b)
     legacy["vertices"]["charge"]["config"]["verify"]["method"] = "get"
+    # … and no verify.afterMs (before the twenty-third sitting): the verify
+    # waits timeoutMs after a call that got no answer
+    del legacy["vertices"]["charge"]["config"]["verify"]["afterMs"]
+    legacy["vertices"]["charge"]["config"]["timeoutMs"] = 1000
     legacy["vertices"]["bad"] = {"type": "GATEWAY", "config": {
         "method": "POST", "url": f"{mock.url}/v1/charges",
         "headers": {"Bad Header": "x"}, "body": {"order": "= payload.order.id"}}}

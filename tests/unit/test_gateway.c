@@ -148,6 +148,18 @@ static void test_policy_defaults(void **state)
     assert_int_equal(gw_policy_parse(bad, &p, &e), IFL_EVALIDATION);
     assert_string_equal(e.pointer, "/retry/maxAttempts");
     json_decref(bad);
+    /* verify.afterMs: the step's timeoutMs unless given */
+    json_t *v = parse("{\"url\":\"http://x\",\"timeoutMs\":2500,\"ambiguous\":\"verify\","
+                      "\"verify\":{\"url\":\"http://x\",\"doneWhen\":\"= true\"}}");
+    assert_int_equal(gw_policy_parse(v, &p, NULL), 0);
+    assert_int_equal(p.verify_after_ms, 2500);
+    json_object_set_new(json_object_get(v, "verify"), "afterMs", json_integer(0));
+    assert_int_equal(gw_policy_parse(v, &p, NULL), 0);
+    assert_int_equal(p.verify_after_ms, 0);
+    json_object_set_new(json_object_get(v, "verify"), "afterMs", json_integer(-5));
+    assert_int_equal(gw_policy_parse(v, &p, &e), IFL_EVALIDATION);
+    assert_string_equal(e.pointer, "/verify/afterMs");
+    json_decref(v);
 }
 
 static int resolver(void *ctx, const char *name, char **value)

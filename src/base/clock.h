@@ -24,5 +24,8 @@ struct timespec;
 void clock_abstime(int64_t until_ms, struct timespec *ts);
 /* "2026-11-30T13:14:39.123Z" into out (32 bytes). Cannot fail. */
 void clock_rfc3339(int64_t ms, char out[32]);
+/* The instant clock_rfc3339 wrote ("YYYY-MM-DDTHH:MM:SS.mmmZ", the
+ * milliseconds optional) into *ms; 0, or IFL_EINVAL for anything else. */
+int clock_parse_rfc3339(const char *s, int64_t *ms);
 
 #endif

@@ -206,6 +206,17 @@ void engine_gw_discard(struct gw_job *j);
 size_t engine_gw_drain(struct engine *g);
 /* Extends the leases of every call in flight. */
 void engine_gw_renew_leases(struct engine *g);
+/* The wait before the verify of a call that may still be in the provider's
+ * hands: at least verify.afterMs (p) and `base` (the backoff, Retry-After),
+ * but when only the default afterMs (timeoutMs, a guess) would cross the
+ * deadline (`left` ms away), a little before it — a verify at the
+ * deadline's edge settles more than a step failed unverified.  gwstep.c
+ * (retries) and runner.c (recoveries). */
+int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t base, int64_t left);
+/* When the retry budget of step (xid, vertex), `attempts` made, runs out:
+ * its first attempt since the last operator retry + deadlineMs of p. */
+int64_t engine_gw_deadline_at(struct engine *g, const char *xid, const char *vertex, int attempts,
+                              const struct gw_policy *p);
 
 /* ---- inline TRANSFORM completion (inline.c) ------------------------------------
  * The worker that completes a step evaluates the TRANSFORMs that completion

@@ -67,6 +67,8 @@ struct gw_job {
      * first of them started — since the last operator retry, if any. */
     int budget_attempts;
     int64_t first_attempt_ms;
+    /* when the verify of this attempt's call may run (retry_or_fail), or 0 */
+    int64_t verify_not_before;
     /* The last moment the call may leave (gw_request.send_by of req and
      * vreq): a quarter of a lease before the lease this process last knew
      * it held runs out — the sweeper moves it on at each renewal, and to
@@ -428,9 +430,10 @@ void engine_gw_renew_leases(struct engine *g)
 /* What the step's last error (left by a recovery or a retry) asks of this
  * attempt: verify first, and whether it follows a lease expiry. */
 static void prior_error(const struct store_step *rows, size_t n, const char *vertex, int *verify,
-                        int *recovered)
+                        int *recovered, int64_t *not_before)
 {
     *verify = *recovered = 0;
+    *not_before = 0;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(rows[i].vertex, vertex) != 0 || !rows[i].error)
             continue;
@@ -438,6 +441,8 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
         if (json_parse(rows[i].error, strlen(rows[i].error), &json_stored_limits, &err, NULL) ==
             0) {
             *verify = json_is_true(json_object_get(err, "verifyFirst"));
+            if (*verify)
+                *not_before = steps_error_verify_not_before(rows[i].error);
             const char *code = json_string_value(json_object_get(err, "code"));
             *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||
                                   strcmp(code, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
@@ -546,7 +551,8 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                  &j->first_attempt_ms);
     struct ifl_err e = {0};
     int verify;
-    prior_error(*rows, *n, c->vertex, &verify, &j->recovered);
+    int64_t not_before;
+    prior_error(*rows, *n, c->vertex, &verify, &j->recovered, &not_before);
     /* A retry or a recovery that could only start after the deadline (the
      * engine was down, or busy) does not start: nothing is sent past it. */
     if (j->budget_attempts > 1 && clock_now_ms() > j->first_attempt_ms + v->policy.deadline_ms) {
@@ -554,11 +560,21 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
                                "the deadline had passed when this attempt could start; nothing "
                                "was sent",
                                "attempt", c->attempts);
-        if (verify) /* the outcome before is still unknown */
+        if (verify) { /* the outcome before is still unknown */
             json_object_set_new(ej, "verifyFirst", json_true());
+            steps_error_set_not_before(ej, not_before);
+        }
         *err_text = json_to_string(ej);
         json_decref(ej);
         job_free(j);
+        return NULL;
+    }
+    /* A verify of a call that may still be in its provider's hands waits
+     * (verifyNotBefore: retry_or_fail, a recovery): a claim before then —
+     * an operator's retry, found by a judge — is taken back until then. */
+    if (verify && not_before > clock_now_ms()) {
+        job_free(j);
+        *again_at = not_before;
         return NULL;
     }
     FAULT("gateway.before_render");
@@ -779,6 +795,7 @@ static char *class_error_note(const char *code, const char *cause, const struct 
     json_object_set_new(o, "request", gw_request_masked(req));
     if (verify_first_next)
         json_object_set_new(o, "verifyFirst", json_true());
+    steps_error_set_not_before(o, j->verify_not_before);
     if (j->resent_after_verify && j->phase == 0)
         json_object_set_new(o, "afterVerify", json_true());
     char *s = json_to_string(o);
@@ -797,29 +814,40 @@ static char *class_error(const char *code, const struct gw_job *j, const struct 
  * outcome is unknown and the next attempt must verify first — kept in a
  * FAILED step's error too, so that an operator's retry verifies before it
  * sends (steps_retry). */
+/* Whether the call j sent may still be in its provider's hands, and a
+ * verify is configured to ask about it (retry_or_fail). */
+static int held_by_provider(const struct gw_job *j, const struct gw_response *r)
+{
+    int in_hand = r && (r->transport == GW_T_AMBIGUOUS ||
+                        (r->transport == GW_T_OK && (r->status == 502 || r->status == 504)));
+    return j->phase == 0 && in_hand && j->w->v[j->vi].policy.has_verify;
+}
+
 static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t retry_after,
                           const char *why, int verify_next, const char *note,
                           struct step_outcome *o, char **err_text)
 {
     const struct gw_policy *p = &j->w->v[j->vi].policy;
     int64_t now = clock_now_ms();
+    /* The call this attempt sent got no answer (a timeout, a reset, the
+     * process's stop) or a proxy's 502 or 504, and the next attempt
+     * verifies: not before verify.afterMs, for a provider that may still be
+     * processing it — a verify sees only what it committed.  (The
+     * provider's own answer, a 500 say, means it is done with it.) */
+    int hold = verify_next && held_by_provider(j, r);
+    j->verify_not_before = hold ? now + p->verify_after_ms : 0; /* also when it fails now */
     if (j->budget_attempts >= p->max_attempts) {
         o->to = STEP_FAILED;
         *err_text = class_error_note("attempts_exhausted", why, j, r, verify_next, note);
         o->attempt_outcome = "attempts_exhausted";
         return;
     }
-    /* The call this attempt sent got no answer (a timeout, a reset, the
-     * process's stop) or a proxy's 502 or 504, and the next attempt
-     * verifies: not before verify.afterMs, for a provider that may still be
-     * processing it — a verify sees only what it committed.  (The
-     * provider's own answer, a 500 say, means it is done with it.) */
-    int in_hand = r && (r->transport == GW_T_AMBIGUOUS ||
-                        (r->transport == GW_T_OK && (r->status == 502 || r->status == 504)));
-    if (verify_next && j->phase == 0 && in_hand && p->has_verify &&
-        retry_after < p->verify_after_ms)
-        retry_after = p->verify_after_ms;
     int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, gw_rnd01());
+    if (hold) {
+        wait = engine_gw_verify_wait(p, wait, j->first_attempt_ms + p->deadline_ms - now);
+        if (now + wait < j->verify_not_before) /* before the deadline, as late as can be */
+            j->verify_not_before = now + wait;
+    }
     if (now + wait > j->first_attempt_ms + p->deadline_ms) {
         o->to = STEP_FAILED;
         *err_text = class_error_note("deadline_exceeded", why, j, r, verify_next, note);
@@ -830,6 +858,29 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
     o->run_at = now + wait;
     *err_text = class_error_note(why, NULL, j, r, verify_next, note);
     o->attempt_outcome = why;
+}
+
+int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t base, int64_t left)
+{
+    int64_t after = p->verify_after_ms;
+    if (base >= after)
+        return base;
+    /* within the deadline, past it anyway, or an afterMs the workflow set:
+     * the provider may go on that long (the step fails deadline_exceeded,
+     * its mark kept for an operator's retry) */
+    if (after <= left || base > left || p->verify_after_set)
+        return after;
+    int64_t room = left - base; /* claimed a moment after it is due: keep a margin */
+    return left - (room > 2000 ? 1000 : room / 2);
+}
+
+int64_t engine_gw_deadline_at(struct engine *g, const char *xid, const char *vertex, int attempts,
+                              const struct gw_policy *p)
+{
+    int made;
+    int64_t first;
+    retry_budget(g, xid, vertex, attempts, &made, &first);
+    return first + p->deadline_ms;
 }
 
 const char *const engine_gw_classes[ENGINE_GW_NCLASSES] = {
@@ -968,6 +1019,9 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     case GW_AMBIGUOUS:
         if (p->ambiguous == GW_AMB_RECONCILE) {
             o->to = STEP_REQUIRES_RECONCILIATION;
+            /* an operator's retry verifies first, when a verify is configured */
+            if (held_by_provider(j, r))
+                j->verify_not_before = clock_now_ms() + p->verify_after_ms;
             *err_text = class_error("ambiguous_outcome", j, r, 0);
             o->attempt_outcome = "ambiguous_outcome"; /* as under retry and verify */
             return 1;

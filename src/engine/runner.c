@@ -492,7 +492,7 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
 
 /* The error a recovery leaves on a GATEWAY it re-dispatches (JSON text). */
 static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crashed,
-                                  int verify_before)
+                                  int verify_before, int64_t not_before)
 {
     static const char *const why[] = {
         [DIED_MID_CALL] = "the worker stopped while the call was in flight; its outcome is "
@@ -509,6 +509,7 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crash
      * nothing that settled it (an operator's retry of a parked call) */
     if (amb == GW_AMB_VERIFY || (verify_before && d == DIED_RENDERING))
         json_object_set_new(ej, "verifyFirst", json_true());
+    steps_error_set_not_before(ej, not_before); /* for any verify: a retry's, an operator's */
     if (crashed) /* the process crashed there (a crash marker), not killed */
         json_object_set_new(ej, "crashed", json_true());
     char *err = json_to_string(ej);
@@ -518,7 +519,7 @@ static char *gateway_expiry_error(enum death d, enum gw_ambiguous amb, int crash
 
 /* The error of a step failed because evaluating it kept stopping the
  * process (JSON text). */
-static char *poison_error(int gateway, int expiries, int verify_first)
+static char *poison_error(int gateway, int expiries, int verify_first, int64_t not_before)
 {
     json_t *ej = json_pack(
         "{s:s,s:s,s:i}", "code", STEPS_LEASE_EXPIRED_REPEATEDLY, "message",
@@ -530,6 +531,7 @@ static char *poison_error(int gateway, int expiries, int verify_first)
         "expiries", expiries);
     if (verify_first) /* it may have been sent: an operator's retry verifies first */
         json_object_set_new(ej, "verifyFirst", json_true());
+    steps_error_set_not_before(ej, not_before);
     char *err = json_to_string(ej);
     json_decref(ej);
     return err;
@@ -657,17 +659,30 @@ static int recover(struct engine *g, int64_t now)
             poison = expiries >= (gateway ? MAX_EVAL_CRASHES : MAX_LEASE_EXPIRIES);
         }
         int verify_before = gateway && steps_error_verify_first(st->error);
-        char *err = poison ? poison_error(gateway, expiries, amb == GW_AMB_VERIFY || verify_before)
-                    : gateway ? gateway_expiry_error(death, amb, crashed, verify_before)
-                              : NULL;
-        FAULT("sweeper.before_recover");
         /* A call that may still be in the provider's hands is verified no
          * sooner than verify.afterMs from now (gwstep.c retry_or_fail): a
-         * restart finds it dead at once, not when the provider is done. */
-        int64_t now_ms = clock_now_ms(), run_at = 0;
-        if (gateway && !park && !poison && death == DIED_MID_CALL && w->v[vi].policy.has_verify &&
-            (amb == GW_AMB_VERIFY || verify_before))
-            run_at = now_ms + w->v[vi].policy.verify_after_ms;
+         * restart finds it dead at once, not when the provider is done.
+         * Also when it died after a response was noted: that may have been
+         * a timeout (found by a reviewer).  The error's mark holds any
+         * later verify to it, an operator's retry's too. */
+        int64_t now_ms = clock_now_ms(), run_at = 0, not_before = 0;
+        if (gateway && death != DIED_RENDERING && w->v[vi].policy.has_verify) {
+            const struct gw_policy *gp = &w->v[vi].policy;
+            not_before = now_ms + gp->verify_after_ms;
+            if (!park && !poison && amb == GW_AMB_VERIFY) {
+                int64_t left =
+                    engine_gw_deadline_at(g, st->execution_id, st->vertex, st->attempts, gp) -
+                    now_ms;
+                run_at = now_ms + engine_gw_verify_wait(gp, 0, left);
+                if (run_at < not_before)
+                    not_before = run_at;
+            }
+        }
+        char *err = poison ? poison_error(gateway, expiries, amb == GW_AMB_VERIFY || verify_before,
+                                          not_before)
+                    : gateway ? gateway_expiry_error(death, amb, crashed, verify_before, not_before)
+                              : NULL;
+        FAULT("sweeper.before_recover");
         struct step_outcome o = {
             .w = w,
             .workspace = st->workspace,

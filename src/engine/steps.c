@@ -8,6 +8,7 @@
  * IFL_ECONFLICT and the backend retries it.
  */
 #include "engine/steps.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "json/json.h"
@@ -574,6 +575,26 @@ int steps_error_verify_first(const char *error)
     return v;
 }
 
+int64_t steps_error_verify_not_before(const char *error)
+{
+    json_t *ej = NULL;
+    int64_t ms = 0;
+    if (error && json_parse(error, strlen(error), &json_stored_limits, &ej, NULL) == 0 &&
+        clock_parse_rfc3339(json_string_value(json_object_get(ej, "verifyNotBefore")), &ms))
+        ms = 0;
+    json_decref(ej);
+    return ms;
+}
+
+void steps_error_set_not_before(json_t *error, int64_t ms)
+{
+    if (ms <= 0)
+        return;
+    char at[32];
+    clock_rfc3339(ms, at);
+    json_object_set_new(error, "verifyNotBefore", json_string(at));
+}
+
 /* An IFL_ECONFLICT refusal (rc, the err_set that filled *e) with its
  * problem slug; e may be NULL. */
 static int conflict(struct ifl_err *e, const char *slug, int rc)
@@ -709,14 +730,23 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         }
         st->epoch++;
         st->next_run_at = a->now;
-        free(st->error);
         /* A call whose outcome is still unknown verifies before it sends,
-         * also when an operator sends it again. */
-        st->error = verify_first
-                        ? xstrdup("{\"code\":\"operator_retry\",\"message\":\"retried by an "
-                                  "operator; the call's earlier outcome is unknown, so verify "
-                                  "runs first\",\"verifyFirst\":true}")
-                        : NULL;
+         * also when an operator sends it again — and not before its mark
+         * says (an automated retry of a dead letter comes at once: found
+         * by a judge). */
+        int64_t not_before = verify_first ? steps_error_verify_not_before(st->error) : 0;
+        free(st->error);
+        st->error = NULL;
+        if (verify_first) {
+            json_t *ej = json_pack("{s:s,s:s,s:b}", "code", "operator_retry", "message",
+                                   "retried by an operator; the call's earlier outcome is "
+                                   "unknown, so verify runs first",
+                                   "verifyFirst", 1);
+            if (not_before > a->now)
+                steps_error_set_not_before(ej, not_before);
+            st->error = json_to_string(ej);
+            json_decref(ej);
+        }
         v.dirty[i] = 1;
         retried[i] = 1;
         a->retried++;

@@ -120,6 +120,14 @@ void steps_sim_free(struct steps_sim *s); /* NULL ok */
 /* Whether a step's error (JSON text or NULL) asks the next attempt to
  * verify first. */
 int steps_error_verify_first(const char *error);
+/* A call whose outcome is unknown may still be in its provider's hands:
+ * the verify that asks about it waits until verify.afterMs has passed.
+ * Its step's error says until when ("verifyNotBefore", RFC 3339), so
+ * that every later claim — a retry, a recovery, an operator's retry —
+ * waits too (gwstep.c).  The mark's value in ms, 0 when there is none. */
+int64_t steps_error_verify_not_before(const char *error);
+/* Sets the mark on an error object (ms > 0; else nothing). */
+void steps_error_set_not_before(json_t *error, int64_t ms);
 
 /* store_tx_fn: applies a step_outcome (arg).  Returns 0 when fenced too
  * (nothing written, o->fenced = 1). */

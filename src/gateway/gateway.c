@@ -150,6 +150,7 @@ int gw_policy_parse(json_t *config, struct gw_policy *p, struct ifl_err *e)
         if ((rc = num_member(verify, "afterMs", 0, 3600000, &d, "/verify/afterMs", e)))
             return rc;
         p->verify_after_ms = (long)d;
+        p->verify_after_set = json_object_get(verify, "afterMs") != NULL;
     }
     if (p->ambiguous == GW_AMB_RETRY && !p->has_idempotency_key)
         return err_setp(e, IFL_EVALIDATION, "/ambiguous",

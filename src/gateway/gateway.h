@@ -48,6 +48,8 @@ struct gw_policy {
      * sees only what is committed.  Default: timeoutMs (as long again as
      * the call was given). */
     long verify_after_ms;
+    int verify_after_set; /* afterMs was given: a promise about the provider, kept
+                             even past the deadline (engine_gw_verify_wait) */
 };
 
 /* Reads a GATEWAY config (borrowed) with the spec's defaults.  Validation

@@ -103,6 +103,17 @@ static size_t utf8_seq(const unsigned char *p)
     return n;
 }
 
+int json_utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        size_t n = utf8_seq(p);
+        if (!n)
+            return 0;
+        p += n;
+    }
+    return 1;
+}
+
 json_t *json_string_lossy(const char *s)
 {
     json_t *v = json_string(s);

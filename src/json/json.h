@@ -44,6 +44,8 @@ json_t *json_time(int64_t ms);
  * json_string refuses such text, and a message built from input must not
  * vanish from the document it belongs in. */
 json_t *json_string_lossy(const char *s);
+/* 1 when s is valid UTF-8 (RFC 3629), else 0. */
+int json_utf8_valid(const char *s);
 
 /* 1 when text[0..len) nests arrays and objects at most max deep (strings
  * skipped), else 0.  Does not validate the text otherwise. */

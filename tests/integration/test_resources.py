@@ -244,10 +244,18 @@ def test_a_request_framed_two_ways_is_refused_and_changes_nothing(server, fields
 
 def test_a_problem_that_echoes_invalid_utf8_keeps_its_detail_and_pointer(server):
     """Found by an audit: `executions/%FF` was a 404 without `detail` (the
-    message echoed the byte, which no JSON string may hold)."""
+    message echoed the byte, which no JSON string may hold) — and on
+    PostgreSQL a 503, the store refusing the parameter.  A path segment
+    that is not UTF-8 names nothing: 400; a query name echoed keeps it as
+    U+FFFD."""
     assert server.put("/v1/workspaces/u8", {}).status in (200, 201)
-    r = server.get("/v1/workspaces/u8/executions/%FF")
-    assert r.status == 404 and "\ufffd" in r.json["detail"], r
+    for path in ("/v1/workspaces/u8/executions/%FF", "/v1/workspaces/u8/executions/a%C0%AFb/retry",
+                 "/v1/workspaces/u8/subscriptions/%ED%A0%80", "/v1/workspaces/u8/tokens/%FF"):
+        r = server.request("DELETE" if "tokens" in path else
+                           "POST" if path.endswith("retry") else "GET", path)
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-name", (path, r)
+        assert "UTF-8" in r.json["detail"], r
+    assert server.get("/v1/workspaces/u8/executions/caf%C3%A9").status == 404
     r = server.get("/v1/workspaces/u8/executions?%FF=1")
     assert r.status == 400 and r.json["pointer"] == "/\ufffd" and "\ufffd" in r.json["detail"], r
 

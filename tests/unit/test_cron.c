@@ -111,11 +111,41 @@ static void test_refusals(void **state)
     assert_false(c.days_star);
 }
 
+/* clock_parse_rfc3339 reads back what clock_rfc3339 wrote (a step error's
+ * verifyNotBefore), and nothing else. */
+static void test_rfc3339_round_trip(void **state)
+{
+    (void)state;
+    const int64_t at[] = {0, 1796324189853LL, 951782400000LL /* 2000-02-29 */, 4102444799999LL};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        char s[32];
+        int64_t back = -1;
+        clock_rfc3339(at[i], s);
+        assert_int_equal(clock_parse_rfc3339(s, &back), 0);
+        assert_int_equal(back, at[i]);
+    }
+    int64_t ms = 0;
+    assert_int_equal(clock_parse_rfc3339("2026-12-03T19:00:00Z", &ms), 0);
+    assert_int_equal(ms, 1796324400000LL);
+    const char *bad[] = {"",
+                         "2026-12-03",
+                         "2026-12-03T19:00:00",
+                         "2026-12-03T19:00:00.1Z",
+                         "2026-13-03T19:00:00Z",
+                         "2026-12-03T19:00:00+01:00",
+                         "x",
+                         NULL};
+    for (size_t i = 0; bad[i]; i++)
+        assert_int_equal(clock_parse_rfc3339(bad[i], &ms), IFL_EINVAL);
+    assert_int_equal(clock_parse_rfc3339(NULL, &ms), IFL_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_next),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_rfc3339_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

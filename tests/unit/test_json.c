@@ -601,6 +601,12 @@ static void test_string_lossy(void **state)
     lossy_is("end \xE2\x82", "end \xEF\xBF\xBD\xEF\xBF\xBD"); /* cut short at the end */
     lossy_is("", "");
     assert_null(json_string_lossy(NULL));
+    assert_true(json_utf8_valid("caf\xC3\xA9 \xF0\x9F\x98\x80"));
+    assert_true(json_utf8_valid(""));
+    assert_false(json_utf8_valid("\xFF"));
+    assert_false(json_utf8_valid("a\xC0\xAF"));
+    assert_false(json_utf8_valid("\xED\xA0\x80"));
+    assert_false(json_utf8_valid("end \xE2\x82"));
 }
 
 int main(void)

@@ -103,3 +103,24 @@ def test_a_database_a_newer_engine_migrated_is_refused(make_server):
     run_sql(s.db, "INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)")
     assert s.start(expect_fail=True) != 0
     assert "schema is at version 9999, newer than this engine's" in s.logs()
+
+
+def test_a_stored_entry_point_named_dot_dot_can_still_be_triggered(make_server):
+    """Names "." and ".." are refused for new versions (a client drops them
+    from a path); a stored version's entry point of that name still takes
+    its triggers, sent as %2E%2E (found by a reviewer)."""
+    s = make_server()
+    s.start()
+    s.put(WS, {})
+    flow = {"vertices": {"start": {"type": "ENTRY_POINT"},
+                         "t": {"type": "TRANSFORM", "config": {"output": {"a": 1}}}},
+            "edges": [{"from": "start", "to": "t"}]}
+    assert s.put(f"{WS}/workflows/dots", flow).status == 201
+    s.stop()
+    flow = json.loads(json.dumps(flow).replace('"start"', '".."'))
+    rewrite_definition(s.db, "dots", flow)
+    s.start()
+    r = s.post(f"{WS}/workflows/dots/entry-points/%2E%2E/trigger", {"x": 1})
+    assert r.status == 201, r
+    assert finished(s, r.json["executionId"])["status"] == "completed"
+    assert s.put(f"{WS}/workflows/dots2", flow).status == 422

@@ -456,14 +456,13 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
 /* The retry budget of a step claimed for its attempt number `attempts`:
  * from its history, the attempts after the last operator retry and the
  * start of the first of them (now, when the history cannot be read).  A
- * deferred call left no attempt (steps_apply's unclaim). */
-static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
-                         int *made, int64_t *first)
+ * deferred call left no attempt (steps_apply's unclaim).  retry_budget
+ * reads no history for a first attempt. */
+static void budget_read(struct engine *g, const char *xid, const char *vertex, int attempts,
+                        int *made, int64_t *first)
 {
     *made = attempts;
     *first = clock_now_ms();
-    if (attempts <= 1)
-        return; /* the first attempt: no history to read */
     struct store_attempt *a = NULL;
     size_t n = 0;
     if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0) {
@@ -485,6 +484,17 @@ static void retry_budget(struct engine *g, const char *xid, const char *vertex, 
             *made = count;
     }
     store_attempts_free(a, n);
+}
+
+static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
+                         int *made, int64_t *first)
+{
+    if (attempts > 1) {
+        budget_read(g, xid, vertex, attempts, made, first);
+        return;
+    }
+    *made = attempts; /* the first attempt: no history to read */
+    *first = clock_now_ms();
 }
 
 /* What a GATEWAY's request and verify render in: `payload`, `execution`,
@@ -879,7 +889,9 @@ int64_t engine_gw_deadline_at(struct engine *g, const char *xid, const char *ver
 {
     int made;
     int64_t first;
-    retry_budget(g, xid, vertex, attempts, &made, &first);
+    /* the history always: a first attempt's recovery counts from its start
+     * (found by a reviewer), not from now */
+    budget_read(g, xid, vertex, attempts, &made, &first);
     return first + p->deadline_ms;
 }
 

@@ -666,9 +666,14 @@ static int recover(struct engine *g, int64_t now)
          * a timeout (found by a reviewer).  The error's mark holds any
          * later verify to it, an operator's retry's too. */
         int64_t now_ms = clock_now_ms(), run_at = 0, not_before = 0;
+        /* … and one an earlier attempt left stays: a claim that died before
+         * its take-back (found by a reviewer) is no verify */
+        if (verify_before)
+            not_before = steps_error_verify_not_before(st->error);
         if (gateway && death != DIED_RENDERING && w->v[vi].policy.has_verify) {
             const struct gw_policy *gp = &w->v[vi].policy;
-            not_before = now_ms + gp->verify_after_ms;
+            if (not_before < now_ms + gp->verify_after_ms)
+                not_before = now_ms + gp->verify_after_ms;
             if (!park && !poison && amb == GW_AMB_VERIFY) {
                 int64_t left =
                     engine_gw_deadline_at(g, st->execution_id, st->vertex, st->attempts, gp) -

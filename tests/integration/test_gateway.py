@@ -786,8 +786,10 @@ def test_a_first_attempt_recovered_late_verifies_before_its_deadline(make_server
     """Found by a reviewer: the recovery of a first attempt counted the
     deadline from the recovery, so the default afterMs (3 s) put the verify
     past the real deadline (5 s from the send), and the step failed
-    unverified.  The engine is down 2.5 s here (the time a restart takes)."""
-    s = make_server()
+    unverified.  The engine is down 2.5 s here (the time a restart takes);
+    on PostgreSQL the new process recovers the step once its 1 s lease
+    has run out."""
+    s = make_server(extra=["--lease-ms", "1000"])
     s.start()
     flow = verify_flow(mock, after_ms=None)
     cfg = flow["vertices"]["charge"]["config"]

@@ -168,11 +168,11 @@ static int take_locked(struct engine *g, const char *k, int waited, int64_t now,
 
 static void give_back_locked(struct engine *g, struct gw_dest **slot);
 
-/* The room the workers see is counted in calls, one per job: a job
- * verifying on another host holds two destinations' shares, but one of
- * the process's max_calls. */
 /* The shares j's requests need: its call's destination's, and its verify
- * request's when that is another destination (both, or neither). */
+ * request's when that is another destination (both, or neither).  The
+ * room the workers see is counted in calls, one per job: a job verifying
+ * on another host holds two destinations' shares, but one of the
+ * process's max_calls. */
 static int dest_take(struct gw_job *j, int waited, int64_t *again_at)
 {
     struct engine *g = j->g;

@@ -197,8 +197,7 @@ static int check_name(struct call *c, const char *what, const char *name)
 {
     /* a stored version's vertex may be named "." or ".." (refused for new
      * ones only): its entry point can still be triggered as "%2E%2E" */
-    int dots = strcmp(name, ".") == 0 || strcmp(name, "..") == 0;
-    if (wf_name_valid(name) || (dots && strcmp(what, "vertex") == 0))
+    if (wf_name_valid(name) || (wf_name_dots(name) && strcmp(what, "vertex") == 0))
         return 0;
     char d[200];
     snprintf(d, sizeof d, "%s names are 1-128 characters of A-Z a-z 0-9 _ - ., not . or ..", what);

@@ -213,10 +213,12 @@ void engine_gw_renew_leases(struct engine *g);
  * deadline's edge settles more than a step failed unverified.  gwstep.c
  * (retries) and runner.c (recoveries). */
 int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t base, int64_t left);
-/* When the retry budget of step (xid, vertex), `attempts` made, runs out:
- * its first attempt since the last operator retry + deadlineMs of p. */
-int64_t engine_gw_deadline_at(struct engine *g, const char *xid, const char *vertex, int attempts,
-                              const struct gw_policy *p);
+/* The retry budget of a GATEWAY step from its execution's attempt history
+ * (a, n): its attempts since the last operator retry (`attempts` when it
+ * has none) and when the first of them started (now, when none did) —
+ * what maxAttempts and deadlineMs count from. */
+void engine_gw_budget(const struct store_attempt *a, size_t n, const char *vertex, int attempts,
+                      int *made, int64_t *first);
 
 /* ---- inline TRANSFORM completion (inline.c) ------------------------------------
  * The worker that completes a step evaluates the TRANSFORMs that completion

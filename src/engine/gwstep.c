@@ -442,7 +442,7 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
             0) {
             *verify = json_is_true(json_object_get(err, "verifyFirst"));
             if (*verify)
-                *not_before = steps_error_verify_not_before(rows[i].error);
+                *not_before = steps_error_not_before_of(err);
             const char *code = json_string_value(json_object_get(err, "code"));
             *recovered = code && (strcmp(code, STEPS_LEASE_EXPIRED_MID_CALL) == 0 ||
                                   strcmp(code, STEPS_LEASE_EXPIRED_WHILE_RENDERING) == 0 ||
@@ -453,48 +453,43 @@ static void prior_error(const struct store_step *rows, size_t n, const char *ver
     }
 }
 
-/* The retry budget of a step claimed for its attempt number `attempts`:
- * from its history, the attempts after the last operator retry and the
- * start of the first of them (now, when the history cannot be read).  A
- * deferred call left no attempt (steps_apply's unclaim).  retry_budget
- * reads no history for a first attempt. */
-static void budget_read(struct engine *g, const char *xid, const char *vertex, int attempts,
-                        int *made, int64_t *first)
+void engine_gw_budget(const struct store_attempt *a, size_t n, const char *vertex, int attempts,
+                      int *made, int64_t *first)
 {
     *made = attempts;
     *first = clock_now_ms();
-    struct store_attempt *a = NULL;
-    size_t n = 0;
-    if (store_attempts_get(g->store, xid, &a, &n, NULL) == 0) {
-        int64_t since = 0; /* the epoch of the last operator retry */
-        for (size_t i = 0; i < n; i++)
-            if (strcmp(a[i].vertex, vertex) == 0 && a[i].outcome &&
-                strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0 && a[i].epoch > since)
-                since = a[i].epoch;
-        int count = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (strcmp(a[i].vertex, vertex) != 0 || a[i].epoch <= since ||
-                (a[i].outcome && strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0))
-                continue;
-            count++;
-            if (a[i].started_at < *first)
-                *first = a[i].started_at;
-        }
-        if (count >= 1) /* this attempt's own row is among them */
-            *made = count;
+    int64_t since = 0; /* the epoch of the last operator retry */
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(a[i].vertex, vertex) == 0 && a[i].outcome &&
+            strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0 && a[i].epoch > since)
+            since = a[i].epoch;
+    int count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(a[i].vertex, vertex) != 0 || a[i].epoch <= since ||
+            (a[i].outcome && strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0))
+            continue;
+        count++;
+        if (a[i].started_at < *first)
+            *first = a[i].started_at;
     }
-    store_attempts_free(a, n);
+    if (count >= 1) /* this attempt's own row is among them */
+        *made = count;
 }
 
+/* The retry budget of a step claimed for its attempt number `attempts`
+ * (engine_gw_budget; now, when the history cannot be read).  A first
+ * attempt has no history to read.  A deferred call left no attempt
+ * (steps_apply's unclaim). */
 static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
                          int *made, int64_t *first)
 {
-    if (attempts > 1) {
-        budget_read(g, xid, vertex, attempts, made, first);
-        return;
-    }
-    *made = attempts; /* the first attempt: no history to read */
-    *first = clock_now_ms();
+    struct store_attempt *a = NULL;
+    size_t n = 0;
+    if (attempts > 1 && store_attempts_get(g->store, xid, &a, &n, NULL) == 0)
+        engine_gw_budget(a, n, vertex, attempts, made, first);
+    else
+        engine_gw_budget(NULL, 0, vertex, attempts, made, first);
+    store_attempts_free(a, n);
 }
 
 /* What a GATEWAY's request and verify render in: `payload`, `execution`,
@@ -882,17 +877,6 @@ int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t base, int64_t l
         return after;
     int64_t room = left - base; /* claimed a moment after it is due: keep a margin */
     return left - (room > 2000 ? 1000 : room / 2);
-}
-
-int64_t engine_gw_deadline_at(struct engine *g, const char *xid, const char *vertex, int attempts,
-                              const struct gw_policy *p)
-{
-    int made;
-    int64_t first;
-    /* the history always: a first attempt's recovery counts from its start
-     * (found by a reviewer), not from now */
-    budget_read(g, xid, vertex, attempts, &made, &first);
-    return first + p->deadline_ms;
 }
 
 const char *const engine_gw_classes[ENGINE_GW_NCLASSES] = {

@@ -450,18 +450,23 @@ static int died_evaluating(const char *outcome)
 }
 
 /* Reads the step's attempt history: *death and *crashed, from the note on
- * the attempt at `epoch` (the one that just expired); returns how many
- * attempts before it, counting back, crashed while evaluating (another
- * outcome stops the count). */
+ * the attempt at `epoch` (the one that just expired), and when its retry
+ * budget started (*budget_from, engine_gw_budget: a first attempt's
+ * recovery counts its deadline from that attempt, found by a reviewer);
+ * returns how many attempts before it, counting back, crashed while
+ * evaluating (another outcome stops the count). */
 static int attempt_history(struct engine *g, const struct store_step *st, int gateway,
-                           enum death *death, int *crashed)
+                           enum death *death, int *crashed, int64_t *budget_from)
 {
     struct store_attempt *a = NULL;
     size_t n = 0;
+    int made;
     *death = DIED_MID_CALL;
     *crashed = 0;
+    *budget_from = clock_now_ms();
     if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
         return 0;
+    engine_gw_budget(a, n, st->vertex, st->attempts, &made, budget_from);
     int count = 0;
     for (int64_t ep = st->epoch; ep >= 1; ep--) {
         const struct store_attempt *hit = NULL;
@@ -648,7 +653,8 @@ static int recover(struct engine *g, int64_t now)
         int park = gateway && amb == GW_AMB_RECONCILE;
         enum death death = DIED_MID_CALL;
         int expiries = 1, poison = 0, crashed = 0;
-        int before = attempt_history(g, st, gateway, &death, &crashed);
+        int64_t budget_from;
+        int before = attempt_history(g, st, gateway, &death, &crashed, &budget_from);
         /* Its note says it died rendering: the call never left (a call
          * leaves only once its note is cleared, run_batch), so there is
          * nothing to reconcile — it is tried again, as under any policy. */
@@ -675,9 +681,7 @@ static int recover(struct engine *g, int64_t now)
             if (not_before < now_ms + gp->verify_after_ms)
                 not_before = now_ms + gp->verify_after_ms;
             if (!park && !poison && amb == GW_AMB_VERIFY) {
-                int64_t left =
-                    engine_gw_deadline_at(g, st->execution_id, st->vertex, st->attempts, gp) -
-                    now_ms;
+                int64_t left = budget_from + gp->deadline_ms - now_ms;
                 run_at = now_ms + engine_gw_verify_wait(gp, 0, left);
                 if (run_at < not_before)
                     not_before = run_at;

@@ -575,13 +575,20 @@ int steps_error_verify_first(const char *error)
     return v;
 }
 
+int64_t steps_error_not_before_of(const json_t *error)
+{
+    int64_t ms = 0;
+    if (clock_parse_rfc3339(json_string_value(json_object_get(error, "verifyNotBefore")), &ms))
+        return 0;
+    return ms;
+}
+
 int64_t steps_error_verify_not_before(const char *error)
 {
     json_t *ej = NULL;
     int64_t ms = 0;
-    if (error && json_parse(error, strlen(error), &json_stored_limits, &ej, NULL) == 0 &&
-        clock_parse_rfc3339(json_string_value(json_object_get(ej, "verifyNotBefore")), &ms))
-        ms = 0;
+    if (error && json_parse(error, strlen(error), &json_stored_limits, &ej, NULL) == 0)
+        ms = steps_error_not_before_of(ej);
     json_decref(ej);
     return ms;
 }

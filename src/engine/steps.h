@@ -126,6 +126,8 @@ int steps_error_verify_first(const char *error);
  * that every later claim — a retry, a recovery, an operator's retry —
  * waits too (gwstep.c).  The mark's value in ms, 0 when there is none. */
 int64_t steps_error_verify_not_before(const char *error);
+/* The same, of an error already parsed. */
+int64_t steps_error_not_before_of(const json_t *error);
 /* Sets the mark on an error object (ms > 0; else nothing). */
 void steps_error_set_not_before(json_t *error, int64_t ms);
 

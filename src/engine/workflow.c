@@ -19,14 +19,15 @@
 #include <string.h>
 #include <strings.h>
 
+int wf_name_dots(const char *s)
+{
+    return strcmp(s, ".") == 0 || strcmp(s, "..") == 0;
+}
+
 int wf_name_valid(const char *s)
 {
     size_t n = strlen(s);
-    if (n < 1 || n > 128)
-        return 0;
-    /* "." and ".." are path segments no client sends as they are (RFC 3986
-     * §5.2.4 removes them: PUT …/workspaces/.. would reach /v1/) */
-    if (strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+    if (n < 1 || n > 128 || wf_name_dots(s))
         return 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -817,8 +818,7 @@ static int compile_vertices(struct wf *w, json_t *vertices, int strict, struct i
         struct wf_vertex *v = &w->v[w->nv++];
         v->id = xstrdup(id);
         /* a stored version from before "." and ".." were refused runs on */
-        int dots = strcmp(id, ".") == 0 || strcmp(id, "..") == 0;
-        if (!wf_name_valid(id) && (strict || !dots)) {
+        if (!wf_name_valid(id) && (strict || !wf_name_dots(id))) {
             vptr(p, sizeof p, id, NULL);
             return err_setp(e, IFL_EVALIDATION, p,
                             "vertex ids are 1-128 characters of A-Z a-z 0-9 _ - ., not . or ..");

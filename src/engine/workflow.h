@@ -118,6 +118,10 @@ const char *wf_type_name(enum wf_vertex_type t);
 
 /* A vertex / workflow / workspace name: 1–128 of [A-Za-z0-9_.-], not "." or "..". */
 int wf_name_valid(const char *s);
+/* "." or "..": path segments no client sends as they are (RFC 3986
+ * §5.2.4 removes them: PUT …/workspaces/.. would reach /v1/), refused for
+ * new names; a stored version's vertex may still have one. */
+int wf_name_dots(const char *s);
 /* A duration "N" + ms|s|m|h|d (N >= 1, at most 3650 days) into *ms; 0 or
  * -1 (NULL, malformed, out of range). */
 int wf_duration_parse(const char *s, int64_t *ms);

@@ -629,10 +629,12 @@ def test_verify_before_resend_without_key_support(server, mock):
     assert "verified" not in steps_of(x)["charge"]["output"]
 
 
-def verify_flow(mock, max_attempts=5, done_when="= $count(response.body.data) > 0", after_ms=50):
+def verify_flow(mock, max_attempts=5, done_when="= $count(response.body.data) > 0", after_ms=50,
+                **config):
     """A charge without key support, verified first when its outcome is
     unknown; after_ms (verify.afterMs, None: the default, timeoutMs) short
-    here, where the mock has committed or refused before it answers."""
+    here, where the mock has committed or refused before it answers;
+    config: more members of the GATEWAY's config (timeoutMs, deadlineMs)."""
     verify = {"method": "GET", "url": f"= '{mock.url}/v1/charges?order=' & payload.order.id",
               "doneWhen": done_when}
     if after_ms is not None:
@@ -646,7 +648,7 @@ def verify_flow(mock, max_attempts=5, done_when="= $count(response.body.data) > 
                 "ambiguous": "verify",
                 "verify": verify,
                 "retry": {"maxAttempts": max_attempts, "initialIntervalMs": 10,
-                          "maxIntervalMs": 20}}},
+                          "maxIntervalMs": 20}, **config}},
         },
         "edges": [{"from": "order", "to": "charge"}]}
 
@@ -658,8 +660,7 @@ def test_a_verify_waits_for_a_provider_still_processing_the_call(server, mock):
     (default: timeoutMs) is the least wait between a call that got no
     answer and its verify: here 1 s after the 1 s timeout, while the
     provider commits 1.2 s after it got the call."""
-    flow = verify_flow(mock, after_ms=None)
-    flow["vertices"]["charge"]["config"]["timeoutMs"] = 1000
+    flow = verify_flow(mock, after_ms=None, timeoutMs=1000)
     put_workflow(server, "rvwlate", flow)
     mock.faults("ignore_idempotency;latency=1200:order=late-1:count=1")
     x = finished(server, run(server, "rvwlate", {"order": {"id": "late-1"}}, entry="order"))
@@ -681,8 +682,7 @@ def test_a_verify_after_a_restart_waits_for_the_call_it_asks_about(make_server, 
     verify waits verify.afterMs (timeoutMs, 2 s) from the recovery."""
     s = make_server()
     s.start()
-    flow = verify_flow(mock, after_ms=None)
-    flow["vertices"]["charge"]["config"]["timeoutMs"] = 2000
+    flow = verify_flow(mock, after_ms=None, timeoutMs=2000)
     put_workflow(s, "rvwkill", flow)
     mock.faults("ignore_idempotency;latency=1500:order=kill-1:count=1")
     xid = run(s, "rvwkill", {"order": {"id": "kill-1"}}, entry="order")
@@ -703,9 +703,7 @@ def test_a_verify_whose_wait_would_cross_the_deadline_runs_before_it(server, moc
     deadline_exceeded without verifying, where a verify before the
     deadline finds the charge.  It now verifies a little before the
     deadline."""
-    flow = verify_flow(mock, after_ms=None)
-    cfg = flow["vertices"]["charge"]["config"]
-    cfg["timeoutMs"], cfg["deadlineMs"] = 3000, 5000
+    flow = verify_flow(mock, after_ms=None, timeoutMs=3000, deadlineMs=5000)
     put_workflow(server, "rvwdl", flow)
     mock.faults("ignore_idempotency;latency=6000:after_commit:order=dl-1:count=1")
     x = finished(server, run(server, "rvwdl", {"order": {"id": "dl-1"}}, entry="order"))
@@ -723,9 +721,7 @@ def test_an_operator_retry_at_once_still_waits_for_the_call_in_hand(server, mock
     charges.  The error's verifyNotBefore holds any verify to afterMs: the
     retry's claim is taken back until then, and the verify finds the one
     charge."""
-    flow = verify_flow(mock, after_ms=3000)
-    cfg = flow["vertices"]["charge"]["config"]
-    cfg["timeoutMs"], cfg["deadlineMs"] = 800, 2000
+    flow = verify_flow(mock, after_ms=3000, timeoutMs=800, deadlineMs=2000)
     put_workflow(server, "rvwop", flow)
     mock.faults("ignore_idempotency;latency=2500:order=op-1:count=1")
     xid = run(server, "rvwop", {"order": {"id": "op-1"}}, entry="order")
@@ -749,9 +745,7 @@ def test_a_kill_between_an_early_claim_and_its_take_back_keeps_the_mark(make_ser
     before the provider committed: two charges."""
     s = make_server(env={"IDEMFLOW_FAULT": "step.after_claim:kill@2"}, extra=["--no-inline"])
     s.start()
-    flow = verify_flow(mock, after_ms=3000)
-    cfg = flow["vertices"]["charge"]["config"]
-    cfg["timeoutMs"], cfg["deadlineMs"] = 800, 2000
+    flow = verify_flow(mock, after_ms=3000, timeoutMs=800, deadlineMs=2000)
     put_workflow(s, "rvwtb", flow)
     mock.faults("ignore_idempotency;latency=2500:order=tb-1:count=1")
     xid = run(s, "rvwtb", {"order": {"id": "tb-1"}}, entry="order")
@@ -791,9 +785,7 @@ def test_a_first_attempt_recovered_late_verifies_before_its_deadline(make_server
     has run out."""
     s = make_server(extra=["--lease-ms", "1000"])
     s.start()
-    flow = verify_flow(mock, after_ms=None)
-    cfg = flow["vertices"]["charge"]["config"]
-    cfg["timeoutMs"], cfg["deadlineMs"] = 3000, 5000
+    flow = verify_flow(mock, after_ms=None, timeoutMs=3000, deadlineMs=5000)
     put_workflow(s, "rvwfl", flow)
     mock.faults("ignore_idempotency;latency=6000:after_commit:order=fl-1:count=1")
     xid = run(s, "rvwfl", {"order": {"id": "fl-1"}}, entry="order")
@@ -815,8 +807,7 @@ def test_a_kill_after_a_timed_out_response_still_waits_to_verify(make_server, mo
     extra = ["--workers", "1", "--no-inline", "--lease-ms", "1000"]
     s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_render:kill@2"}, extra=extra)
     s.start()
-    flow = verify_flow(mock, after_ms=None)
-    flow["vertices"]["charge"]["config"]["timeoutMs"] = 1000
+    flow = verify_flow(mock, after_ms=None, timeoutMs=1000)
     put_workflow(s, "rvwar", flow)
     mock.faults("ignore_idempotency;status=503:count=1")  # a retry, killed rendering: recovered
     xid = run(s, "rvwar", {"order": {"id": "ar-1"}}, entry="order")

@@ -681,10 +681,16 @@ static int recover(struct engine *g, int64_t now)
             if (not_before < now_ms + gp->verify_after_ms)
                 not_before = now_ms + gp->verify_after_ms;
             if (!park && !poison && amb == GW_AMB_VERIFY) {
-                int64_t left = budget_from + gp->deadline_ms - now_ms;
-                run_at = now_ms + engine_gw_verify_wait(gp, 0, left);
+                int64_t deadline = budget_from + gp->deadline_ms;
+                run_at = now_ms + engine_gw_verify_wait(gp, 0, deadline - now_ms);
                 if (run_at < not_before)
                     not_before = run_at;
+                /* An afterMs the workflow set that ends past the deadline:
+                 * the next claim comes at the deadline and fails the step
+                 * (engine_gw_prepare), its mark kept for an operator's
+                 * retry, rather than idle DISPATCHED until the mark. */
+                if (run_at > deadline + 1)
+                    run_at = deadline + 1;
             }
         }
         char *err = poison ? poison_error(gateway, expiries, amb == GW_AMB_VERIFY || verify_before,

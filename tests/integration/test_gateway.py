@@ -798,6 +798,31 @@ def test_a_first_attempt_recovered_late_verifies_before_its_deadline(make_server
     assert mock.charges("fl-1") == 1
 
 
+def test_a_recovery_whose_given_wait_ends_past_the_deadline_fails_at_the_deadline(make_server,
+                                                                                  mock):
+    """Left open by a reviewer: with an afterMs the workflow set (30 s) past
+    the deadline (3 s), a recovered step sat DISPATCHED until its mark and
+    only then failed deadline_exceeded.  It now fails at the deadline; its
+    mark stays for an operator's retry, and nothing is sent again."""
+    s = make_server(extra=["--lease-ms", "1000"])
+    s.start()
+    flow = verify_flow(mock, after_ms=30000, timeoutMs=2500, deadlineMs=3000)
+    put_workflow(s, "rvwpd", flow)
+    mock.faults("ignore_idempotency;latency=2000:order=pd-1:count=1")
+    xid = run(s, "rvwpd", {"order": {"id": "pd-1"}}, entry="order")
+    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1)
+    s.stop(signal.SIGKILL)
+    s.start()
+    x = finished(s, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "deadline_exceeded", ch
+    assert ch["error"]["verifyFirst"] is True, ch
+    assert ts(x["updatedAt"]) < ts(ch["error"]["verifyNotBefore"]), ch
+    assert ts(x["updatedAt"]) - ts(ch["history"][0]["startedAt"]) < 10, ch
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+    assert mock.charges("pd-1") <= 1
+
+
 def test_a_kill_after_a_timed_out_response_still_waits_to_verify(make_server, mock):
     """Found by a reviewer: a recovered attempt notes its response before it
     is evaluated; a kill right after a timed-out response was recovered as

@@ -197,9 +197,15 @@ void engine_note_attempts_checked(struct engine *g, const struct attempt_note *n
 struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, const struct wf *w,
                                  long vi, json_t *ctx, struct store_step **rows, size_t *n,
                                  char **err_text, int64_t *again_at);
-/* Sends a prepared call (ownership passes to the engine).  claimed_at: when
- * its step was claimed; past half the lease the lease is renewed first,
- * and a call whose lease was taken over is dropped unsent. */
+/* Makes sure a prepared call may leave: claimed_at is when its step was
+ * claimed; past half the lease the lease is renewed first.  Returns 1 when
+ * it may (it leaves only while the lease is held: gw_request.send_by);
+ * 0 when the lease was taken over or could not be renewed — the call is
+ * dropped unsent (j freed). */
+int engine_gw_hold(struct gw_job *j, int64_t claimed_at);
+/* Sends a held call (ownership passes to the engine). */
+void engine_gw_send(struct gw_job *j);
+/* engine_gw_hold, then engine_gw_send. */
 void engine_gw_launch(struct gw_job *j, int64_t claimed_at);
 void engine_gw_discard(struct gw_job *j);
 /* Commits the outcomes of finished calls; returns how many. */

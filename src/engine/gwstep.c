@@ -640,7 +640,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     return j;
 }
 
-void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
+int engine_gw_hold(struct gw_job *j, int64_t claimed_at)
 {
     struct engine *g = j->g;
     FAULT("gateway.before_launch");
@@ -665,13 +665,24 @@ void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
                      "sent",
                      j->execution_id, j->vertex, (long long)j->epoch);
             job_free(j);
-            return;
+            return 0;
         }
     }
     atomic_store(&j->send_by, send_by_of(g, until));
     j->req.send_by = j->vreq.send_by = &j->send_by;
+    return 1;
+}
+
+void engine_gw_send(struct gw_job *j)
+{
     inflight_add(j);
     submit(j, j->phase ? &j->vreq : &j->req);
+}
+
+void engine_gw_launch(struct gw_job *j, int64_t claimed_at)
+{
+    if (engine_gw_hold(j, claimed_at))
+        engine_gw_send(j);
 }
 
 void engine_gw_discard(struct gw_job *j)
@@ -814,11 +825,6 @@ static char *class_error(const char *code, const struct gw_job *j, const struct 
     return class_error_note(code, NULL, j, r, verify_first_next, NULL);
 }
 
-/* Schedules another attempt, or fails the step when attempts or the deadline
- * run out.  Fills o (to, run_at, error text).  verify_next: the call's
- * outcome is unknown and the next attempt must verify first — kept in a
- * FAILED step's error too, so that an operator's retry verifies before it
- * sends (steps_retry). */
 /* Whether the call j sent may still be in its provider's hands, and a
  * verify is configured to ask about it (retry_or_fail). */
 static int held_by_provider(const struct gw_job *j, const struct gw_response *r)
@@ -828,6 +834,11 @@ static int held_by_provider(const struct gw_job *j, const struct gw_response *r)
     return j->phase == 0 && in_hand && j->w->v[j->vi].policy.has_verify;
 }
 
+/* Schedules another attempt, or fails the step when attempts or the deadline
+ * run out.  Fills o (to, run_at, error text).  verify_next: the call's
+ * outcome is unknown and the next attempt must verify first — kept in a
+ * FAILED step's error too, so that an operator's retry verifies before it
+ * sends (steps_retry). */
 static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t retry_after,
                           const char *why, int verify_next, const char *note,
                           struct step_outcome *o, char **err_text)
@@ -918,11 +929,12 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     enum gw_class cls = gw_classify(r, clock_now_ms(), &ra);
     count_response(j->g, j->phase == 1, cls, r);
     o->attempt_outcome = gw_class_name(cls);
-    if (r->shutdown) { /* queued when the stop began: never left, no attempt spent */
+    if (r->shutdown) {
+        /* queued when the stop began: never left — the claim is taken back
+         * (no attempt spent: found by a reviewer; the error before, its
+         * verifyFirst and mark too, stays for the next start) */
         o->to = STEP_DISPATCHED;
-        o->run_at = clock_now_ms();
-        *err_text = class_error_note("not_sent", NULL, j, r, j->phase == 1, NULL);
-        o->attempt_outcome = "not_sent";
+        o->unclaim = 1;
         return 1;
     }
     if (r->denied) { /* the policy will not change by waiting: no retry */
@@ -986,6 +998,17 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
                 o->to = STEP_DISPATCHED;
                 *err_text = class_error("verified_not_done", j, r, 1);
                 o->attempt_outcome = "verified_not_done";
+                return 1;
+            }
+            /* Nothing is sent past the deadline (found by a reviewer: the
+             * re-send left after it when the verify answered late).  A later
+             * retry verifies again: the provider may still commit. */
+            if (clock_now_ms() > j->first_attempt_ms + p->deadline_ms) {
+                o->to = STEP_FAILED;
+                *err_text = class_error_note(
+                    "deadline_exceeded", "verified_not_done", j, r, 1,
+                    "the verify found the call not done after the deadline; not sent again");
+                o->attempt_outcome = "deadline_exceeded";
                 return 1;
             }
             gw_response_clear(r);

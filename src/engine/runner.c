@@ -227,8 +227,9 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
  * attempt while its request is rendered, so that a recovery can tell a
  * crash in its templates from a death mid-call (MAX_EVAL_CRASHES).  The
  * claim's own transaction writes the note (store_claim_noted); this clears
- * it once the batch ran, except where an outcome finishes the attempt
- * itself. */
+ * it on the calls about to leave, once the batch ran.  A claim that sends
+ * nothing keeps it: an outcome finishes its attempt, or it stopped early
+ * (its lease lost, a read failed), and its recovery knows nothing left. */
 static void clear_notes(struct engine *g, struct pending *p, size_t n)
 {
     struct attempt_note *v = xcalloc(n, sizeof *v);
@@ -236,7 +237,7 @@ static void clear_notes(struct engine *g, struct pending *p, size_t n)
     int *failed = xcalloc(n, sizeof *failed);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (p[i].noted && (p[i].job || !p[i].ready)) {
+        if (p[i].noted && p[i].job) {
             of[k] = i;
             v[k++] =
                 (struct attempt_note){p[i].c->execution_id, p[i].c->vertex, p[i].c->epoch, NULL};
@@ -294,11 +295,16 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
             args[k++] = &p[i].o;
         }
     }
-    if (noted) /* rendered (or never to be): a death from now on is one mid-call */
+    /* Lease first: a call dropped here never left, and keeps its note
+     * (found by a reviewer: cleared, its recovery parked it as unknown). */
+    for (size_t i = 0; i < n; i++)
+        if (p[i].job && !engine_gw_hold(p[i].job, claimed_at))
+            p[i].job = NULL;
+    if (noted) /* rendered: a death from now on is one mid-call */
         clear_notes(g, p, n);
     for (size_t i = 0; i < n; i++)
         if (p[i].job)
-            engine_gw_launch(p[i].job, claimed_at);
+            engine_gw_send(p[i].job);
     store_tx_run_many_ordered(g->store, steps_apply, args, outcome_key, k, rcs, errs);
     int wake = 0;
     for (size_t i = 0; i < k; i++) {

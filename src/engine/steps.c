@@ -501,15 +501,25 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (kept + planned > STEPS_EXECUTION_OUTPUT_MAX)
             inline_ok = 0;
         if (kept > STEPS_EXECUTION_OUTPUT_MAX) {
+            /* A call's answer: the call took effect (found by a reviewer: a
+             * plain "failed" let an operator's retry send it again,
+             * unverified) */
+            int answer = !o->bump_epoch && strcmp(st->kind, "GATEWAY") == 0;
             o->over_budget = 1;
             to = STEP_FAILED;
             output = NULL;
             /* a resolve stays one in the history: the operator settled
              * what the call did, whatever became of the output */
-            attempt_outcome = o->bump_epoch ? attempt_outcome : "failed";
+            attempt_outcome = o->bump_epoch ? attempt_outcome
+                              : answer      ? STEPS_ANSWER_OVER_BUDGET
+                                            : "failed";
             error = over_budget = steps_error_json(
                 "output_budget_exceeded",
-                "this output would take the execution's stored outputs past 16 MiB");
+                answer ? "the call was answered, and took effect as its answer says, but the "
+                         "answer would take the execution's stored outputs past 16 MiB: resolve "
+                         "the step with the output to keep (a retry sends the call again, "
+                         "verified first when a verify is configured)"
+                       : "this output would take the execution's stored outputs past 16 MiB");
         }
     }
     int64_t claimed_epoch = st->epoch;
@@ -809,16 +819,12 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
  * not known. */
 static int unknown_outcome(const char *outcome)
 {
-    static const char *const unknown[] = {"ambiguous", /* reconcile's, before 2026-12-03 */
-                                          "ambiguous_outcome",
-                                          "conflict",
-                                          "verify_failed",
-                                          "verify_inconclusive",
-                                          "lease_expired",
-                                          STEPS_CRASHED,
-                                          STEPS_LEASE_EXPIRED_AFTER_RESPONSE,
-                                          STEPS_CRASHED_AFTER_RESPONSE,
-                                          NULL};
+    static const char *const unknown[] = {
+        "ambiguous", /* reconcile's, before 2026-12-03 */
+        "ambiguous_outcome", "conflict", "verify_failed", "verify_inconclusive", "lease_expired",
+        STEPS_CRASHED, STEPS_LEASE_EXPIRED_AFTER_RESPONSE, STEPS_CRASHED_AFTER_RESPONSE,
+        /* it took effect: as unknown, a retry verifies */
+        STEPS_ANSWER_OVER_BUDGET, NULL};
     for (int k = 0; unknown[k]; k++)
         if (strcmp(outcome, unknown[k]) == 0)
             return 1;

@@ -266,5 +266,11 @@ char *steps_error_json(const char *code, const char *msg);
  * epoch the resolve gave the step, with the resolved step's error): the
  * operator settled what the call did (steps_effect_unknown). */
 #define STEPS_RESOLVED "resolved"
+/* The attempt outcome of a GATEWAY call that was answered — it took effect
+ * as its answer says — but whose answer would take the execution's stored
+ * outputs past STEPS_EXECUTION_OUTPUT_MAX: the step FAILS, and its effect
+ * counts as unknown (steps_effect_unknown), so that an operator's retry
+ * verifies before it sends again and a cancel is refused. */
+#define STEPS_ANSWER_OVER_BUDGET "answer_over_budget"
 
 #endif

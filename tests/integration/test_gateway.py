@@ -2,10 +2,12 @@
 provider (idemflow-mockpay), one outcome class at a time, with the judge's
 number — charges per order — checked every time."""
 import contextlib
+import http.server
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -821,6 +823,111 @@ def test_a_recovery_whose_given_wait_ends_past_the_deadline_fails_at_the_deadlin
     assert ts(x["updatedAt"]) - ts(ch["history"][0]["startedAt"]) < 10, ch
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
     assert mock.charges("pd-1") <= 1
+
+
+def test_a_resend_after_a_verify_does_not_leave_past_the_deadline(server, mock):
+    """Found by a reviewer: a verify that answered "not done" after the
+    deadline (1 s; the verify took 1.5 s) re-sent the call all the same.
+    Now the step fails deadline_exceeded, sending nothing; an operator's
+    retry verifies again and sends it once."""
+    flow = verify_flow(mock, timeoutMs=3000, deadlineMs=1000)
+    put_workflow(server, "rvwrd", flow)
+    mock.faults("ignore_idempotency;status=500:count=1;latency=1500:on=verify:count=1")
+    xid = run(server, "rvwrd", {"order": {"id": "rd-1"}}, entry="order")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "deadline_exceeded", ch
+    assert ch["error"]["cause"] == "verified_not_done" and ch["error"]["verifyFirst"] is True, ch
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+    assert server.post(f"{WS}/executions/{xid}/retry").status == 200
+    x = finished(server, xid)
+    assert x["status"] == "completed", x
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]][-1] == "success"
+    assert mock.charges("rd-1") == 1
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 2
+
+
+def test_a_claim_that_lost_its_lease_before_it_started_is_tried_again(make_server, mock):
+    """Found by a reviewer: a retry's claim that stalled past its lease
+    before it started (step.after_claim:sleep) sent nothing, but its
+    attempt's `rendering` note was cleared all the same, and the recovery
+    parked the step under `reconcile` as a call whose outcome is unknown.
+    The note now stays: the recovery knows nothing left and tries again."""
+    s = make_server(env={"IDEMFLOW_FAULT": "step.after_claim:sleep=1060@2"},
+                    extra=["--workers", "1", "--no-inline", "--lease-ms", "1000"])
+    s.start()
+    setup_pay(s, mock, ambiguous="reconcile")
+    mock.faults("status=503:count=1")
+    x = finished(s, pay(s, "ll-1"))
+    ch = steps_of(x)["charge"]
+    hist = [h["outcome"] for h in ch["history"]]
+    assert x["status"] == "completed", (hist, ch["error"])
+    assert hist == ["refused", "lease_expired_while_rendering", "success"], hist
+    assert "lease lost before start" in s.logs()
+    assert mock.charges("ll-1") == 1
+
+
+class BigAnswer(http.server.BaseHTTPRequestHandler):
+    """A provider whose charge answers 3 MB of text (18 MB once stored as a
+    JSON string of \\u0001s: past an execution's 16 MiB of outputs), and
+    whose verify lists the charges made."""
+    charges = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.charges.append(1)
+        self.answer(201, "text/plain", b"\x01" * (3 << 20))
+
+    def do_GET(self):
+        self.answer(200, "application/json", json.dumps({"data": self.charges}).encode())
+
+    def answer(self, status, ctype, body):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_answer_past_the_output_budget_is_verified_before_a_retry_sends_again(server):
+    """Found by a reviewer: a charge answered with more than the execution
+    may keep failed output_budget_exceeded as a plain "failed" attempt, and
+    an operator's retry sent it again, unverified: two charges.  The
+    attempt now says the call was answered (answer_over_budget), its effect
+    counts as unknown: the retry verifies and completes, and a cancel is
+    refused."""
+    BigAnswer.charges = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BigAnswer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        verify = {"method": "GET", "url": f"{url}/v1/charges",
+                  "doneWhen": "= $count(response.body.data) > 0"}
+        put_workflow(server, "bigans", {
+            "vertices": {"order": {"type": "ENTRY_POINT"},
+                         "charge": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": f"{url}/v1/charges",
+                             "body": {"order": "= payload.order.id"},
+                             "ambiguous": "verify", "verify": verify}}},
+            "edges": [{"from": "order", "to": "charge"}]})
+        xid = run(server, "bigans", {"order": {"id": "ba-1"}}, entry="order")
+        x = finished(server, xid)
+        ch = steps_of(x)["charge"]
+        assert x["status"] == "failed" and ch["error"]["code"] == "output_budget_exceeded", ch
+        assert [h["outcome"] for h in ch["history"]] == ["answer_over_budget"], ch
+        r = server.post(f"{WS}/executions/{xid}/cancel")
+        assert r.status == 409 and r.json["type"].endswith("/step-outcome-unknown"), r.json
+        assert server.post(f"{WS}/executions/{xid}/retry").status == 200
+        x = finished(server, xid)
+        ch = steps_of(x)["charge"]
+        assert x["status"] == "completed" and ch["output"]["verified"] is True, ch
+        assert len(BigAnswer.charges) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_a_kill_after_a_timed_out_response_still_waits_to_verify(make_server, mock):

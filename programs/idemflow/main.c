@@ -280,8 +280,10 @@ static char *crash_dir(const char *db)
 
 /* The secrets key: IDEMFLOW_SECRETS_KEY (64 hex chars or base64 of 32 bytes),
  * else the key file IDEMFLOW_SECRETS_KEY_FILE, else (SQLite) a 0600 key file
- * beside the database, created on first start.  With PostgreSQL every
- * process must share one key, so it must be given explicitly. */
+ * beside the database; a missing file is created on first start, with
+ * SQLite only.  With PostgreSQL every process must share one key, so it must
+ * be given explicitly, and a file of it must exist: one made by each
+ * machine would give each its own key. */
 static int secrets_key(const char *db, uint8_t key[CRYPTO_KEY_LEN], struct ifl_err *e)
 {
     const char *env = getenv("IDEMFLOW_SECRETS_KEY");
@@ -333,6 +335,12 @@ static int secrets_key(const char *db, uint8_t key[CRYPTO_KEY_LEN], struct ifl_e
         close(fd);
         if (n != CRYPTO_KEY_LEN)
             rc = err_set(e, IFL_EIO, "key file %s is damaged (expected 32 bytes)", kp);
+    } else if (errno == ENOENT && !store_url_is_sqlite(db)) {
+        rc = err_set(e, IFL_EINVAL,
+                     "key file %s does not exist: a shared database needs the same key in every "
+                     "process; make it once (head -c 32 /dev/urandom > FILE; chmod 600 FILE) and "
+                     "copy it to every machine",
+                     kp);
     } else if (errno == ENOENT) {
         fd = open(kp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0 || crypto_random(key, CRYPTO_KEY_LEN) ||
@@ -528,6 +536,9 @@ static int cmd_serve(int argc, char **argv)
             }
             o.run.lease_ms = n;
             i++;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
         } else {
             usage(stderr);
             return 2;

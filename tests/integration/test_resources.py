@@ -2,10 +2,11 @@
 import copy
 import json
 import os
+import subprocess
 
 import pytest
 
-from conftest import BACKEND, ORDERS
+from conftest import BACKEND, BIN, ORDERS
 from test_engine import wait_for
 
 
@@ -127,6 +128,38 @@ def test_secret_plaintext_never_reaches_the_database(make_server):
                     assert b"plaintext-canary-4711" not in f.read()
             except FileNotFoundError:
                 pass
+
+
+def test_a_key_file_is_made_for_sqlite_only(make_server, workdir):
+    """IDEMFLOW_SECRETS_KEY_FILE names the key's file.  SQLite makes it at
+    first start (0600, 32 bytes); a shared database never does — found by a
+    docs audit: every machine would have made a key of its own, and read
+    no other's secrets — and refuses to start without it."""
+    path = os.path.join(workdir, f"shared-{os.getpid()}.key")
+    s = make_server(env={"IDEMFLOW_SECRETS_KEY": "", "IDEMFLOW_SECRETS_KEY_FILE": path})
+    if s.db.startswith("sqlite:"):
+        s.start()
+        assert os.stat(path).st_mode & 0o777 == 0o600 and os.path.getsize(path) == 32
+        assert s.put("/v1/workspaces/w", {}).status == 201
+        assert s.put("/v1/workspaces/w/secrets/K", {"value": "kf-secret-value-7731"}).status == 204
+        return
+    assert s.start(expect_fail=True) != 0
+    assert "does not exist" in s.logs() and not os.path.exists(path)
+    with open(path, "wb") as f:
+        f.write(os.urandom(32))
+    os.chmod(path, 0o600)
+    s.start()
+    assert s.put("/v1/workspaces/w", {}).status == 201
+    assert s.put("/v1/workspaces/w/secrets/K", {"value": "kf-secret-value-7731"}).status == 204
+
+
+def test_serve_help_is_no_usage_error():
+    """Found by a docs audit: `serve --help` printed the usage on stderr and
+    exited 2, as for a mistyped flag."""
+    r = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "serve" in r.stdout and not r.stderr, r
+    r = subprocess.run([BIN, "serve", "--no-such-flag"], capture_output=True, text=True)
+    assert r.returncode == 2 and "serve" in r.stderr, r
 
 
 def test_a_secret_never_comes_back_from_its_own_errors_or_the_process(make_server):
@@ -312,8 +345,6 @@ def test_admin_token_guards_the_api(make_server):
 
 
 def test_refuses_a_public_listener_without_a_token(make_server):
-    import subprocess
-    from conftest import BIN
     p = subprocess.run([BIN, "serve", "--listen", "0.0.0.0:0", "--db", "sqlite:/nonexistent/x.db"],
                        capture_output=True, text=True, timeout=10)
     assert p.returncode != 0 and "IDEMFLOW_ADMIN_TOKEN" in p.stderr

@@ -58,7 +58,7 @@ static void usage(FILE *f)
           "sent as a bearer token):\n"
           "  idemflow get WS EXECUTION\n"
           "  idemflow executions WS [--status STATUS] [--workflow WF]\n"
-          "  idemflow retry WS EXECUTION [--key IDEMPOTENCY_KEY]\n"
+          "  idemflow retry WS EXECUTION [--send-again] [--key IDEMPOTENCY_KEY]\n"
           "  idemflow cancel WS EXECUTION [--reason TEXT] [--key KEY]\n"
           "  idemflow resolve WS EXECUTION VERTEX (--output JSON | --failed) [--key KEY]\n"
           "  idemflow start-over WS EXECUTION --key IDEMPOTENCY_KEY\n"
@@ -708,7 +708,7 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
     const char *url = getenv("IDEMFLOW_URL");
     const char *output = NULL, *key = NULL, *state = NULL, *name = NULL, *status = NULL,
                *workflow = NULL, *reason = NULL;
-    int failed = 0;
+    int failed = 0, send_again = 0;
     const char *pos[4] = {0};
     int npos = 0;
     for (int i = 1; i < argc; i++) {
@@ -718,6 +718,8 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
             output = argv[++i];
         else if (strcmp(argv[i], "--failed") == 0 && op == op_find("resolve"))
             failed = 1;
+        else if (strcmp(argv[i], "--send-again") == 0 && op == op_find("retry"))
+            send_again = 1;
         else if (strcmp(argv[i], "--key") == 0 && i + 1 < argc && op->method[0] == 'P')
             key = argv[++i];
         else if (strcmp(argv[i], "--state") == 0 && i + 1 < argc && op == op_find("deliveries"))
@@ -796,6 +798,8 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
             body = json_to_string(b);
             json_decref(b);
         }
+    } else if (op == op_find("retry") && send_again) {
+        body = xstrdup("{\"sendAgain\":true}");
     } else if (op == op_find("cancel") && reason) {
         json_t *b = json_pack("{s:s}", "reason", reason);
         body = json_to_string(b);

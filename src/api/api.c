@@ -972,25 +972,21 @@ static void reply_action(struct call *c, const struct engine_op_key *k, int stat
     reply_json(c->res, k->replayed ? k->status : status, answer);
 }
 
-/* An action that takes no body (retry, start-over, redeliver) refuses one
- * that asks for something (malformed JSON, or any member: a client passing
- * steps or a new payload would otherwise get another action than it asked
- * for): empty or {} pass, and both come back as a new {} (so that an
- * Idempotency-Key's fingerprint is the same for either).  NULL after a
- * 400/415/422. */
-static json_t *no_body(struct call *c, const char *action)
+/* An action that takes no body (start-over, redeliver; retry beyond its
+ * sendAgain) refuses one that asks for something (malformed JSON, or any
+ * member: a client passing steps or a new payload would otherwise get
+ * another action than it asked for): empty or {} pass, and both come back
+ * as a new {} (so that an Idempotency-Key's fingerprint is the same for
+ * either).  NULL after a 400/415/422.  no_members: the same over a body
+ * already read (taken), `why` the problem's detail. */
+static json_t *no_members(struct call *c, const char *why, json_t *body)
 {
-    json_t *body = body_or_empty(c);
-    if (!body)
-        return NULL;
     const char *bad = NULL;
     if (!json_is_object(body))
         bad = "";
     else if (json_object_size(body))
         bad = json_object_iter_key(json_object_iter(body));
     if (bad) {
-        char why[96];
-        snprintf(why, sizeof why, "%s takes no body (send none, or {})", action);
         member_problem(c->res, 422, "validation-error", why, *bad ? bad : NULL);
         json_decref(body);
         return NULL;
@@ -998,12 +994,41 @@ static json_t *no_body(struct call *c, const char *action)
     return body;
 }
 
+static json_t *no_body(struct call *c, const char *action)
+{
+    char why[96];
+    snprintf(why, sizeof why, "%s takes no body (send none, or {})", action);
+    json_t *body = body_or_empty(c);
+    return body ? no_members(c, why, body) : NULL;
+}
+
+/* POST …/executions/{id}/retry, body empty, {} or {"sendAgain": true|false}
+ * (false, as none, is read as {}: the same key's fingerprint either way). */
 static void h_retry(struct call *c)
 {
     const char *ws = c->seg[2], *id = c->seg[4];
-    json_t *body = NULL;
-    if (workspace_exists(c, ws) || !(body = no_body(c, "retry")))
+    if (workspace_exists(c, ws))
         return;
+    json_t *body = body_or_empty(c);
+    if (!body)
+        return;
+    json_t *again = json_is_object(body) ? json_object_get(body, "sendAgain") : NULL;
+    if (again && !json_is_boolean(again)) {
+        member_problem(c->res, 422, "validation-error", "sendAgain must be true or false",
+                       "sendAgain");
+        json_decref(body);
+        return;
+    }
+    int send_again = json_is_true(again);
+    if (again)
+        json_object_del(body, "sendAgain");
+    if (!(body = no_members(c,
+                            "retry takes no member but sendAgain (send none, {}, or "
+                            "{\"sendAgain\": true})",
+                            body)))
+        return;
+    if (send_again) /* the key's fingerprint tells it from a plain retry */
+        json_object_set_new(body, "sendAgain", json_true());
     char key[256], fp[65];
     struct engine_op_key k;
     int rc = op_key(c, body, key, fp, &k);
@@ -1012,7 +1037,7 @@ static void h_retry(struct call *c)
         return;
     json_t *answer = NULL;
     struct ifl_err e = {0};
-    if (engine_retry(c->a->g, ws, id, &k, &answer, &e)) {
+    if (engine_retry(c->a->g, ws, id, send_again, &k, &answer, &e)) {
         api_problem_err(c->res, &e);
         return;
     }

@@ -1587,8 +1587,8 @@ static int tx_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-static int retry_keyed(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
-                       json_t **answer, struct ifl_err *e)
+static int retry_keyed(struct engine *g, const char *ws, const char *id, int send_again,
+                       struct engine_op_key *k, json_t **answer, struct ifl_err *e)
 {
     struct engine_op_key none = {0};
     if (!k)
@@ -1616,7 +1616,8 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, struct 
               .now = clock_now_ms(),
               .seen = seen,
               .n_seen = n_seen,
-              .decide_edge = retry_decide_edge},
+              .decide_edge = retry_decide_edge,
+              .send_again = send_again},
         .k = k,
     };
     rc = store_tx_run(g->store, tx_retry, &a, e);
@@ -1636,14 +1637,14 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, struct 
     return rc;
 }
 
-int engine_retry(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
-                 json_t **answer, struct ifl_err *e)
+int engine_retry(struct engine *g, const char *ws, const char *id, int send_again,
+                 struct engine_op_key *k, json_t **answer, struct ifl_err *e)
 {
     *answer = NULL;
     struct engine_key_inflight n;
     int rc = engine_op_key_enter(g, &n, ws, "retry", k ? k->key : NULL, e);
     if (!rc) {
-        rc = retry_keyed(g, ws, id, k, answer, e);
+        rc = retry_keyed(g, ws, id, send_again, k, answer, e);
         engine_op_key_leave(g, &n);
     }
     return rc;

@@ -259,9 +259,11 @@ int engine_gone(const struct store_execution *x, struct ifl_err *e);
 
 /* FAILED and REQUIRES_RECONCILIATION steps back to DISPATCHED with a new
  * epoch.  *answer (new reference) = {"executionId", "retriedSteps",
- * "status"}, or the replayed one.  k may be NULL. */
-int engine_retry(struct engine *g, const char *ws, const char *id, struct engine_op_key *k,
-                 json_t **answer, struct ifl_err *e);
+ * "status"}, or the replayed one.  k may be NULL.  send_again: the
+ * operator asks to re-send calls whose effect nothing can settle
+ * (steps_retry; without it such a step is 409 step-outcome-unknown). */
+int engine_retry(struct engine *g, const char *ws, const char *id, int send_again,
+                 struct engine_op_key *k, json_t **answer, struct ifl_err *e);
 /* Resolves one FAILED / REQUIRES_RECONCILIATION step: outcome "completed"
  * (with output, borrowed, may be NULL = null) or "failed".  *answer (new
  * reference) = {"executionId", "vertex", "status"}, or the replayed one.

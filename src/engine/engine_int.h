@@ -213,12 +213,12 @@ size_t engine_gw_drain(struct engine *g);
 /* Extends the leases of every call in flight. */
 void engine_gw_renew_leases(struct engine *g);
 /* The wait before the verify of a call that may still be in the provider's
- * hands: at least verify.afterMs (p) and `base` (the backoff, Retry-After),
- * but when only the default afterMs (timeoutMs, a guess) would cross the
- * deadline (`left` ms away), a little before it — a verify at the
- * deadline's edge settles more than a step failed unverified.  gwstep.c
- * (retries) and runner.c (recoveries). */
-int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t base, int64_t left);
+ * hands: at least `after` (verify.afterMs from now, or more: a recovery's)
+ * and `base` (the backoff, Retry-After), but when only the default afterMs
+ * of p (timeoutMs, a guess) would cross the deadline (`left` ms away), a
+ * little before it — a verify at the deadline's edge settles more than a
+ * step failed unverified.  gwstep.c (retries) and runner.c (recoveries). */
+int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t after, int64_t base, int64_t left);
 /* The retry budget of a GATEWAY step from its execution's attempt history
  * (a, n): its attempts since the last operator retry (`attempts` when it
  * has none) and when the first of them started (now, when none did) —

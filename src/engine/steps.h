@@ -155,7 +155,9 @@ const struct steps_seen *steps_seen_find(const struct steps_seen *v, size_t n, c
  * (spec §1: unknown outcomes are verified first when a verify is
  * configured).  A FAILED or REQUIRES_RECONCILIATION GATEWAY step not in
  * `seen` at its epoch is refused (IFL_ECONFLICT): it changed since the
- * caller read it.  arg: struct steps_retry. */
+ * caller read it; so is one whose call's effect is unknown and has neither
+ * an Idempotency-Key nor a verify, unless send_again.  arg: struct
+ * steps_retry. */
 struct steps_retry {
     const struct wf *w; /* the execution's workflow version */
     const char *workspace, *execution_id;
@@ -170,6 +172,12 @@ struct steps_retry {
     void (*decide_edge)(const struct wf *w, size_t edge, const struct store_execution *x,
                         const struct store_step *rows, size_t n, const struct store_step *from,
                         struct decision *d);
+    /* The operator checked with the provider that a call whose effect is
+     * unknown, and which neither a key nor a verify can settle, did not take
+     * effect: send it again.  Without it such a step is refused
+     * (IFL_ECONFLICT, `step-outcome-unknown`; spec §1: never re-sent
+     * blindly). */
+    int send_again;
     int retried; /* result */
     int ended;   /* result: the retry ended the execution (all it retried was skipped) */
     char status[32];

@@ -477,7 +477,7 @@ void engine_gw_budget(const struct store_attempt *a, size_t n, const char *verte
 }
 
 /* The retry budget of a step claimed for its attempt number `attempts`
- * (engine_gw_budget; now, when the history cannot be read).  A first
+ * (engine_gw_budget); -1 when the history cannot be read.  A first
  * attempt has no history to read.  A deferred call left no attempt
  * (steps_apply's unclaim). */
 static int retry_budget(struct engine *g, const char *xid, const char *vertex, int attempts,

@@ -681,10 +681,13 @@ static int recover(struct engine *g, int64_t now)
          * nothing of the provider, who goes on as with a call that timed
          * out (found by a judge: a call killed 0.1 s after it left was
          * verified 0.8 s after the restart, before the provider committed
-         * it, 1.2 s after it arrived).  Also when it died after a response
-         * was noted: that may have been a timeout (found by a reviewer).
-         * The error's mark holds any later verify to it, an operator's
-         * retry's too. */
+         * it, 1.2 s after it arrived).  An attempt that verified first may
+         * have sent the call again once its verify said "not done", up to
+         * a timeoutMs (the verify's) after it started: its call's timeout
+         * counts from there (found by a judge again).  Also when it died
+         * after a response was noted: that may have been a timeout (found
+         * by a reviewer).  The error's mark holds any later verify to it,
+         * an operator's retry's too. */
         int64_t now_ms = clock_now_ms(), run_at = 0, not_before = 0;
         /* … and one an earlier attempt left stays: a claim that died before
          * its take-back (found by a reviewer) is no verify */
@@ -692,7 +695,8 @@ static int recover(struct engine *g, int64_t now)
             not_before = steps_error_verify_not_before(st->error);
         if (gateway && death != DIED_RENDERING && w->v[vi].policy.has_verify) {
             const struct gw_policy *gp = &w->v[vi].policy;
-            int64_t gave_up = started + gp->timeout_ms > now_ms ? started + gp->timeout_ms : now_ms;
+            int64_t timed_out = started + gp->timeout_ms * (verify_before ? 2 : 1);
+            int64_t gave_up = timed_out > now_ms ? timed_out : now_ms;
             if (not_before < gave_up + gp->verify_after_ms)
                 not_before = gave_up + gp->verify_after_ms;
             if (!park && !poison && amb == GW_AMB_VERIFY) {

@@ -757,6 +757,32 @@ def test_a_call_killed_just_after_it_left_is_verified_as_if_it_had_timed_out(mak
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
 
 
+def test_a_resend_killed_after_a_slow_verify_is_verified_past_its_own_timeout(make_server, mock):
+    """Found by a judge: the first call failed (a 500 before the charge),
+    its verify took 0.7 s and said "not done", the call was sent again and
+    the engine killed a moment later.  The recovery counted the call's
+    timeout from the attempt's start, so its verify came before the
+    provider committed the re-sent call (1.3 s after it arrived): two
+    charges.  An attempt that verified first counts two timeouts from its
+    start: the verify's, then the re-sent call's."""
+    s = make_server(extra=["--lease-ms", "1000"])
+    s.start()
+    put_workflow(s, "rvwrs", verify_flow(mock, after_ms=None, timeoutMs=800))
+    mock.faults("ignore_idempotency;status=500:count=1;latency=700:on=verify:count=1;"
+                "latency=1300:every=2:count=1")
+    xid = run(s, "rvwrs", {"order": {"id": "rs-1"}}, entry="order")
+    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 2)
+    s.stop(signal.SIGKILL)
+    s.start()
+    x = finished(s, xid)
+    ch = steps_of(x)["charge"]
+    hist = [h["outcome"] for h in ch["history"]]
+    assert x["status"] == "completed" and ch["output"].get("verified") is True, hist
+    assert hist == ["ambiguous_outcome", "lease_expired", "verified"], hist
+    assert mock.charges("rs-1") == 1
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 2
+
+
 def test_a_verify_whose_wait_would_cross_the_deadline_runs_before_it(server, mock):
     """Found by a reviewer: afterMs (3 s, the timeoutMs) from the timeout
     at 3 s would cross the 5 s deadline, and the step failed

@@ -460,13 +460,13 @@ void engine_gw_budget(const struct store_attempt *a, size_t n, const char *verte
     *first = clock_now_ms();
     int64_t since = 0; /* the epoch of the last operator retry */
     for (size_t i = 0; i < n; i++)
-        if (strcmp(a[i].vertex, vertex) == 0 && a[i].outcome &&
-            strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0 && a[i].epoch > since)
+        if (strcmp(a[i].vertex, vertex) == 0 && steps_operator_retry(a[i].outcome) &&
+            a[i].epoch > since)
             since = a[i].epoch;
     int count = 0;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(a[i].vertex, vertex) != 0 || a[i].epoch <= since ||
-            (a[i].outcome && strcmp(a[i].outcome, STEPS_OPERATOR_RETRY) == 0))
+            steps_operator_retry(a[i].outcome))
             continue;
         count++;
         if (a[i].started_at < *first)

@@ -705,8 +705,9 @@ static int recover(struct engine *g, int64_t now)
                                                         0, deadline - now_ms);
                 if (run_at < not_before)
                     not_before = run_at;
-                /* An afterMs the workflow set that ends past the deadline:
-                 * the next claim comes at the deadline and fails the step
+                /* A wait that ends past the deadline (an afterMs the
+                 * workflow set, or a deadline already gone): the next
+                 * claim comes at the deadline and fails the step
                  * (engine_gw_prepare), its mark kept for an operator's
                  * retry, rather than idle DISPATCHED until the mark. */
                 if (run_at > deadline + 1)

@@ -517,8 +517,9 @@ int steps_apply(struct store_tx *tx, void *arg, struct ifl_err *e)
                 "output_budget_exceeded",
                 answer ? "the call was answered, and took effect as its answer says, but the "
                          "answer would take the execution's stored outputs past 16 MiB: resolve "
-                         "the step with the output to keep (a retry sends the call again, "
-                         "verified first when a verify is configured)"
+                         "the step with the output to keep (a retry verifies first when a "
+                         "verify is configured; with neither a verify nor an Idempotency-Key "
+                         "it sends the call again only when asked to, with sendAgain)"
                        : "this output would take the execution's stored outputs past 16 MiB");
         }
     }
@@ -702,6 +703,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
     struct view v;
     view_init(&v, a->w, rows, n, a->now);
     int *retried = xcalloc(n ? n : 1, sizeof *retried);
+    int *sent_again = xcalloc(n ? n : 1, sizeof *sent_again);
     struct store_execution full = {0};
     for (size_t i = 0; !rc && i < n; i++) {
         struct store_step *st = &rows[i];
@@ -726,8 +728,9 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
              * the operator's to ask for, having checked with the provider
              * (found by a judge: a script retrying the dead letters charged
              * every parked order twice). */
-            if ((seen->unknown || verify_first) && vi >= 0 && !a->w->v[vi].verify &&
-                !a->w->v[vi].policy.has_idempotency_key && !a->send_again) {
+            int unsettled = (seen->unknown || verify_first) && vi >= 0 && !a->w->v[vi].verify &&
+                            !a->w->v[vi].policy.has_idempotency_key;
+            if (unsettled && !a->send_again) {
                 rc = conflict(e, "step-outcome-unknown",
                               err_set(e, IFL_ECONFLICT,
                                       "step %s's call may have taken effect, and neither an "
@@ -737,6 +740,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
                                       st->vertex));
                 break;
             }
+            sent_again[i] = unsettled;
         }
         if (was == STEP_FAILED && vi >= 0 && st->attempts == 0 && a->decide_edge) {
             char *again = NULL;
@@ -800,8 +804,9 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         if (!rc && !changed)
             rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", rows[i].vertex);
         if (!rc && retried[i]) /* in the history, and where a new retry budget starts */
-            rc = store_tx_attempt_record(tx, a->execution_id, rows[i].vertex, rows[i].epoch,
-                                         "operator", STEPS_OPERATOR_RETRY, e);
+            rc = store_tx_attempt_record(
+                tx, a->execution_id, rows[i].vertex, rows[i].epoch, "operator",
+                sent_again[i] ? STEPS_OPERATOR_SEND_AGAIN : STEPS_OPERATOR_RETRY, e);
         if (!rc && rows[i].state == STEP_SKIPPED)
             rc = steps_event_text(tx, a->workspace, a->execution_id, "step.skipped",
                                   steps_event_data_text(&rows[i]), ++ver, e);
@@ -823,6 +828,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
             rc = store_tx_execution_set_status(tx, a->execution_id, status, ver, e);
     }
     free(retried);
+    free(sent_again);
     store_execution_clear(&full);
     view_free(&v);
     store_steps_free(rows, n);
@@ -844,6 +850,12 @@ static int unknown_outcome(const char *outcome)
         if (strcmp(outcome, unknown[k]) == 0)
             return 1;
     return 0;
+}
+
+int steps_operator_retry(const char *outcome)
+{
+    return outcome && (strcmp(outcome, STEPS_OPERATOR_RETRY) == 0 ||
+                       strcmp(outcome, STEPS_OPERATOR_SEND_AGAIN) == 0);
 }
 
 int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
@@ -868,6 +880,7 @@ int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *ve
          * re-send got a clear answer), or an operator resolved it */
         int settled = strcmp(a[i].outcome, "verified_not_done") == 0 ||
                       strcmp(a[i].outcome, STEPS_RESOLVED) == 0 ||
+                      strcmp(a[i].outcome, STEPS_OPERATOR_SEND_AGAIN) == 0 ||
                       (!unknown && json_is_true(json_object_get(ej, "afterVerify")));
         json_decref(ej);
         if (settled && a[i].epoch > last_settled)

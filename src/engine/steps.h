@@ -270,6 +270,12 @@ char *steps_error_json(const char *code, const char *msg);
  * epoch the retry gave the step): a GATEWAY's retry budget — maxAttempts,
  * deadlineMs, the backoff's growth — counts from the attempts after it. */
 #define STEPS_OPERATOR_RETRY "operator_retry"
+/* … of a retry with sendAgain that sends again a call nothing else could
+ * settle: the operator checked that it had not taken effect, so this row
+ * settles it (steps_effect_unknown), and a new budget starts from it too. */
+#define STEPS_OPERATOR_SEND_AGAIN "operator_send_again"
+/* Whether an attempt outcome is one of the two rows an operator's retry leaves. */
+int steps_operator_retry(const char *outcome);
 /* The history row an operator's resolve leaves (worker "operator", at the
  * epoch the resolve gave the step, with the resolved step's error): the
  * operator settled what the call did (steps_effect_unknown). */

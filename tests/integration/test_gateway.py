@@ -634,7 +634,34 @@ def test_a_retry_does_not_resend_blindly_what_nothing_can_settle(server, mock):
     assert cli.returncode == 0 and json.loads(cli.stdout)["retriedSteps"] == 1, cli
     x = finished(server, xid)
     assert x["status"] == "completed", x
+    # the row says the operator settled it: the call had not taken effect
+    hist = [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+    assert hist == ["ambiguous_outcome", "operator_send_again", "success"], hist
     assert mock.charges("uk-1") == 1
+
+
+def test_a_send_again_settles_the_call_it_sends_again(server, mock):
+    """A reviewer's doubt: after a retry with sendAgain the earlier call
+    still counted as unknown, so when the re-send was refused (a 503, the
+    attempts spent) a cancel was still refused and every later retry
+    needed sendAgain again.  The operator's row, operator_send_again,
+    settles it: the refused re-send leaves nothing unknown."""
+    flow = charge_flow(mock, retry={"maxAttempts": 1})
+    del flow["vertices"]["charge"]["config"]["headers"]["Idempotency-Key"]
+    put_workflow(server, "unkeyed1", flow)
+    assert server.put(f"{WS}/secrets/PAY_KEY", {"value": SECRET}).status == 204
+    mock.faults("status=500:count=1;status=503:count=1")  # the first, then the re-send
+    xid = pay(server, "uk-2", name="unkeyed1")
+    assert finished(server, xid)["status"] == "requires_reconciliation"
+    assert server.post(f"{WS}/executions/{xid}/retry", {"sendAgain": True}).status == 200
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert [h["outcome"] for h in ch["history"]] == [
+        "ambiguous_outcome", "operator_send_again", "attempts_exhausted"], ch["history"]
+    r = server.post(f"{WS}/executions/{xid}/cancel")
+    assert r.status == 200 and r.json["status"] == "cancelled", r
+    assert mock.charges("uk-2") == 0
 
 
 def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(server, mock):

@@ -150,7 +150,6 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
     int version = 0;
 
     FAULT("step.after_claim");
-    trace(g, "run", c);
     if (clock_now_ms() - claimed_at > g->run.lease_ms / 2) {
         int ok = 0;
         int64_t now = clock_now_ms();
@@ -168,6 +167,9 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         log_error("step.load_failed", "%s/%s: %s", c->execution_id, c->vertex, e.msg);
         return; /* the lease will expire and the sweeper re-dispatches */
     }
+    /* only a body that runs (found by a judge: a claim that lost its lease
+     * before it started left a `run` line after the step's completion) */
+    trace(g, "run", c);
     long vi = wf_vertex_index(w, c->vertex);
     enum step_state to = STEP_FAILED;
     int64_t run_at = 0;

@@ -6,7 +6,7 @@ steps EXECUTING for good, outside the dead letters)."""
 import json
 import subprocess
 
-from test_engine import WS, finished, run, steps_of
+from test_engine import WS, finished, run, steps_of, wait_for
 from test_cancel import run_sql
 from test_gateway import mock, verify_flow  # noqa: F401
 
@@ -80,7 +80,10 @@ def test_versions_an_earlier_engine_accepted_still_run(make_server, mock):
 
     # the 300-vertex version runs to the end, and dedups as before
     xid = run(s, "big", {"n": 1}, entry="start")
-    x = finished(s, xid)
+    # 299 steps, each completion reading the execution's 300 rows: a
+    # sanitizer build on a loaded machine took over 20 s once
+    x = wait_for(lambda: (lambda x: x if x["status"] != "running" else None)(
+        s.get(f"{WS}/executions/{xid}").json), timeout=90)
     assert x["status"] == "completed" and len(x["steps"]) == 300, x["status"]
     r = s.post(f"{WS}/workflows/big/entry-points/start/trigger", {"n": 1})
     assert r.status == 200 and r.json["executionId"] == xid, r

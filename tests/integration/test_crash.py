@@ -243,3 +243,27 @@ def test_a_step_killed_every_time_is_never_failed_for_it(make_server, workdir):
     assert x["status"] == "completed" and t["output"] == {"n": 1}, x
     assert [h["outcome"] for h in t["history"]] == ["lease_expired"] * 4 + ["completed"], \
         t["history"]
+
+
+def test_a_claim_that_lost_its_lease_before_it_started_leaves_no_run_line(make_server, workdir):
+    """Found by a judge: a claim that stalled past its lease before its body
+    ran (step.after_claim:sleep) was dropped ("lease lost before start"),
+    but its `run` trace line was written all the same — after the step's
+    completion by another worker, as if it had run again.  The line now
+    comes only for a body that runs."""
+    trace = os.path.join(workdir, "trace")
+    env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": "step.after_claim:sleep=1500@1"}
+    s = make_server(env=env, extra=["--workers", "2", "--lease-ms", "300", "--no-inline"])
+    s.start()
+    s.put(WS, {})
+    s.put(f"{WS}/workflows/branchy", BRANCHY)
+    r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger", {"items": [{"price": 1, "qty": 1}]})
+    xid = r.json["executionId"]
+    wait_for(lambda: all_finished(s, [xid]), timeout=20)
+    wait_for(lambda: "lease lost before start" in s.logs(), timeout=10)
+    x = s.get(f"{WS}/executions/{xid}").json
+    lost = {(st["vertex"], h["epoch"]) for st in x["steps"] for h in st["history"]
+            if h["outcome"] == "lease_expired"}
+    assert lost, x["steps"]
+    runs = {(t[2], int(t[3])) for t in trace_lines(trace) if t[0] == "run" and t[1] == xid}
+    assert not lost & runs, (lost, runs)

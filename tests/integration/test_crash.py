@@ -118,12 +118,12 @@ def test_sigkill_at_fault_point_then_restart(make_server, workdir, point):
         assert "recovered" in s.logs()  # the claimed step was left EXECUTING
 
 
-def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
+def stalled_branchy(make_server, workdir, fault):
+    """One branchy execution on two workers with 300 ms leases, the fault
+    (a stall) armed and the trace written; returns (server, execution id,
+    trace path) once it completed."""
     trace = os.path.join(workdir, "trace")
-    # The first step a worker reaches stalls past its lease; the sweeper hands
-    # it to the other worker, which completes it; the stalled worker's late
-    # completion is then fenced by the epoch guard.
-    env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": "step.before_complete:sleep=1500@1"}
+    env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": fault}
     s = make_server(env=env, extra=["--workers", "2", "--lease-ms", "300", "--no-inline"])
     s.start()
     s.put(WS, {})
@@ -131,6 +131,14 @@ def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
     r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger", {"items": [{"price": 1, "qty": 1}]})
     xid = r.json["executionId"]
     wait_for(lambda: all_finished(s, [xid]), timeout=20)
+    return s, xid, trace
+
+
+def test_fenced_worker_late_completion_changes_nothing(make_server, workdir):
+    # The first step a worker reaches stalls past its lease; the sweeper hands
+    # it to the other worker, which completes it; the stalled worker's late
+    # completion is then fenced by the epoch guard.
+    s, xid, _ = stalled_branchy(make_server, workdir, "step.before_complete:sleep=1500@1")
 
     def fenced():
         m = s.get("/metrics").raw.decode()
@@ -251,15 +259,7 @@ def test_a_claim_that_lost_its_lease_before_it_started_leaves_no_run_line(make_s
     but its `run` trace line was written all the same — after the step's
     completion by another worker, as if it had run again.  The line now
     comes only for a body that runs."""
-    trace = os.path.join(workdir, "trace")
-    env = {"IDEMFLOW_TRACE_FILE": trace, "IDEMFLOW_FAULT": "step.after_claim:sleep=1500@1"}
-    s = make_server(env=env, extra=["--workers", "2", "--lease-ms", "300", "--no-inline"])
-    s.start()
-    s.put(WS, {})
-    s.put(f"{WS}/workflows/branchy", BRANCHY)
-    r = s.post(f"{WS}/workflows/branchy/entry-points/start/trigger", {"items": [{"price": 1, "qty": 1}]})
-    xid = r.json["executionId"]
-    wait_for(lambda: all_finished(s, [xid]), timeout=20)
+    s, xid, trace = stalled_branchy(make_server, workdir, "step.after_claim:sleep=1500@1")
     wait_for(lambda: "lease lost before start" in s.logs(), timeout=10)
     x = s.get(f"{WS}/executions/{xid}").json
     lost = {(st["vertex"], h["epoch"]) for st in x["steps"] for h in st["history"]

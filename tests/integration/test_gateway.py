@@ -739,19 +739,31 @@ def test_a_verify_waits_for_a_provider_still_processing_the_call(server, mock):
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
 
 
+def killed_mid_call(make_server, mock, name, flow, faults, order, sent=1, down=0.0, extra=()):
+    """Puts `flow` as `name`, sets the mock's `faults`, sends one order,
+    SIGKILLs the engine once the mock has seen `sent` charge requests,
+    leaves it down `down` s (not a wait for anything) and starts it again.
+    Returns (server, execution id)."""
+    s = make_server(extra=list(extra))
+    s.start()
+    put_workflow(s, name, flow)
+    mock.faults(faults)
+    xid = run(s, name, {"order": {"id": order}}, entry="order")
+    wait_for(lambda: posts(mock) == sent)
+    s.stop(signal.SIGKILL)
+    if down:
+        time.sleep(down)
+    s.start()
+    return s, xid
+
+
 def test_a_verify_after_a_restart_waits_for_the_call_it_asks_about(make_server, mock):
     """The same after a kill mid-call: the restarted engine finds the call
     dead at once, while the provider still holds it (1.5 s here).  Its
     verify waits verify.afterMs (timeoutMs, 2 s) from the recovery."""
-    s = make_server()
-    s.start()
-    flow = verify_flow(mock, after_ms=None, timeoutMs=2000)
-    put_workflow(s, "rvwkill", flow)
-    mock.faults("ignore_idempotency;latency=1500:order=kill-1:count=1")
-    xid = run(s, "rvwkill", {"order": {"id": "kill-1"}}, entry="order")
-    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1)
-    s.stop(signal.SIGKILL)
-    s.start()
+    s, xid = killed_mid_call(make_server, mock, "rvwkill",
+                             verify_flow(mock, after_ms=None, timeoutMs=2000),
+                             "ignore_idempotency;latency=1500:order=kill-1:count=1", "kill-1")
     x = finished(s, xid)
     ch = steps_of(x)["charge"]
     assert x["status"] == "completed" and ch["output"].get("verified") is True, ch
@@ -767,14 +779,9 @@ def test_a_call_killed_just_after_it_left_is_verified_as_if_it_had_timed_out(mak
     The verify now waits afterMs from when the call would have timed out
     (its attempt's start + timeoutMs) when that is later than the
     recovery: the provider went on as with a call that timed out."""
-    s = make_server()
-    s.start()
-    put_workflow(s, "rvwka", verify_flow(mock, after_ms=None, timeoutMs=1000))
-    mock.faults("ignore_idempotency;latency=1700:order=ka-1:count=1")
-    xid = run(s, "rvwka", {"order": {"id": "ka-1"}}, entry="order")
-    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1)
-    s.stop(signal.SIGKILL)
-    s.start()
+    s, xid = killed_mid_call(make_server, mock, "rvwka",
+                             verify_flow(mock, after_ms=None, timeoutMs=1000),
+                             "ignore_idempotency;latency=1700:order=ka-1:count=1", "ka-1")
     x = finished(s, xid)
     ch = steps_of(x)["charge"]
     assert x["status"] == "completed" and ch["output"].get("verified") is True, ch
@@ -792,15 +799,11 @@ def test_a_resend_killed_after_a_slow_verify_is_verified_past_its_own_timeout(ma
     provider committed the re-sent call (1.3 s after it arrived): two
     charges.  An attempt that verified first counts two timeouts from its
     start: the verify's, then the re-sent call's."""
-    s = make_server(extra=["--lease-ms", "1000"])
-    s.start()
-    put_workflow(s, "rvwrs", verify_flow(mock, after_ms=None, timeoutMs=800))
-    mock.faults("ignore_idempotency;status=500:count=1;latency=700:on=verify:count=1;"
-                "latency=1300:every=2:count=1")
-    xid = run(s, "rvwrs", {"order": {"id": "rs-1"}}, entry="order")
-    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 2)
-    s.stop(signal.SIGKILL)
-    s.start()
+    s, xid = killed_mid_call(make_server, mock, "rvwrs",
+                             verify_flow(mock, after_ms=None, timeoutMs=800),
+                             "ignore_idempotency;status=500:count=1;latency=700:on=verify:count=1;"
+                             "latency=1300:every=2:count=1", "rs-1", sent=2,
+                             extra=["--lease-ms", "1000"])
     x = finished(s, xid)
     ch = steps_of(x)["charge"]
     hist = [h["outcome"] for h in ch["history"]]
@@ -896,16 +899,10 @@ def test_a_first_attempt_recovered_late_verifies_before_its_deadline(make_server
     unverified.  The engine is down 2.5 s here (the time a restart takes);
     on PostgreSQL the new process recovers the step once its 1 s lease
     has run out."""
-    s = make_server(extra=["--lease-ms", "1000"])
-    s.start()
-    flow = verify_flow(mock, after_ms=None, timeoutMs=3000, deadlineMs=5000)
-    put_workflow(s, "rvwfl", flow)
-    mock.faults("ignore_idempotency;latency=6000:after_commit:order=fl-1:count=1")
-    xid = run(s, "rvwfl", {"order": {"id": "fl-1"}}, entry="order")
-    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1)
-    s.stop(signal.SIGKILL)
-    time.sleep(2.5)  # down: not a wait for anything
-    s.start()
+    s, xid = killed_mid_call(make_server, mock, "rvwfl",
+                             verify_flow(mock, after_ms=None, timeoutMs=3000, deadlineMs=5000),
+                             "ignore_idempotency;latency=6000:after_commit:order=fl-1:count=1",
+                             "fl-1", down=2.5, extra=["--lease-ms", "1000"])
     ch = steps_of(finished(s, xid))["charge"]
     assert ch["state"] == "COMPLETED" and ch["output"].get("verified") is True, ch
     assert mock.charges("fl-1") == 1
@@ -917,15 +914,10 @@ def test_a_recovery_whose_given_wait_ends_past_the_deadline_fails_at_the_deadlin
     the deadline (3 s), a recovered step sat DISPATCHED until its mark and
     only then failed deadline_exceeded.  It now fails at the deadline; its
     mark stays for an operator's retry, and nothing is sent again."""
-    s = make_server(extra=["--lease-ms", "1000"])
-    s.start()
-    flow = verify_flow(mock, after_ms=30000, timeoutMs=2500, deadlineMs=3000)
-    put_workflow(s, "rvwpd", flow)
-    mock.faults("ignore_idempotency;latency=2000:order=pd-1:count=1")
-    xid = run(s, "rvwpd", {"order": {"id": "pd-1"}}, entry="order")
-    wait_for(lambda: mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1)
-    s.stop(signal.SIGKILL)
-    s.start()
+    s, xid = killed_mid_call(make_server, mock, "rvwpd",
+                             verify_flow(mock, after_ms=30000, timeoutMs=2500, deadlineMs=3000),
+                             "ignore_idempotency;latency=2000:order=pd-1:count=1", "pd-1",
+                             extra=["--lease-ms", "1000"])
     x = finished(s, xid)
     ch = steps_of(x)["charge"]
     assert x["status"] == "failed" and ch["error"]["code"] == "deadline_exceeded", ch

@@ -486,7 +486,9 @@ static int retry_budget(struct engine *g, const char *xid, const char *vertex, i
     struct store_attempt *a = NULL;
     size_t n = 0;
     struct ifl_err e = {0};
-    if (attempts > 1 && store_attempts_get(g->store, xid, &a, &n, &e) != 0) {
+    if (attempts > 1 && (FAULT_FAILS("gateway.history_read")
+                             ? err_set(&e, IFL_ESTORE, "fault point gateway.history_read")
+                             : store_attempts_get(g->store, xid, &a, &n, &e)) != 0) {
         log_warn("step.history_unread", "%s/%s: the step's attempts cannot be read: %s", xid,
                  vertex, e.msg);
         return -1;

@@ -472,8 +472,14 @@ static int attempt_history(struct engine *g, const struct store_step *st, int ga
     *death = DIED_MID_CALL;
     *crashed = 0;
     *budget_from = *started = clock_now_ms();
-    if (store_attempts_get(g->store, st->execution_id, &a, &n, NULL))
+    struct ifl_err e = {0};
+    if (FAULT_FAILS("sweeper.history_read")
+            ? err_set(&e, IFL_ESTORE, "fault point sweeper.history_read")
+            : store_attempts_get(g->store, st->execution_id, &a, &n, &e)) {
+        log_warn("step.history_unread", "%s/%s: the step's attempts cannot be read: %s",
+                 st->execution_id, st->vertex, e.msg);
         return -1;
+    }
     engine_gw_budget(a, n, st->vertex, st->attempts, &made, budget_from);
     int count = 0;
     for (int64_t ep = st->epoch; ep >= 1; ep--) {

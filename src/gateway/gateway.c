@@ -3,6 +3,7 @@
  */
 #include "gateway/gateway.h"
 #include "base/clock.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
@@ -1405,6 +1406,13 @@ static void *client_main(void *arg)
     struct xfer *flying = NULL;
     int64_t stop_at = -1;
     for (;;) {
+        if (fault_armed) { /* a call queued, not yet taken: a stop may begin meanwhile */
+            pthread_mutex_lock(&c->mu);
+            int queued = c->queue && !c->stopping;
+            pthread_mutex_unlock(&c->mu);
+            if (queued)
+                fault_hit("gateway.before_take");
+        }
         pthread_mutex_lock(&c->mu);
         int stop = c->stopping;
         c->woken = 0; /* a submit from now on wakes the poll below */

@@ -1083,6 +1083,82 @@ def test_a_claim_whose_secrets_cannot_be_read_keeps_its_verify_first(make_server
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
 
 
+def test_a_call_the_stop_kept_from_leaving_spends_no_attempt(make_server, mock):
+    """Found by a reviewer: a call queued in the client when the stop began
+    never left, yet its claim spent an attempt (`not_sent`), one fewer for
+    the provider's real refusals.  Here the client stalls before taking
+    the queued call (gateway.before_take:sleep) while SIGTERM stops the
+    engine: the claim is taken back, nothing sent and no attempt left, and
+    the next start sends it once, as its first attempt."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.before_take:sleep=3000"})
+    s.start()
+    setup_pay(s, mock)
+    xid = pay(s, "o-stop")
+    wait_for(lambda: "fault point gateway.before_take fired" in s.logs())
+    assert s.stop() == 0
+    assert posts(mock) == 0
+    s.env.pop("IDEMFLOW_FAULT")
+    s.start()
+    x = finished(s, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed", x
+    assert ch["attempts"] == 1 and [h["outcome"] for h in ch["history"]] == ["success"], ch
+    assert posts(mock) == 1 and mock.charges("o-stop") == 1
+
+
+def test_a_retry_whose_history_cannot_be_read_keeps_its_deadline(make_server, mock):
+    """Found by a reviewer: a retry whose attempt history could not be read
+    (a database outage) counted its deadline from the claim, not from the
+    first attempt, and sent past `deadlineMs`.  Its claim is now taken back
+    for a second (no attempt spent); here the retry is claimed half a
+    second before the deadline, its read fails (gateway.history_read:fail),
+    and the claim a second later finds the deadline passed: nothing sent."""
+    s = make_server(env={"IDEMFLOW_FAULT": "gateway.history_read:fail"}, extra=["--test-clock"])
+    s.start()
+    deadline_ms = 3600 * 1000
+    setup_pay(s, mock, deadlineMs=deadline_ms,
+              retry={"maxAttempts": 5, "initialIntervalMs": 60000, "maxIntervalMs": 60000})
+    mock.faults("status=503:retry_after=60:count=1")
+    xid = pay(s, "o-hist")
+    ch = waiting(s, xid, 1)
+    first = ts(ch["history"][0]["startedAt"])
+    now = ts(advance(s, 1)["now"])
+    advance(s, int((first + deadline_ms / 1000 - 0.5 - now) * 1000))
+    x = finished(s, xid)
+    ch = steps_of(x)["charge"]
+    assert "fault point gateway.history_read fired" in s.logs()
+    assert "step.history_unread" in s.logs()
+    assert x["status"] == "failed" and ch["error"]["code"] == "deadline_exceeded", ch
+    assert "nothing was sent" in ch["error"]["message"], ch
+    # the failed read's claim (epoch 2) was taken back: no attempt left of it
+    assert ch["attempts"] == 2 and ch["epoch"] == 3, ch
+    assert [h["outcome"] for h in ch["history"]] == ["refused", "failed"], ch
+    assert posts(mock) == 1 and mock.charges("o-hist") == 0
+
+
+def test_a_recovery_whose_history_cannot_be_read_is_tried_at_the_next_sweep(make_server, mock):
+    """A recovery reads the dead attempt's history (how it died, when it
+    started): when that read fails (gateway.history_read's twin,
+    sweeper.history_read:fail), the step is left as it is and the next
+    sweep recovers it — sent again with its key, charged once."""
+    s = make_server(extra=["--lease-ms", "1000"])
+    s.start()
+    setup_pay(s, mock)
+    mock.faults("latency=1000:count=1")
+    xid = pay(s, "o-swh")
+    wait_for(lambda: posts(mock) == 1)
+    s.stop(signal.SIGKILL)
+    s.env["IDEMFLOW_FAULT"] = "sweeper.history_read:fail"
+    s.start()
+    x = finished(s, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed", x
+    assert "fault point sweeper.history_read fired" in s.logs()
+    assert "step.history_unread" in s.logs()
+    assert [h["outcome"] for h in ch["history"]][-1] == "success", ch
+    assert mock.charges("o-swh") == 1
+
+
 def test_a_call_whose_lease_lapsed_before_it_left_is_not_sent(make_server, mock):
     """The trigger's thread claims the call, then stalls before sending it
     (gateway.before_launch:sleep, as a long batch or commit would) past its

@@ -1103,6 +1103,40 @@ static int tx_b_x2(struct store_tx *tx, void *arg, struct ifl_err *e)
     return append_as(o, tx, o->x2, "b.x2", e);
 }
 
+/* Makes executions x1 and x2, then runs `a` on a second handle until its
+ * first run signals o->started, commits `b` on the first handle, lets `a`
+ * go on, and checks that `a` was behind `b` and ran twice. */
+static void overtake(struct fixture *f, struct overtaken *o, const char *x1, const char *x2,
+                     void *(*a)(void *), store_tx_fn b)
+{
+    int made = 0;
+    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &made, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        struct store_execution x, existing;
+        fill(&x, i ? x2 : x1, "{}");
+        int created = 0;
+        assert_int_equal(store_execution_create(f->s, &x, &created, &existing, NULL), 0);
+        assert_true(created);
+    }
+    assert_int_equal(store_open(f->url, &o->s, NULL), 0);
+    o->x1 = x1;
+    o->x2 = x2;
+    sem_init(&o->started, 0, 0);
+    sem_init(&o->other_done, 0, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, a, o);
+    while (sem_wait(&o->started) != 0)
+        ;
+    assert_int_equal(store_tx_run(f->s, b, o, NULL), 0);
+    sem_post(&o->other_done);
+    pthread_join(th, NULL);
+    assert_int_equal(o->rc, 0);
+    assert_int_equal(o->runs, 2); /* the first run was behind b's, and re-ran */
+    sem_destroy(&o->started);
+    sem_destroy(&o->other_done);
+    store_close(o->s);
+}
+
 /* The feed is ordered by transaction id: a transaction that took its id,
  * then wrote an execution after a newer transaction had (it waited for that
  * one's row lock) would list its event first, versions out of order.  It is
@@ -1115,29 +1149,8 @@ static void feed_keeps_version_order(void **state, int preset)
     struct fixture *f = *state;
     static const char X1[] = "2222222222222222222222222222222222222222222222222222222222222222";
     static const char X2[] = "3333333333333333333333333333333333333333333333333333333333333333";
-    int made = 0;
-    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &made, NULL), 0);
-    for (int i = 0; i < 2; i++) {
-        struct store_execution x, existing;
-        fill(&x, i ? X2 : X1, "{}");
-        int created = 0;
-        assert_int_equal(store_execution_create(f->s, &x, &created, &existing, NULL), 0);
-        assert_true(created);
-    }
-    struct store *h2 = NULL;
-    assert_int_equal(store_open(f->url, &h2, NULL), 0);
-    struct overtaken o = {.s = h2, .x1 = X1, .x2 = X2, .preset = preset};
-    sem_init(&o.started, 0, 0);
-    sem_init(&o.other_done, 0, 0);
-    pthread_t th;
-    pthread_create(&th, NULL, run_overtaken, &o);
-    while (sem_wait(&o.started) != 0)
-        ;
-    assert_int_equal(store_tx_run(f->s, tx_b_x2, &o, NULL), 0);
-    sem_post(&o.other_done);
-    pthread_join(th, NULL);
-    assert_int_equal(o.rc, 0);
-    assert_int_equal(o.runs, 2); /* the first run was behind "b.x2", and re-ran */
+    struct overtaken o = {.preset = preset};
+    overtake(f, &o, X1, X2, run_overtaken, tx_b_x2);
     struct store_event *ev = NULL;
     size_t n = 0;
     assert_int_equal(store_events_list(f->s, "ws", NULL, 100, &ev, &n, NULL), 0);
@@ -1156,9 +1169,6 @@ static void feed_keeps_version_order(void **state, int preset)
     assert_string_equal(order[0], "b.x2");
     assert_string_equal(order[1], "a.x2");
     store_events_free(ev, n);
-    sem_destroy(&o.started);
-    sem_destroy(&o.other_done);
-    store_close(h2);
 }
 
 static void test_feed_keeps_each_execution_in_version_order(void **state)
@@ -1169,6 +1179,68 @@ static void test_feed_keeps_each_execution_in_version_order(void **state)
 static void test_feed_keeps_engine_numbered_versions_in_order(void **state)
 {
     feed_keeps_version_order(state, 1);
+}
+
+/* Writes x1 (its transaction id is taken), waits until another
+ * transaction advanced the ordering key "k" (to 1), wrote x2 and
+ * committed, then advances the key to 2 and writes x1 again: the first run
+ * is behind that one. */
+static int tx_ordering_overtaken(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct overtaken *o = arg;
+    int rc = append_to(tx, o->x1, "a.x1", e);
+    if (!rc && o->runs++ == 0) {
+        sem_post(&o->started);
+        while (sem_wait(&o->other_done) != 0)
+            ;
+    }
+    struct ordering_op op = {.o = {"ws", "wf", "ep", "\"k\"", 2}};
+    if (!rc)
+        rc = ordering_tx(tx, &op, e);
+    if (!rc && !(op.advanced && op.had_last && op.last == 1))
+        rc = err_set(e, IFL_EINVAL, "version 2 did not follow version 1");
+    return rc ? rc : append_to(tx, o->x1, "a.k2", e); /* not x2: its own check would re-run */
+}
+
+static void *run_ordering_overtaken(void *arg)
+{
+    struct overtaken *o = arg;
+    o->rc = store_tx_run(o->s, tx_ordering_overtaken, o, NULL);
+    return NULL;
+}
+
+static int tx_b_k1(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    const struct overtaken *o = arg;
+    struct ordering_op op = {.o = {"ws", "wf", "ep", "\"k\"", 1}};
+    int rc = ordering_tx(tx, &op, e);
+    return rc ? rc : append_to(tx, o->x2, "b.k1", e);
+}
+
+/* The same for the executions an ordering key admits (found by a judge):
+ * a transaction that took its id, then advanced the key after a newer one
+ * had, would list the version it admits before the one it read as the
+ * last.  It is run again with a newer id: version 1's event comes first. */
+static void test_feed_keeps_an_ordering_keys_versions_in_order(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    static const char X1[] = "4444444444444444444444444444444444444444444444444444444444444444";
+    static const char X2[] = "5555555555555555555555555555555555555555555555555555555555555555";
+    struct overtaken o = {0};
+    overtake(f, &o, X1, X2, run_ordering_overtaken, tx_b_k1);
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(store_events_list(f->s, "ws", NULL, 100, &ev, &n, NULL), 0);
+    const char *order[3];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((strcmp(ev[i].type, "b.k1") == 0 || strcmp(ev[i].type, "a.k2") == 0) && k < 3)
+            order[k++] = ev[i].type;
+    assert_int_equal(k, 2);
+    assert_string_equal(order[0], "b.k1");
+    assert_string_equal(order[1], "a.k2");
+    store_events_free(ev, n);
 }
 
 static int tx_event(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -1582,6 +1654,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_feed_keeps_each_execution_in_version_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_feed_keeps_engine_numbered_versions_in_order, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_feed_keeps_an_ordering_keys_versions_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_notify_wakes_another_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_survives_killed_connections, setup, teardown),

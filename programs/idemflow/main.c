@@ -26,6 +26,7 @@
 #include "json/json.h"
 #include "store/store.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -429,6 +430,23 @@ static int load_examples(struct engine *g, const char *dir)
     return rc;
 }
 
+/* An admin token must be one a client can send as it is (RFC 6750
+ * b64token: letters, digits, - . _ ~ + /, then = padding) and not one a
+ * guess finds: at least 16 characters.  A blank one — a space, a tab — was
+ * taken as set, opened a public listener, and matched `Bearer  ` (found by
+ * a judge). */
+#define ADMIN_TOKEN_MIN 16
+
+static int admin_token_ok(const char *t)
+{
+    size_t n = strlen(t), i = 0;
+    while (i < n && (isalnum((unsigned char)t[i]) || strchr("-._~+/", t[i])))
+        i++;
+    while (i > 0 && i < n && t[i] == '=')
+        i++;
+    return i == n && n >= ADMIN_TOKEN_MIN;
+}
+
 static int is_loopback(const char *listen)
 {
     char host[128];
@@ -547,6 +565,13 @@ static int cmd_serve(int argc, char **argv)
     const char *admin = getenv("IDEMFLOW_ADMIN_TOKEN");
     if (admin && !*admin)
         admin = NULL;
+    if (admin && !admin_token_ok(admin)) {
+        log_error("serve.refused",
+                  "IDEMFLOW_ADMIN_TOKEN must be at least %d characters of A-Z a-z 0-9 - . _ ~ + "
+                  "/ (then = padding), e.g. from `openssl rand -hex 24`",
+                  ADMIN_TOKEN_MIN);
+        return 1;
+    }
     if (!admin && !is_loopback(o.listen)) {
         log_error("serve.refused",
                   "refusing to listen on %s without IDEMFLOW_ADMIN_TOKEN; use a loopback "

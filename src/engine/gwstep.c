@@ -643,6 +643,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         return NULL;
     }
     j->req.resend_safe = v->policy.ambiguous == GW_AMB_RETRY && j->req.idempotency_key;
+    j->req.one_send = 1; /* a second send's answer would hide the first's effect */
     j->vreq.resend_safe = j->vreq.method && (strcmp(j->vreq.method, "GET") == 0 ||
                                              strcmp(j->vreq.method, "HEAD") == 0);
     j->phase = j->vreq.url ? 1 : 0;

@@ -1185,6 +1185,8 @@ struct xfer {
     char denied[64]; /* the address the egress policy refused ("" none) */
     int opened;      /* sockets opened: a name with an allowed address too */
     int late;        /* req->send_by had passed when the request was to leave */
+    int sends;       /* before_request calls: requests about to be written */
+    int resend;      /* a second send was stopped (req->one_send) */
     int shutdown;    /* ended by the client's stop, not by libcurl */
     struct xfer *next;
     struct xfer *fnext; /* the client thread's list of calls in flight */
@@ -1192,12 +1194,18 @@ struct xfer {
 
 /* Called once a connection (new or reused) is ready, before any byte of
  * the request is written: the last moment a lapsed lease can stop it.
- * What remains is the few instructions up to the write itself. */
+ * What remains is the few instructions up to the write itself.  Called
+ * again for libcurl's own re-send on a fresh connection (gateway.h,
+ * one_send). */
 static int before_request(void *ud, char *primary_ip, char *local_ip, int primary_port,
                           int local_port)
 {
     (void)primary_ip, (void)local_ip, (void)primary_port, (void)local_port;
     struct xfer *x = ud;
+    if (x->sends++ && x->req->one_send) { /* the first went out */
+        x->resend = 1;
+        return CURL_PREREQFUNC_ABORT;
+    }
     if (x->req->send_by && clock_now_ms() >= atomic_load(x->req->send_by)) {
         x->late = 1;
         return CURL_PREREQFUNC_ABORT;
@@ -1290,7 +1298,7 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, x);
-    if (req->send_by) {
+    if (req->send_by || req->one_send) {
         curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, before_request);
         curl_easy_setopt(h, CURLOPT_PREREQDATA, x);
     }
@@ -1337,7 +1345,12 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
         /* Not sent only when libcurl proves no request byte left. */
         r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));
-        if (x->late && cc == CURLE_ABORTED_BY_CALLBACK) {
+        if (x->resend && cc == CURLE_ABORTED_BY_CALLBACK) {
+            r->transport = GW_T_AMBIGUOUS;
+            snprintf(r->error, sizeof r->error,
+                     "the connection closed after the request was sent, before any answer; "
+                     "not sent again on a new connection");
+        } else if (x->late && cc == CURLE_ABORTED_BY_CALLBACK) {
             r->transport = GW_T_NOT_SENT;
             r->late = 1;
             snprintf(r->error, sizeof r->error,

@@ -84,6 +84,15 @@ struct gw_request {
      * looks like — so a request without this flag always gets a fresh
      * connection of its own.  gw_request_build sets 0. */
     int resend_safe;
+    /* 1: a second send within the call — libcurl's re-send above, on a
+     * fresh connection, of a request whose reused connection died before
+     * any response byte — is stopped before it leaves, and the call ends
+     * GW_T_AMBIGUOUS: the first send may have taken effect, and the
+     * answer to the second (a 503, a 429, a 400) would say nothing of it
+     * (found by a judge: a 503 to the re-send was taken as a refusal, and
+     * the execution cancelled, with the charge made).  gw_request_build
+     * sets 0. */
+    int one_send;
     /* When set: the clock_now_ms() time from which the request must not
      * leave any more (its sender's lease, which another process may take
      * over once it lapses), read just before libcurl writes the request on

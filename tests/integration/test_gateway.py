@@ -678,6 +678,34 @@ def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(serve
     assert mock.charges("o-16") == 1
 
 
+def test_a_drop_on_a_reused_connection_is_never_hidden_by_the_answer_to_a_resend(clock_server,
+                                                                                 mock):
+    """Found by a judge: a keyed call rode a kept-alive connection, the
+    provider committed the charge and dropped the connection, libcurl sent
+    the request again on a new connection within the same attempt, and the
+    provider answered that copy 503.  The attempt was a `refused` — nothing
+    happened — so a cancel was allowed, with the charge made.  The second
+    send is now stopped before it leaves: the attempt's outcome is unknown,
+    the cancel refused, and the retry (with the key) replays the charge."""
+    server = clock_server
+    setup_pay(server, mock, deadlineMs=3600 * 1000)
+    assert finished(server, pay(server, "warm"))["status"] == "completed"  # a kept-alive connection
+    mock.faults("drop_after_commit:order=o-rs:count=1;status=503:retry_after=60:order=o-rs:count=1")
+    xid = pay(server, "o-rs")
+    ch = waiting(server, xid, 2)
+    outcomes = [h["outcome"] for h in ch["history"]]
+    assert outcomes == ["ambiguous_outcome", "refused"], ch
+    assert "not sent again on a new connection" in ch["history"][0]["error"]["message"], ch
+    r = server.post(f"{WS}/executions/{xid}/cancel")
+    assert r.status == 409 and r.json["type"].endswith("/step-outcome-unknown"), r
+    assert posts(mock) == 3 and mock.charges("o-rs") == 1  # warm, the dropped one, the 503
+    advance(server, 61 * 1000)
+    x = finished(server, xid)
+    assert x["status"] == "completed", x
+    assert [h["outcome"] for h in steps_of(x)["charge"]["history"]][-1] == "success"
+    assert mock.charges("o-rs") == 1
+
+
 def test_verify_before_resend_without_key_support(server, mock):
     put_workflow(server, "rvw", verify_flow(mock))
     mock.faults("ignore_idempotency;drop_after_commit:count=1")

@@ -210,8 +210,10 @@ static int cmd_sign_webhook(int argc, char **argv)
     uint8_t *key = NULL;
     size_t klen = 0;
     if (!secret || whsig_secret_decode(secret, &key, &klen)) {
-        fputs("idemflow sign-webhook: set IDEMFLOW_WEBHOOK_SECRET to a whsec_ (base64) secret\n",
-              stderr);
+        fprintf(stderr,
+                "idemflow sign-webhook: set IDEMFLOW_WEBHOOK_SECRET to a whsec_ secret (the "
+                "base64 of %d bytes or more)\n",
+                WHSIG_KEY_MIN);
         return 2;
     }
     char now[32];

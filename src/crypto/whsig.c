@@ -26,7 +26,8 @@ int whsig_secret_decode(const char *secret, uint8_t **key, size_t *klen)
     size_t n = strlen(secret);
     if (n == 0 || crypto_unbase64(secret, n, key, klen) != 0)
         return IFL_EINVAL;
-    if (*klen == 0) {
+    if (*klen < WHSIG_KEY_MIN) {
+        crypto_wipe(*key, *klen);
         free(*key);
         *key = NULL;
         return IFL_EINVAL;

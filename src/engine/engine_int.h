@@ -271,6 +271,30 @@ void engine_inline_clear(struct inline_plan *p);
 /* Evaluates TRANSFORM vi's output over ctx: 0 with *out (new reference, may
  * be NULL = null) and *out_text (heap JSON), or -1 with *err_text (heap
  * error JSON). */
+/* Error texts scrubbed of the workspace's secrets.  An expression may
+ * rebuild a secret from an answer the byte scrub let through (a
+ * destination that echoed it base64-encoded, or split in two fields) and
+ * put it in an error: `$error(...)` in a TRANSFORM or an edge condition, a
+ * request's url or header, a call's stored request (found by a judge: the
+ * plain value in the step's error, its events and the dead letters).  So
+ * every such text is scrubbed as a TRANSFORM's output is: each string of
+ * the JSON text gets "****" for every secret value `list` holds (a
+ * request's scrub list, gw_request_scrub_also).  engine_text_scrub
+ * replaces *text (NULL: nothing). */
+void engine_text_scrub(const struct gw_request *list, char **text);
+/* When the secrets cannot be read to scrub *text (a JSON error): keeps its
+ * code and machine members, drops its `message` (a note says why) and its
+ * `request`.  NULL: nothing. */
+void engine_text_redact(char **text);
+/* Reads the workspace's secrets into list's scrub list (list zeroed
+ * first; gw_request_clear frees it); 0, or -1 when they cannot be read. */
+int engine_scrub_list(struct engine *g, const char *ws, struct gw_request *list);
+/* What an outcome stores that an evaluation wrote: *err, each decision's
+ * error, and the inline plan's (p may be NULL).  With list NULL the
+ * secrets are read, only when there is a text; when they cannot be, each
+ * text is redacted (engine_text_redact). */
+void engine_errors_scrub(struct engine *g, const char *ws, const struct gw_request *list,
+                         char **err, struct decision *d, size_t nd, struct inline_plan *p);
 int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
                           json_t *ctx, json_t **out, char **out_text, char **err_text);
 /* Sets steps.<vi> and response to out in ctx and evaluates vi's outgoing

@@ -1172,8 +1172,12 @@ size_t engine_gw_drain(struct engine *g)
             json_decref(out);
             engine_inline_plan(g, j->workspace, j->w, j->vi, j->attempts, go->d, j->ctx, j->rows,
                                j->nrows, &go->plan);
-            engine_inline_attach(g, &go->plan, &go->o, g->worker_prefix);
         }
+        /* the request's scrub list holds every secret of the workspace */
+        engine_errors_scrub(g, j->workspace, &j->req, &go->err_text, go->d, go->nd, &go->plan);
+        go->o.error = go->err_text;
+        if (go->o.to == STEP_COMPLETED)
+            engine_inline_attach(g, &go->plan, &go->o, g->worker_prefix);
         n++;
     }
     void **args = xcalloc(n + 1, sizeof *args);

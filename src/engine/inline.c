@@ -63,6 +63,93 @@ static int transform_scrub(struct engine *g, const char *ws, json_t **out, char 
     return 0;
 }
 
+void engine_text_scrub(const struct gw_request *list, char **text)
+{
+    json_t *t = NULL;
+    if (!*text || !list->nsecrets ||
+        json_parse(*text, strlen(*text), &json_stored_limits, &t, NULL) != 0)
+        return;
+    gw_output_scrub(t, list);
+    char *s = json_to_string(t);
+    json_decref(t);
+    if (s) {
+        crypto_wipe(*text, strlen(*text));
+        free(*text);
+        *text = s;
+    }
+}
+
+int engine_scrub_list(struct engine *g, const char *ws, struct gw_request *list)
+{
+    char **names = NULL, **values = NULL;
+    size_t n = 0;
+    *list = (struct gw_request){0};
+    int rc = engine_secrets_all(g, ws, &names, &values, &n, NULL) ? -1 : 0;
+    if (!rc)
+        gw_request_scrub_also(list, values, n);
+    engine_secrets_release(names, values, n);
+    return rc;
+}
+
+void engine_text_redact(char **text)
+{
+    json_t *t = NULL;
+    if (!*text)
+        return;
+    if (json_parse(*text, strlen(*text), &json_stored_limits, &t, NULL) != 0 ||
+        !json_is_object(t)) {
+        json_decref(t);
+        t = json_object();
+        json_object_set_new(t, "code", json_string("error_unscrubbed"));
+    }
+    json_object_del(t, "request");
+    json_object_set_new(t, "message",
+                        json_string("not kept: the workspace's secrets could not be read to "
+                                    "scrub it of them"));
+    crypto_wipe(*text, strlen(*text));
+    free(*text);
+    *text = json_to_string(t);
+    json_decref(t);
+}
+
+/* Whether an outcome stores a text an evaluation wrote. */
+static int any_text(char **err, const struct decision *d, size_t nd, const struct inline_plan *p)
+{
+    int any = err && *err;
+    for (size_t i = 0; i < nd && !any; i++)
+        any = d[i].error != NULL;
+    for (size_t k = 0; p && k < p->n && !any; k++)
+        for (size_t i = 0; i < p->it[k].nd && !any; i++)
+            any = p->it[k].dec[i].error != NULL;
+    return any;
+}
+
+static void scrub_or_redact(const struct gw_request *list, char **text)
+{
+    if (list)
+        engine_text_scrub(list, text);
+    else
+        engine_text_redact(text);
+}
+
+void engine_errors_scrub(struct engine *g, const char *ws, const struct gw_request *list,
+                         char **err, struct decision *d, size_t nd, struct inline_plan *p)
+{
+    if (!any_text(err, d, nd, p))
+        return; /* the hot path: nothing failed */
+    struct gw_request own = {0};
+    if (!list)
+        list = engine_scrub_list(g, ws, &own) ? NULL : &own;
+    if (err)
+        scrub_or_redact(list, err);
+    for (size_t i = 0; i < nd; i++)
+        scrub_or_redact(list, &d[i].error);
+    for (size_t k = 0; p && k < p->n; k++)
+        for (size_t i = 0; i < p->it[k].nd; i++)
+            scrub_or_redact(list, &p->it[k].dec[i].error);
+    gw_request_clear(&own);
+}
+
 int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
                           json_t *ctx, json_t **out, char **out_text, char **err_text)
 {

@@ -205,6 +205,7 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         engine_inline_plan(g, c->workspace, w, vi, c->attempts, p->d, p->ctx, p->rows, p->n,
                            &p->plan);
     }
+    engine_errors_scrub(g, c->workspace, NULL, &p->err_text, p->d, p->nd, &p->plan);
     p->o = (struct step_outcome){
         .w = w,
         .workspace = c->workspace,

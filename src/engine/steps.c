@@ -654,7 +654,7 @@ static int redecide(const struct steps_retry *a, struct view *v, const struct st
         } else if (fs == STEP_COMPLETED) {
             struct decision d = {EDGE_TAKEN, NULL};
             if (ed->cond)
-                a->decide_edge(a->w, vx->in[k], x, v->rows, v->n, &v->rows[fr], &d);
+                a->decide_edge(a->decide_ctx, a->w, vx->in[k], x, v->rows, v->n, &v->rows[fr], &d);
             if (d.kind == EDGE_ERROR) {
                 free(*error);
                 *error = d.error;

@@ -168,10 +168,12 @@ struct steps_retry {
     /* Evaluates the condition of edge `edge` (its source `from` COMPLETED)
      * over the execution as the transaction loaded it; *d as
      * engine_decide fills it.  A step an edge's condition failed is
-     * retried by deciding its edges again (NULL: counted as before). */
-    void (*decide_edge)(const struct wf *w, size_t edge, const struct store_execution *x,
-                        const struct store_step *rows, size_t n, const struct store_step *from,
-                        struct decision *d);
+     * retried by deciding its edges again (NULL: counted as before).
+     * decide_ctx is passed on (the caller's: what scrubs d->error). */
+    void (*decide_edge)(const void *decide_ctx, const struct wf *w, size_t edge,
+                        const struct store_execution *x, const struct store_step *rows, size_t n,
+                        const struct store_step *from, struct decision *d);
+    const void *decide_ctx;
     /* The operator checked with the provider that a call whose effect is
      * unknown, and which neither a key nor a verify can settle, did not take
      * effect: send it again.  Without it such a step is refused

@@ -2341,6 +2341,70 @@ def test_a_transform_that_decodes_an_echo_is_scrubbed_too(make_server):
         assert secret.encode() not in sqlite_bytes(s)
 
 
+def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
+    """Found by a judge: the same decoded echo put in an error was stored
+    plain — a TRANSFORM's `$error(...)`, an edge condition's, a call whose
+    url and header were rendered from it (the error's message and its
+    stored request) — in the steps, the events and the dead letters.  Every
+    error an evaluation writes is scrubbed too, also a condition that an
+    operator's retry evaluates again."""
+    import base64
+    secret = "plainsecretvalue43"
+    dec = "$base64decode(steps.call.body.v)"
+
+    def respond(path, headers, body):
+        got = headers.get("X-S", "")
+        return json.dumps({"v": base64.b64encode(got.encode()).decode()}).encode(), {}
+
+    once = {"maxAttempts": 1}
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        put_workflow(s, "decerr", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                    "headers": {"X-S": "{{ secrets.S8 }}"}, "body": {"n": 1}}},
+                "t_err": {"type": "TRANSFORM", "config": {"output": f"= $error('rebuilt: ' & {dec})"}},
+                "t_cond": {"type": "TRANSFORM", "config": {"output": "reached"}},
+                "g_url": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"= 'http://127.0.0.1:1/' & {dec}", "retry": once}},
+                "g_hdr": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": "http://127.0.0.1:1/x", "headers": {"X-H": f"= {dec}"},
+                    "body": {"v": f"= {dec}"}, "retry": once}}},
+            "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t_err"},
+                      {"from": "call", "to": "t_cond", "condition": f"= $error('cond: ' & {dec})"},
+                      {"from": "call", "to": "g_url"}, {"from": "call", "to": "g_hdr"}]})
+        assert s.put(f"{WS}/secrets/S8", {"value": secret}).status == 204
+        xid = run(s, "decerr", {"n": 1})
+        x = finished(s, xid)
+        st = steps_of(x)
+        assert x["status"] == "failed", x
+        assert all(st[v]["state"] == "FAILED" for v in ("t_err", "t_cond", "g_url", "g_hdr")), st
+        assert "rebuilt: ****" in st["t_err"]["error"]["message"], st["t_err"]
+        assert "cond: ****" in st["t_cond"]["error"]["message"], st["t_cond"]
+        assert st["g_url"]["error"]["request"]["url"].endswith("/****"), st["g_url"]
+        assert st["g_hdr"]["error"]["request"]["headers"]["X-H"] == "****", st["g_hdr"]
+        # an operator's retry evaluates the failed condition again
+        r = s.post(f"{WS}/executions/{xid}/retry")
+        assert r.status == 200 and r.json["retriedSteps"] == 3, r  # t_cond fails again
+
+        def failed_again():
+            x = s.get(f"{WS}/executions/{xid}").json
+            done = x["status"] == "failed" and len(steps_of(x)["g_hdr"]["history"]) == 3
+            return x if done else None
+        st = steps_of(wait_for(failed_again))
+        assert "cond: ****" in st["t_cond"]["error"]["message"], st["t_cond"]
+        bodies = [s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw,
+                  s.get(f"{WS}/dead-letters").raw]
+        for b in bodies:
+            assert secret.encode() not in b and b"****" in b
+        s.stop()
+        assert secret not in s.logs()
+        assert secret.encode() not in sqlite_bytes(s)
+
+
 def test_a_rotated_secret_goes_out_at_once(make_server):
     """The workspace's sealed secrets are kept in memory between claims
     (SQLite: this process is the only writer); a PUT drops them, so the

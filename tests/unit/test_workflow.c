@@ -161,6 +161,15 @@ static void test_rejections(void **state)
          "/vertices/g/config/headers/X-A"},
         {"\"url\":\"http://x\",\"body\":{\"k\":[\"{{ secrets.MY-KEY }}\"]}",
          "/vertices/g/config/body/k/0"},
+        /* a placeholder misspelt, or left open, would go out as its text */
+        {"\"url\":\"http://x\",\"headers\":{\"A\":\"Bearer {{ secret.S1 }}\"}",
+         "/vertices/g/config/headers/A"},
+        {"\"url\":\"http://x\",\"headers\":{\"A\":\"Bearer {{ Secrets.S1 }}\"}",
+         "/vertices/g/config/headers/A"},
+        {"\"url\":\"http://x\",\"headers\":{\"A\":\"Bearer {{ secrets.S1 \"}",
+         "/vertices/g/config/headers/A"},
+        {"\"url\":\"http://x\",\"query\":{\"q\":\"{{secrets.}}\"}", "/vertices/g/config/query/q"},
+        {"\"url\":\"http://x/{{ secrets.S1 }\"", "/vertices/g/config/url"},
         {"\"url\":\"http://x\",\"timeoutMs\":5.5", "/vertices/g/config/timeoutMs"},
         {"\"url\":\"http://x\",\"retry\":{\"maxAttempts\":2.5}",
          "/vertices/g/config/retry/maxAttempts"},
@@ -189,7 +198,8 @@ static void test_rejections(void **state)
     struct wf *ok = NULL;
     assert_int_equal(compile("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
                              "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":"
-                             "\"https://h/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0}}},"
+                             "\"https://h/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0,"
+                             "\"body\":{\"t\":\"{{ other }} {{secrets.A}} {{ secretary\"}}}},"
                              "\"edges\":[{\"from\":\"e\",\"to\":\"g\"}]}",
                              &ok, NULL),
                      0);

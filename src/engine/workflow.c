@@ -449,12 +449,13 @@ static int bad_secret_name(json_t *s)
     const char *v = json_string_value(s);
     if (*v == '=')
         return 0;
-    for (const char *p = strstr(v, "{{"); p; p = strstr(p + 2, "{{")) {
+    /* from each `{{`, overlapping ones too (`{{{`): the template reads any */
+    for (const char *p = strstr(v, "{{"); p; p = strstr(p + 1, "{{")) {
         const char *k = p + 2;
         while (*k == ' ')
             k++;
-        size_t w = 0;
-        while (isalpha((unsigned char)k[w]))
+        size_t w = 0; /* the word, as far as a name's characters go */
+        while (isalnum((unsigned char)k[w]) || k[w] == '_' || k[w] == '-')
             w++;
         if (!((w == 6 || (w == 7 && (k[6] | 0x20) == 's')) && strncasecmp(k, "secret", 6) == 0))
             continue; /* not a placeholder's word: text of its own */
@@ -468,7 +469,7 @@ static int bad_secret_name(json_t *s)
         const char *en = k;
         while (*k == ' ')
             k++;
-        if (dash || en == st || k[0] != '}' || k[1] != '}')
+        if (dash || en == st || en - st > TMPL_SECRET_NAME_MAX || k[0] != '}' || k[1] != '}')
             return 1;
     }
     return 0;

@@ -32,7 +32,7 @@ struct tmpl {
     struct tnode root;
 };
 
-#define SECRET_NAME_MAX 128
+#define SECRET_NAME_MAX TMPL_SECRET_NAME_MAX
 
 /* Finds the next `{{ secrets.NAME }}` in s[from..n).  Returns 1 and the
  * span [*b, *e) and the name span, or 0. */

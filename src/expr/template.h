@@ -50,6 +50,10 @@ int tmpl_eval(const struct tmpl *t, json_t *context, tmpl_secret_fn secrets, voi
  * value is the definition itself). */
 int tmpl_is_constant(const struct tmpl *t);
 
+/* The longest NAME a `{{ secrets.NAME }}` placeholder may have: a longer
+ * one is not read as a placeholder (it stays text). */
+#define TMPL_SECRET_NAME_MAX 128
+
 /* 1 when s is exactly one `{{ secrets.NAME }}` reference (nothing around
  * it), with NAME copied into name (cap bytes, NUL-terminated; 0 when it
  * does not fit). */

@@ -2347,9 +2347,12 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
     url and header were rendered from it (the error's message and its
     stored request) — in the steps, the events and the dead letters.  Every
     error an evaluation writes is scrubbed too, also a condition that an
-    operator's retry evaluates again."""
+    operator's retry evaluates again.  The secret is long (a key, a token):
+    `$error` keeps 190 bytes, so the message ends in its first part, which
+    goes too (found by a reviewer)."""
     import base64
-    secret = "plainsecretvalue43"
+    secret = "plainsecretvalue43-" + "x7Qz" * 60
+    head = secret[:24]
     dec = "$base64decode(steps.call.body.v)"
 
     def respond(path, headers, body):
@@ -2399,10 +2402,10 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
         bodies = [s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw,
                   s.get(f"{WS}/dead-letters").raw]
         for b in bodies:
-            assert secret.encode() not in b and b"****" in b
+            assert head.encode() not in b and b"****" in b
         s.stop()
-        assert secret not in s.logs()
-        assert secret.encode() not in sqlite_bytes(s)
+        assert head not in s.logs()
+        assert head.encode() not in sqlite_bytes(s)
 
 
 def test_a_rotated_secret_goes_out_at_once(make_server):

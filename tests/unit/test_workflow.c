@@ -170,6 +170,8 @@ static void test_rejections(void **state)
          "/vertices/g/config/headers/A"},
         {"\"url\":\"http://x\",\"query\":{\"q\":\"{{secrets.}}\"}", "/vertices/g/config/query/q"},
         {"\"url\":\"http://x/{{ secrets.S1 }\"", "/vertices/g/config/url"},
+        {"\"url\":\"http://x\",\"body\":{\"a\":\"{{{ secret.S1 }}}\"}",
+         "/vertices/g/config/body/a"},
         {"\"url\":\"http://x\",\"timeoutMs\":5.5", "/vertices/g/config/timeoutMs"},
         {"\"url\":\"http://x\",\"retry\":{\"maxAttempts\":2.5}",
          "/vertices/g/config/retry/maxAttempts"},
@@ -196,13 +198,15 @@ static void test_rejections(void **state)
     }
     /* … while an url with a secret placeholder, spaces inside it, is fine */
     struct wf *ok = NULL;
-    assert_int_equal(compile("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
-                             "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":"
-                             "\"https://h/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0,"
-                             "\"body\":{\"t\":\"{{ other }} {{secrets.A}} {{ secretary\"}}}},"
-                             "\"edges\":[{\"from\":\"e\",\"to\":\"g\"}]}",
-                             &ok, NULL),
-                     0);
+    assert_int_equal(
+        compile("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
+                "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":"
+                "\"https://h/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0,"
+                "\"body\":{\"t\":\"{{ other }} {{secrets.A}} {{ secretary {{ secret_code }} "
+                "{{secret-key}}\"}}}},"
+                "\"edges\":[{\"from\":\"e\",\"to\":\"g\"}]}",
+                &ok, NULL),
+        0);
     wf_free(ok);
     /* a condition is an expression: "false" would be a non-empty string */
     expect_bad("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"

@@ -2347,7 +2347,7 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
     url and header were rendered from it (the error's message and its
     stored request) — in the steps, the events and the dead letters.  Every
     error an evaluation writes is scrubbed too, also a condition that an
-    operator's retry evaluates again.  The secret is long (a key, a token):
+    operator's retry or resolve evaluates again.  The secret is long (a key, a token):
     `$error` keeps 190 bytes, so the message ends in its first part, which
     goes too (found by a reviewer)."""
     import base64
@@ -2375,10 +2375,15 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
                     "method": "POST", "url": f"= 'http://127.0.0.1:1/' & {dec}", "retry": once}},
                 "g_hdr": {"type": "GATEWAY", "config": {
                     "method": "POST", "url": "http://127.0.0.1:1/x", "headers": {"X-H": f"= {dec}"},
-                    "body": {"v": f"= {dec}"}, "retry": once}}},
+                    "body": {"v": f"= {dec}"}, "retry": once}},
+                "g_res": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": "http://127.0.0.1:1/x", "retry": once}},
+                "t_res": {"type": "TRANSFORM", "config": {"output": "reached"}}},
             "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t_err"},
                       {"from": "call", "to": "t_cond", "condition": f"= $error('cond: ' & {dec})"},
-                      {"from": "call", "to": "g_url"}, {"from": "call", "to": "g_hdr"}]})
+                      {"from": "call", "to": "g_url"}, {"from": "call", "to": "g_hdr"},
+                      {"from": "call", "to": "g_res"},
+                      {"from": "g_res", "to": "t_res", "condition": f"= $error('res: ' & {dec})"}]})
         assert s.put(f"{WS}/secrets/S8", {"value": secret}).status == 204
         xid = run(s, "decerr", {"n": 1})
         x = finished(s, xid)
@@ -2391,14 +2396,22 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
         assert st["g_hdr"]["error"]["request"]["headers"]["X-H"] == "****", st["g_hdr"]
         # an operator's retry evaluates the failed condition again
         r = s.post(f"{WS}/executions/{xid}/retry")
-        assert r.status == 200 and r.json["retriedSteps"] == 3, r  # t_cond fails again
+        assert r.status == 200 and r.json["retriedSteps"] == 4, r  # t_cond fails again
 
         def failed_again():
             x = s.get(f"{WS}/executions/{xid}").json
-            done = x["status"] == "failed" and len(steps_of(x)["g_hdr"]["history"]) == 3
+            done = x["status"] == "failed" and all(
+                len(steps_of(x)[v]["history"]) == 3 for v in ("g_hdr", "g_res"))
             return x if done else None
         st = steps_of(wait_for(failed_again))
         assert "cond: ****" in st["t_cond"]["error"]["message"], st["t_cond"]
+        # … and an operator's resolve, routing the resolved step's edges
+        r = s.post(f"{WS}/executions/{xid}/steps/g_res/resolve",
+                   {"outcome": "completed", "output": {}})
+        assert r.status == 200, r
+        st = steps_of(s.get(f"{WS}/executions/{xid}").json)
+        assert st["t_res"]["state"] == "FAILED", st["t_res"]
+        assert "res: ****" in st["t_res"]["error"]["message"], st["t_res"]
         bodies = [s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw,
                   s.get(f"{WS}/dead-letters").raw]
         for b in bodies:

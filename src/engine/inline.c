@@ -39,18 +39,11 @@ static int secret_lookup(void *ctx, const char *name, char **value)
  * secrets cannot be read (the step fails rather than risk it). */
 static int transform_scrub(struct engine *g, const char *ws, json_t **out, char **out_text)
 {
-    char **names = NULL, **values = NULL;
-    size_t n = 0;
-    struct ifl_err e = {0};
-    if (engine_secrets_all(g, ws, &names, &values, &n, &e)) {
-        engine_secrets_release(names, values, n);
+    struct gw_request sr;
+    if (engine_scrub_list(g, ws, &sr))
         return -1;
-    }
-    if (n && *out) {
-        struct gw_request sr = {0};
-        gw_request_scrub_also(&sr, values, n);
+    if (sr.nsecrets && *out) {
         gw_output_scrub(*out, &sr);
-        gw_request_clear(&sr);
         int too_big = 0;
         char *text = json_to_string_max(*out, STEPS_OUTPUT_MAX, &too_big);
         if (text) {
@@ -59,7 +52,7 @@ static int transform_scrub(struct engine *g, const char *ws, json_t **out, char 
             *out_text = text;
         }
     }
-    engine_secrets_release(names, values, n);
+    gw_request_clear(&sr);
     return 0;
 }
 

@@ -663,6 +663,7 @@ static int cmd_serve(int argc, char **argv)
         log_error("serve.listen", "%s", e.msg);
         goto out;
     }
+    api_attach_server(api, srv);
     char *db_shown = store_url_shown(o.db);
     log_info("serve.ready", "idemflow %s listening on %s port %u, store %s (%s)", IDEMFLOW_VERSION,
              o.listen, http_server_port(srv), store_backend(st), db_shown);

@@ -32,6 +32,7 @@ struct api {
     atomic_ullong triggers_created, triggers_deduplicated, triggers_rejected;
     int64_t started_ms;
     uint8_t admin_digest[CRYPTO_SHA256_LEN]; /* SHA-256 of o.admin_token, when set */
+    _Atomic(const struct http_server *) srv; /* borrowed; NULL until attached */
 };
 
 struct call {
@@ -1477,6 +1478,15 @@ static void h_metrics(struct call *c)
                "idemflow_gateway_response_seconds_count %llu\n",
                (double)atomic_load(&m->gw_duration_sum_ms) / 1000.0,
                cum); /* the +Inf bucket's count, as the format wants */
+    const struct http_server *srv = atomic_load(&a->srv);
+    if (srv)
+        buf_printf(&b,
+                   "# HELP idemflow_http_connections HTTP connections the server holds (this "
+                   "one included), against serve --max-connections and "
+                   "--max-connections-per-ip.\n"
+                   "# TYPE idemflow_http_connections gauge\n"
+                   "idemflow_http_connections %u\n",
+                   http_server_connections(srv));
     http_res_body(c->res, 200, "text/plain; version=0.0.4", buf_steal(&b));
 }
 
@@ -1982,6 +1992,11 @@ struct api *api_new(struct engine *g, const struct api_opts *o)
     if (a->o.admin_token)
         crypto_sha256(a->o.admin_token, strlen(a->o.admin_token), a->admin_digest);
     return a;
+}
+
+void api_attach_server(struct api *a, const struct http_server *srv)
+{
+    atomic_store(&a->srv, srv);
 }
 
 void api_free(struct api *a)

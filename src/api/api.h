@@ -27,6 +27,9 @@ struct api_opts {
 /* Borrows g, which must outlive the api. */
 struct api *api_new(struct engine *g, const struct api_opts *o);
 void api_free(struct api *a);
+/* Borrows srv (which serves this api) for /metrics' connection gauge; call
+ * once it is started, before it is stopped.  Safe while requests run. */
+void api_attach_server(struct api *a, const struct http_server *srv);
 
 /* http_handler_fn-compatible entry point (ctx = struct api *). */
 void api_handle(void *ctx, const struct http_req *req, struct http_res *res);

@@ -103,6 +103,8 @@ struct http_server;
 int http_server_start(const struct http_opts *o, struct http_server **out, struct ifl_err *e);
 /* The bound port (useful with port 0). */
 unsigned http_server_port(const struct http_server *s);
+/* Connections the server holds now (all its threads), open or closing. */
+unsigned http_server_connections(const struct http_server *s);
 /* Stops accepting, waits for in-flight requests (deferred ones until they
  * are resumed and answered), frees. NULL ok. */
 void http_server_stop(struct http_server *s);

@@ -783,6 +783,13 @@ unsigned http_server_port(const struct http_server *s)
     return s->port;
 }
 
+unsigned http_server_connections(const struct http_server *s)
+{
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info ? info->num_connections : 0;
+}
+
 void http_server_quiesce(struct http_server *s)
 {
     if (s)

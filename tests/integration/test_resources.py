@@ -297,13 +297,31 @@ def test_connection_limits_bound_what_one_client_can_hold(make_server):
     """Found by a resource judge: 1,024 connections dribbling their headers
     (the total limit) locked every other client out.  `--max-connections-
     per-ip` bounds what one address may hold (off by default: behind a
-    proxy every client is one address); a connection past it is closed."""
+    proxy every client is one address); a connection past it is closed,
+    and another address is still served meanwhile."""
+    import http.client
+    import re
     import socket
     s = make_server(extra=["--max-connections-per-ip", "4", "--max-connections", "64"])
     s.start()
-    held = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(4)]
-    for c in held:
-        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+    # another client address (all of 127/8 is loopback), on one kept-alive
+    # connection: it watches the server's connection gauge
+    other = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10,
+                                       source_address=("127.0.0.2", 0))
+
+    def connections():
+        other.request("GET", "/metrics")
+        r = other.getresponse()
+        assert r.status == 200
+        return int(re.search(rb"^idemflow_http_connections (\d+)$", r.read(), re.M).group(1))
+
+    held = []
+    for _ in range(4):
+        held.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+        held[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+        # each accepted before the next (the server's threads accept in
+        # parallel: the fifth must come after the four, not race them)
+        wait_for(lambda: connections() == len(held) + 1)
     extra = socket.create_connection(("127.0.0.1", s.port), timeout=10)
     try:
         extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -312,6 +330,8 @@ def test_connection_limits_bound_what_one_client_can_hold(make_server):
         refused = True
     extra.close()
     assert refused
+    assert connections() >= 5  # the other address: served all along
+    other.close()
     held.pop().close()
 
     def served():

@@ -27,6 +27,7 @@
 #include "store/walvfs.h"
 #include "store/store_int.h"
 #include "base/clock.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
@@ -82,7 +83,9 @@ struct sq {
     pthread_t ckpt_thread;
     pthread_mutex_t cmu;
     pthread_cond_t ccv;
+    pthread_cond_t ccv_idle; /* the checkpointer is done copying */
     int ckpt_wanted, ckpt_stop, ckpt_running;
+    int wal_frames;          /* the WAL's frames after the writer's last commit (writer only) */
     atomic_int ckpt_busy;    /* the checkpointer is copying frames … */
     atomic_int ckpt_catchup; /* … and is done: the writer copies the rest */
     struct conn *free_readers;
@@ -337,13 +340,19 @@ static void run_batch(struct sq *s, struct job *batch)
  * the checkpointer copies the bulk, then the writer, between two batches,
  * copies the few frames committed since (ckpt_catch_up), and its next
  * transaction rewinds the WAL.  A reader still using old frames only delays
- * the rewind to a later round.  The writer never runs the bulk itself:
- * wal_autocheckpoint=0. */
+ * the rewind to a later round.  wal_autocheckpoint=0: the writer runs the
+ * bulk itself only when the checkpointer fell behind by CKPT_HOLD_FRAMES
+ * (starved of CPU or disk on a loaded machine): it waits for the
+ * checkpointer's pass to end, then copies the rest before its next batch
+ * (ckpt_hold_back).  That is the back-pressure that bounds the WAL: writes
+ * wait rather than the file growing without bound. */
 #define CKPT_FRAMES 2000
+#define CKPT_HOLD_FRAMES 5000
 
 static int on_wal(void *arg, sqlite3 *db, const char *name, int frames)
 {
     struct sq *s = arg;
+    s->wal_frames = frames;
     if (frames >= CKPT_FRAMES && !atomic_load(&s->ckpt_busy) && !atomic_load(&s->ckpt_catchup)) {
         pthread_mutex_lock(&s->cmu);
         s->ckpt_wanted = 1;
@@ -372,6 +381,7 @@ static void *checkpointer_main(void *arg)
         s->ckpt_wanted = 0;
         atomic_store(&s->ckpt_busy, 1);
         pthread_mutex_unlock(&s->cmu);
+        FAULT("store.checkpoint"); /* with sleep: a checkpointer starved of CPU or disk */
         int log = 0, done = 0;
         int rc =
             sqlite3_wal_checkpoint_v2(s->ckpt.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
@@ -379,8 +389,9 @@ static void *checkpointer_main(void *arg)
             log_warn("store.checkpoint", "checkpoint failed: %s", sqlite3_errmsg(s->ckpt.db));
         if (rc == SQLITE_OK)
             atomic_store(&s->ckpt_catchup, 1);
-        atomic_store(&s->ckpt_busy, 0);
         pthread_mutex_lock(&s->cmu);
+        atomic_store(&s->ckpt_busy, 0);
+        pthread_cond_broadcast(&s->ccv_idle);
     }
     pthread_mutex_unlock(&s->cmu);
     return NULL;
@@ -395,6 +406,20 @@ static void ckpt_catch_up(struct sq *s)
     if (rc != SQLITE_OK && rc != SQLITE_BUSY)
         log_warn("store.checkpoint", "catch-up checkpoint failed: %s",
                  sqlite3_errmsg(s->writer.db));
+}
+
+/* In the writer's thread, between batches, when the WAL outgrew
+ * CKPT_HOLD_FRAMES: no batch runs until the WAL is copied back (all of it
+ * but what a reader still uses), so the next transaction can rewind it. */
+static void ckpt_hold_back(struct sq *s)
+{
+    pthread_mutex_lock(&s->cmu);
+    while (atomic_load(&s->ckpt_busy))
+        pthread_cond_wait(&s->ccv_idle, &s->cmu);
+    pthread_mutex_unlock(&s->cmu);
+    atomic_store(&s->ckpt_catchup, 0);
+    ckpt_catch_up(s);
+    s->wal_frames = 0; /* once per commit that finds the WAL long */
 }
 
 static void *writer_main(void *arg)
@@ -418,7 +443,9 @@ static void *writer_main(void *arg)
             else
                 sem_post(&j->done);
         }
-        if (atomic_exchange(&s->ckpt_catchup, 0))
+        if (s->wal_frames >= CKPT_HOLD_FRAMES)
+            ckpt_hold_back(s);
+        else if (atomic_exchange(&s->ckpt_catchup, 0))
             ckpt_catch_up(s);
         pthread_mutex_lock(&s->mu);
     }
@@ -2191,6 +2218,7 @@ static void op_close(struct store *base)
     pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->cmu);
     pthread_cond_destroy(&s->ccv);
+    pthread_cond_destroy(&s->ccv_idle);
     idset_free(s->ids);
     free(s->path);
     free(s);
@@ -2341,6 +2369,7 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     pthread_cond_init(&s->rcv, NULL);
     pthread_mutex_init(&s->cmu, NULL);
     pthread_cond_init(&s->ccv, NULL);
+    pthread_cond_init(&s->ccv_idle, NULL);
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, sqlite_global_config);
     int rc;
@@ -2395,6 +2424,7 @@ fail_early:
     pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->cmu);
     pthread_cond_destroy(&s->ccv);
+    pthread_cond_destroy(&s->ccv_idle);
     idset_free(s->ids);
     free(s->path);
     free(s);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/fault.h"
 #include "store/store.h"
 #include "store_checks.h"
 
@@ -538,9 +539,10 @@ static int flood_insert(struct store_tx *tx, void *arg, struct ifl_err *e)
     return store_tx_execution_insert(tx, &x, &created, e);
 }
 
-static void test_the_wal_stays_bounded_under_sustained_writes(void **state)
+/* Floods the store with ROWS rows of ROW_BYTES bytes (WINDOW in flight);
+ * the WAL's largest size seen. */
+static off_t flood_wal(struct store *s)
 {
-    struct store *s = *state;
     int created;
     store_workspace_put(s, "ws", "{}", &created, NULL);
     enum { ROWS = 4000, ROW_BYTES = 12000, WINDOW = 48 };
@@ -576,13 +578,39 @@ static void test_the_wal_stays_bounded_under_sustained_writes(void **state)
     struct store_execution got;
     assert_int_equal(store_execution_get(s, "ws", rows[ROWS - 1].id, &got, NULL), 0);
     store_execution_clear(&got);
-    /* ≈ 48 MB went through the WAL; it never held more than 3 checkpoints' worth */
     fprintf(stderr, "# largest WAL: %lld bytes for %d rows of %d bytes\n", (long long)max_wal, ROWS,
             ROW_BYTES);
-    assert_true(max_wal > 0);
-    assert_true(max_wal < 3 * 2000 * (4096 + 24));
     free(rows);
     free(payload);
+    return max_wal;
+}
+
+/* ≈ 48 MB go through the WAL; it never holds more than 3 checkpoints' worth
+ * (2,000 frames each of a 4 KiB page and its 24-byte header). */
+static void test_the_wal_stays_bounded_under_sustained_writes(void **state)
+{
+    off_t max_wal = flood_wal(*state);
+    assert_true(max_wal > 0);
+    assert_true(max_wal < 3 * 2000 * (4096 + 24));
+}
+
+/* The checkpointer starved (each of its passes stalls a second, as on a
+ * machine whose CPU or disk other work holds): the writer holds its batches
+ * back past 5,000 frames and copies the WAL itself — writes wait, the WAL
+ * stays bounded.  Arms a fault point for the rest of the process: the
+ * group's last test. */
+static int setup_starved(void **state)
+{
+    setenv("IDEMFLOW_FAULT", "store.checkpoint:sleep=1000@*", 1);
+    fault_init(); /* before the store's threads start */
+    return setup(state);
+}
+
+static void test_a_starved_checkpointer_holds_the_writes_back(void **state)
+{
+    off_t max_wal = flood_wal(*state);
+    assert_true(max_wal > 0);
+    assert_true(max_wal < 3 * 2000 * (4096 + 24));
 }
 
 static void test_paging(void **state)
@@ -720,6 +748,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),
+        /* last: it arms a fault point */
+        cmocka_unit_test_setup_teardown(test_a_starved_checkpointer_holds_the_writes_back,
+                                        setup_starved, teardown),
     };
     return cmocka_run_group_tests_name("store_sqlite", tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 #include "json/json.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1629,8 +1630,9 @@ static void h_deliveries(struct call *c)
     long long after = 0;
     if (aq) {
         char *end = NULL;
+        errno = 0;
         after = strtoll(aq, &end, 10);
-        if (end == aq || *end || after < 0) {
+        if (!isdigit((unsigned char)aq[0]) || *end || errno == ERANGE) {
             api_problem(c->res, 400, "invalid-parameter",
                         "after must be the `next` of a previous page of this list", "/after");
             return;

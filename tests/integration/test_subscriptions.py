@@ -426,6 +426,11 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
     assert server.get("/v1/workspaces/nope/subscriptions").status == 404
     r = server.get(f"{sub_path('s1')}/deliveries?state=bogus")
     assert r.status == 400 and r.json["pointer"] == "/state", r
+    # a cursor that is no page's `next`: signed, spaced or out of range
+    for after in ("-1", "+5", "%205", "99999999999999999999", "x"):
+        r = server.get(f"{sub_path('s1')}/deliveries?after={after}")
+        assert r.status == 400 and r.json["pointer"] == "/after", (after, r)
+    assert server.get(f"{sub_path('s1')}/deliveries?after=5").status == 200
     secret_not_logged(server)
 
 

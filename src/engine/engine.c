@@ -588,6 +588,9 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
             return;
         }
         struct decision *d = engine_decide_edges(w, vi, ctx, out);
+        /* as every error an evaluation writes (the context holds no GATEWAY
+         * answer yet, but the rule has no exceptions) */
+        engine_errors_scrub(g, nx->workspace, NULL, NULL, d, w->v[vi].n_out, NULL);
         steps_complete_initial(w, ca->rows, ca->nrows, vi, out_text, d);
         engine_decisions_free(d, w->v[vi].n_out);
         json_decref(out);

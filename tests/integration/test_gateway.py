@@ -2378,25 +2378,33 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
                     "body": {"v": f"= {dec}"}, "retry": once}},
                 "g_res": {"type": "GATEWAY", "config": {
                     "method": "POST", "url": "http://127.0.0.1:1/x", "retry": once}},
-                "t_res": {"type": "TRANSFORM", "config": {"output": "reached"}}},
+                "t_res": {"type": "TRANSFORM", "config": {"output": "reached"}},
+                # inlined in the call's completion: its edge is decided in the plan
+                "t_mid": {"type": "TRANSFORM", "config": {"output": "mid"}},
+                "t_plan": {"type": "TRANSFORM", "config": {"output": "reached"}}},
             "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t_err"},
                       {"from": "call", "to": "t_cond", "condition": f"= $error('cond: ' & {dec})"},
                       {"from": "call", "to": "g_url"}, {"from": "call", "to": "g_hdr"},
                       {"from": "call", "to": "g_res"},
-                      {"from": "g_res", "to": "t_res", "condition": f"= $error('res: ' & {dec})"}]})
+                      {"from": "g_res", "to": "t_res", "condition": f"= $error('res: ' & {dec})"},
+                      {"from": "call", "to": "t_mid"},
+                      {"from": "t_mid", "to": "t_plan", "condition": f"= $error('plan: ' & {dec})"}]})
         assert s.put(f"{WS}/secrets/S8", {"value": secret}).status == 204
         xid = run(s, "decerr", {"n": 1})
         x = finished(s, xid)
         st = steps_of(x)
         assert x["status"] == "failed", x
-        assert all(st[v]["state"] == "FAILED" for v in ("t_err", "t_cond", "g_url", "g_hdr")), st
+        assert all(st[v]["state"] == "FAILED" for v in ("t_err", "t_cond", "g_url", "g_hdr",
+                                                        "t_plan")), st
         assert "rebuilt: ****" in st["t_err"]["error"]["message"], st["t_err"]
+        assert "plan: ****" in st["t_plan"]["error"]["message"], st["t_plan"]
         assert "cond: ****" in st["t_cond"]["error"]["message"], st["t_cond"]
         assert st["g_url"]["error"]["request"]["url"].endswith("/****"), st["g_url"]
         assert st["g_hdr"]["error"]["request"]["headers"]["X-H"] == "****", st["g_hdr"]
         # an operator's retry evaluates the failed condition again
         r = s.post(f"{WS}/executions/{xid}/retry")
-        assert r.status == 200 and r.json["retriedSteps"] == 4, r  # t_cond fails again
+        # t_err, g_url, g_hdr and g_res; t_cond and t_plan fail again (not counted)
+        assert r.status == 200 and r.json["retriedSteps"] == 4, r
 
         def failed_again():
             x = s.get(f"{WS}/executions/{xid}").json
@@ -2405,6 +2413,7 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
             return x if done else None
         st = steps_of(wait_for(failed_again))
         assert "cond: ****" in st["t_cond"]["error"]["message"], st["t_cond"]
+        assert "plan: ****" in st["t_plan"]["error"]["message"], st["t_plan"]
         # … and an operator's resolve, routing the resolved step's edges
         r = s.post(f"{WS}/executions/{xid}/steps/g_res/resolve",
                    {"outcome": "completed", "output": {}})
@@ -2419,6 +2428,46 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
         s.stop()
         assert head not in s.logs()
         assert head.encode() not in sqlite_bytes(s)
+
+
+REDACT_COND = {"vertices": {"start": {"type": "ENTRY_POINT"},
+                            "s": {"type": "TRANSFORM", "config": {"output": "= payload.x"}},
+                            "t": {"type": "TRANSFORM", "config": {"output": "reached"}}},
+               "edges": [{"from": "start", "to": "s"},
+                         {"from": "s", "to": "t", "condition": "= $error('cond: ' & payload.x)"}]}
+
+
+@pytest.mark.parametrize("hit,flow,extra", [
+    # the runner's scrub of a TRANSFORM's `$error` (its first read)
+    (1, {"vertices": {"start": {"type": "ENTRY_POINT"},
+                      "t": {"type": "TRANSFORM",
+                            "config": {"output": "= $error('boom: ' & payload.x)"}}},
+         "edges": [{"from": "start", "to": "t"}]}, []),
+    # an edge condition's, after its source's output scrub (the first read)
+    # succeeded: at the trigger (its inlined TRANSFORM), and by a worker
+    (2, REDACT_COND, []),
+    (2, REDACT_COND, ["--no-inline"]),
+], ids=["transform", "condition-at-trigger", "condition-by-worker"])
+def test_an_error_is_not_kept_when_the_secrets_cannot_be_read(make_server, hit, flow, extra):
+    """An error an evaluation writes may hold a secret's value, so it is
+    scrubbed of the workspace's secrets before it is stored; when they
+    cannot be read (a database outage), its message and request are not
+    kept at all — the step still fails, with its code and a message that
+    says why."""
+    s = make_server(env={"IDEMFLOW_FAULT": f"secrets.read:fail@{hit}"}, extra=extra)
+    s.start()
+    put_workflow(s, "redact", flow)
+    marker = "marker-0b9e4d-visible"
+    x = finished(s, run(s, "redact", {"x": marker}))
+    st = steps_of(x)
+    assert x["status"] == "failed" and st["t"]["state"] == "FAILED", x
+    err = st["t"]["error"]
+    assert err["message"] == ("not kept: the workspace's secrets could not be read to scrub "
+                              "it of them"), err
+    assert err["code"] and "request" not in err, err
+    assert "fault point secrets.read fired" in s.logs()
+    for body in (s.get(f"{WS}/executions/{x['id']}").raw, s.get(f"{WS}/dead-letters").raw):
+        assert b"not kept" in body and b"boom: " not in body and b"cond: " not in body
 
 
 def test_a_rotated_secret_goes_out_at_once(make_server):

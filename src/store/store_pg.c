@@ -80,6 +80,7 @@ enum stmt {
     S_WS_MARK,
     S_WS_EXISTS,
     S_WS_LOCK,
+    S_WS_SHARE,
     S_WF_PUT,
     S_WF_MARK,
     S_WF_LATEST,
@@ -146,6 +147,9 @@ static const struct {
      * not conflict with the KEY SHARE locks of concurrent inserts that
      * reference the workspace. */
     [S_WS_LOCK] = {"ifl_ws_lock", "SELECT 1 FROM workspaces WHERE name = $1 FOR NO KEY UPDATE"},
+    /* A tick's claim against a put in progress: SHARE conflicts with the
+     * put's NO KEY UPDATE, so either waits for the other's commit. */
+    [S_WS_SHARE] = {"ifl_ws_share", "SELECT 1 FROM workspaces WHERE name = $1 FOR SHARE"},
     [S_WF_PUT] = {"ifl_wf_put",
                   "INSERT INTO workflows (workspace, name, version, definition, created_at)"
                   " SELECT $1::text, $2::text, COALESCE(MAX(version), 0) + 1, $3::json, $4::bigint"
@@ -1311,6 +1315,9 @@ static int body_wf_put(struct pgtx *t, void *arg, struct ifl_err *e)
     PQclear(r);
     if (!found)
         return err_set(e, IFL_ENOTFOUND, "workspace '%s' does not exist", a->ws);
+    /* The version's time is read only now, holding the workspace lock: a
+     * tick claimed meanwhile (tx_tick_claim) has committed, so its schedule
+     * starts after that tick, which must not fire again in this version. */
     int64_t now = clock_now_ms();
     arg_s(&p, a->wf);
     arg_s(&p, a->def);
@@ -2192,16 +2199,28 @@ static int tx_ordering_reset(struct store_tx *tx, const struct store_ordering *o
     return 0;
 }
 
+/* The superseded check runs after the workspace row is locked FOR SHARE:
+ * a workflow put in progress (which holds it FOR NO KEY UPDATE from before
+ * it reads its time) is waited for, and READ COMMITTED gives the check,
+ * a later statement, a snapshot with that version in it; a put that comes
+ * after waits for this commit, and takes a later time (body_wf_put).  Both
+ * statements go in one round trip, the check after the lock in the
+ * server's order. */
 static int tx_tick_claim(struct store_tx *tx, const struct store_tick *tk, int *claimed,
                          int *superseded, struct ifl_err *e)
 {
     struct pgtx *t = ptx(tx);
-    struct args p = {0};
+    if (t->fail != FAIL_NONE)
+        return t->fail_rc;
+    struct args pw = {0}, p = {0};
+    arg_s(&pw, tk->ws);
     arg_s(&p, tk->ws);
     arg_s(&p, tk->wf);
     arg_i(&p, tk->version);
     arg_i(&p, tk->fire_at);
-    PGresult *r = q(t, S_TICK_NEWER, &p, e);
+    if (t->c->pg && pipe_send(t, S_WS_SHARE, NULL, &pw, e))
+        return t->fail_rc;
+    PGresult *r = q(t, S_TICK_NEWER, &p, e); /* without a connection: reports it */
     if (!r)
         return t->fail_rc;
     *superseded = PQntuples(r) == 1;

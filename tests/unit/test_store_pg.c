@@ -1615,6 +1615,152 @@ static void test_a_key_in_flight_is_refused_at_once(void **state)
     store_close(h2);
 }
 
+/* ---- a schedule's tick against a workflow put of its workspace --------------------------- */
+
+/* Polls (every 2 ms, 10 s at most) until `n` backends of the database wait
+ * for a lock, or *done is set (the other party did not wait: the bug).
+ * Returns 1 for the waiters, 0 for *done. */
+static int await_waiters(const char *url, long long n, atomic_int *done)
+{
+    int64_t until = clock_mono_ms() + 10000;
+    while (clock_mono_ms() < until) {
+        if (atomic_load(done))
+            return 0;
+        if (sql_int(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                         " AND wait_event_type = 'Lock'") >= n)
+            return 1;
+        usleep(2000);
+    }
+    fail_msg("no lock waiters, and nothing done, after 10 s");
+    return 0;
+}
+
+struct wf_putter {
+    struct store *s;
+    int version, rc;
+    atomic_int done;
+};
+
+static void *put_version(void *arg)
+{
+    struct wf_putter *p = arg;
+    p->rc = store_workflow_put(p->s, "ws", "wf", "{\"v\": 2}", &p->version, NULL);
+    atomic_store(&p->done, 1);
+    return NULL;
+}
+
+struct tick_run {
+    struct store *s;
+    int64_t fire_at;
+    int hold; /* the first run stops after its claim until `go` */
+    sem_t held, go;
+    int claimed, superseded, rc;
+    atomic_int done;
+};
+
+static int tx_tick(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct tick_run *r = arg;
+    struct store_tick tk = {"ws", "wf", "e0", r->fire_at, XID, 1};
+    r->claimed = r->superseded = 0;
+    int rc = store_tx_tick_claim(tx, &tk, &r->claimed, &r->superseded, e);
+    if (!rc && r->hold) {
+        r->hold = 0;
+        sem_post(&r->held);
+        while (sem_wait(&r->go) != 0)
+            ;
+    }
+    return rc;
+}
+
+static void *run_tick(void *arg)
+{
+    struct tick_run *r = arg;
+    r->rc = store_tx_run(r->s, tx_tick, r, NULL);
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+static void put_v1(struct store *s)
+{
+    int made = 0, v = 0;
+    assert_int_equal(store_workspace_put(s, "ws", "{}", &made, NULL), 0);
+    assert_int_equal(store_workflow_put(s, "ws", "wf", "{\"v\": 1}", &v, NULL), 0);
+    assert_int_equal(v, 1);
+}
+
+/* A put of version 2 has taken its time and waits to commit (here for a
+ * session holding the workflows table in SHARE mode, found by a judge who
+ * saw one tick fire twice: in v1 and in v2) when a tick of v1 due after
+ * that time is claimed.  The claim waits for the put's commit and finds the
+ * tick superseded, instead of firing it in v1 while v2's schedule fires it
+ * too. */
+static void test_a_tick_waits_for_a_put_in_progress(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    put_v1(f->s);
+    PGconn *locker = PQconnectdb(f->url);
+    PGresult *lr = PQexec(locker, "BEGIN; LOCK TABLE workflows IN SHARE MODE");
+    assert_int_equal(PQresultStatus(lr), PGRES_COMMAND_OK);
+    PQclear(lr);
+    struct wf_putter p = {.s = f->s};
+    pthread_t tp, tt;
+    pthread_create(&tp, NULL, put_version, &p);
+    assert_true(await_waiters(f->url, 1, &p.done)); /* the put holds the workspace row */
+    struct tick_run r = {.s = f->s, .fire_at = clock_now_ms()}; /* after the put's time */
+    pthread_create(&tt, NULL, run_tick, &r);
+    int waited = await_waiters(f->url, 2, &r.done);
+    lr = PQexec(locker, "COMMIT");
+    assert_int_equal(PQresultStatus(lr), PGRES_COMMAND_OK);
+    PQclear(lr);
+    PQfinish(locker);
+    pthread_join(tp, NULL);
+    pthread_join(tt, NULL);
+    assert_int_equal(p.rc, 0);
+    assert_int_equal(p.version, 2);
+    assert_int_equal(r.rc, 0);
+    assert_false(r.claimed); /* one tick, one fire: v2's */
+    assert_true(r.superseded);
+    assert_true(waited);
+}
+
+/* The other order: a tick of v1 is claimed, its transaction still open,
+ * when version 2 is put.  The put waits for the tick's commit and only
+ * then takes its time, so v2's schedule starts after the tick (a time
+ * taken before would let v2 fire the same tick again). */
+static void test_a_put_waits_for_a_tick_in_progress(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    put_v1(f->s);
+    struct tick_run r = {.s = f->s, .fire_at = clock_now_ms() - 1000, .hold = 1};
+    sem_init(&r.held, 0, 0);
+    sem_init(&r.go, 0, 0);
+    pthread_t tp, tt;
+    pthread_create(&tt, NULL, run_tick, &r);
+    while (sem_wait(&r.held) != 0)
+        ;
+    struct wf_putter p = {.s = f->s};
+    pthread_create(&tp, NULL, put_version, &p);
+    int waited = await_waiters(f->url, 1, &p.done);
+    int64_t released = clock_now_ms();
+    sem_post(&r.go);
+    pthread_join(tt, NULL);
+    pthread_join(tp, NULL);
+    sem_destroy(&r.held);
+    sem_destroy(&r.go);
+    assert_int_equal(r.rc, 0);
+    assert_true(r.claimed);
+    assert_int_equal(p.rc, 0);
+    assert_int_equal(p.version, 2);
+    struct store_workflow w = {0};
+    assert_int_equal(store_workflow_get(f->s, "ws", "wf", 2, &w, NULL), 0);
+    assert_true(w.created_at >= released); /* v2's first tick comes after v1's */
+    store_workflow_clear(&w);
+    assert_true(waited);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1638,6 +1784,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_execution_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_tick_waits_for_a_put_in_progress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_put_waits_for_a_tick_in_progress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_ordering_of_one_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_migrations, setup_bare, teardown),

@@ -17,8 +17,12 @@
  * not exist without a read — the trigger's pre-read of a new id.
  *
  * One process per database: an exclusive flock on "<path>.lock" (path made
- * canonical: symlinks and other spellings share it) is taken at open and
- * held until close.  flock is local: the database belongs on a local disk.
+ * canonical: symlinks and other spellings share it) and another on the
+ * database file itself (a hard link is one more name for the same file) are
+ * taken at open and held until close.  flock is local: the database belongs
+ * on a local disk.  The database file's descriptor is closed only after
+ * every SQLite connection: closing any descriptor of a file drops all the
+ * POSIX (fcntl) locks the process holds on it, and SQLite's are those.
  *
  * Must never: return success for a job whose batch did not commit; hold a
  * reader connection across calls.
@@ -71,6 +75,7 @@ struct sq {
     struct store base;
     char *path;
     int lockfd;
+    int dbfd; /* flock on the database file; closed after every connection */
     struct conn writer;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -2245,6 +2250,8 @@ static void op_close(struct store *base)
         free(c);
     }
     conn_close(&s->writer);
+    if (s->dbfd >= 0)
+        close(s->dbfd); /* last: SQLite's POSIX locks on the file are gone */
     if (s->lockfd >= 0)
         close(s->lockfd); /* releases the flock */
     pthread_mutex_destroy(&s->mu);
@@ -2399,6 +2406,7 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
     s->base.ops = &sqlite_ops;
     s->path = xstrdup(path);
     s->lockfd = -1;
+    s->dbfd = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_mutex_init(&s->rmu, NULL);
@@ -2424,6 +2432,23 @@ int store_sqlite_open(const char *path, struct store **out, struct ifl_err *e)
         goto fail_early;
     }
     free(lockpath);
+    /* The file itself, for its other names (hard links).  Opened before
+     * SQLite, so a refusal here closes a descriptor no connection of this
+     * store shares.  (Inside one process, a second store over a hard link
+     * would still drop the first one's POSIX locks when it closes this
+     * descriptor: one store per database per process.) */
+    s->dbfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->dbfd < 0) {
+        rc = err_set(e, IFL_EIO, "cannot open database file %s (errno %d)", path, errno);
+        goto fail_early;
+    }
+    if (flock(s->dbfd, LOCK_EX | LOCK_NB) != 0) {
+        rc = err_set(e, IFL_EBUSY,
+                     "database %s is in use by another idemflow process (the file, under "
+                     "another name, is locked)",
+                     path);
+        goto fail_early;
+    }
     if ((rc = conn_open(&s->writer, path, 0, e)))
         goto fail_early;
     if ((rc = migrate(s, e)))
@@ -2451,7 +2476,15 @@ fail_early:
     ids_stop(s);
     ckpt_stop(s);
     conn_close(&s->ckpt);
+    while (s->free_readers) { /* the id scan's */
+        struct conn *c = s->free_readers;
+        s->free_readers = c->next;
+        conn_close(c);
+        free(c);
+    }
     conn_close(&s->writer);
+    if (s->dbfd >= 0)
+        close(s->dbfd); /* after the connections (see the top of this file) */
     if (s->lockfd >= 0)
         close(s->lockfd);
     pthread_mutex_destroy(&s->mu);

@@ -515,7 +515,12 @@ def test_second_process_on_same_sqlite_db_is_refused(make_server):
     os.symlink(path, link)
     dotted = os.path.join(os.path.dirname(path), "..", os.path.basename(os.path.dirname(path)),
                           os.path.basename(path))
-    for other in (link, dotted):
+    # a hard link is one more name no path resolves: the database file's own
+    # lock refuses it, before SQLite opens a second WAL beside it
+    hard = os.path.join(os.path.dirname(path), "hard.db")
+    os.link(path, hard)
+    for other in (link, dotted, hard):
         c = make_server(db="sqlite:" + other)
         assert c.start(expect_fail=True) != 0, other
         assert "in use by another idemflow process" in c.logs(), other
+    assert not os.path.exists(hard + "-wal")

@@ -57,6 +57,27 @@ static void test_migrations_and_lock(void **state)
     assert_non_null(strstr(e.msg, "in use"));
 }
 
+/* A hard link is one more name for the same file, which no path can see
+ * through: the lock on the database file itself refuses it. */
+static void test_a_hard_link_is_refused_too(void **state)
+{
+    (void)state;
+    char db[128], alias[128], aurl[160];
+    snprintf(db, sizeof db, "%s/t.db", dir);
+    snprintf(alias, sizeof alias, "%s/alias.db", dir);
+    snprintf(aurl, sizeof aurl, "sqlite:%s", alias);
+    assert_int_equal(link(db, alias), 0);
+    struct store *second = NULL;
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(aurl, &second, &e), IFL_EBUSY);
+    assert_null(second);
+    assert_non_null(strstr(e.msg, "in use"));
+    struct stat st;
+    char wal[160];
+    snprintf(wal, sizeof wal, "%s-wal", alias);
+    assert_int_not_equal(stat(wal, &st), 0); /* SQLite never opened it */
+}
+
 static void test_workspace_and_workflows(void **state)
 {
     struct store *s = *state;
@@ -726,6 +747,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_migrations_and_lock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_hard_link_is_refused_too, setup, teardown),
         cmocka_unit_test_setup_teardown(test_workspace_and_workflows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secrets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_create_has_one_winner, setup, teardown),

@@ -213,6 +213,14 @@ static int compile_signature(struct wf_vertex *v, json_t *sig, struct ifl_err *e
                           "secret must be a reference to a workspace secret, "
                           "\"{{ secrets.NAME }}\" (never the value itself)",
                           e);
+    /* the template reads `-` in a NAME too, which no secret can have: every
+     * delivery would answer 503, forever (the GATEWAY check, bad_secret_name) */
+    if (strspn(g->secret, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") !=
+        strlen(g->secret))
+        return sig_refuse(v, "secret",
+                          "a secret placeholder is {{ secrets.NAME }}, NAME letters, digits and "
+                          "_: no secret can have this name",
+                          e);
     g->tolerance_s = 300;
     json_t *tol = json_object_get(sig, "toleranceSeconds");
     if (tol) {

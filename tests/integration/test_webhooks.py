@@ -153,6 +153,11 @@ def test_signature_config_is_validated(server):
     bad = [
         ({"scheme": "standard-webhooks", "secret": SECRET}, "/secret"),
         ({"scheme": "standard-webhooks", "secret": "x {{ secrets.WH }}"}, "/secret"),
+        # a name no secret can have (PUT …/secrets/W-H is 400): every
+        # delivery would answer 503 forever
+        ({"scheme": "standard-webhooks", "secret": "{{ secrets.W-H }}"}, "/secret"),
+        ({"scheme": "hmac-sha256", "secret": "{{ secrets.-WH }}", "header": "X-Sig"}, "/secret"),
+        ({"scheme": "standard-webhooks", "secret": "{{ secrets.%s }}" % ("W" * 129)}, "/secret"),
         ({"scheme": "rot13", "secret": "{{ secrets.WH }}"}, "/scheme"),
         ({"scheme": "standard-webhooks", "secret": "{{ secrets.WH }}", "toleranceSeconds": 0},
          "/toleranceSeconds"),

@@ -3,6 +3,7 @@
  */
 #include "http/client.h"
 #include "base/mem.h"
+#include "gateway/gateway.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -56,8 +57,10 @@ int http_client_do(const struct http_call *c, struct http_reply *reply, struct i
     CURLcode cc = curl_easy_perform(h);
     int rc = 0;
     if (cc != CURLE_OK) {
+        char *shown = gw_url_masked(c->url); /* never the url's password */
         rc = err_set(e, cc == CURLE_WRITE_ERROR ? IFL_ETOOBIG : IFL_EIO, "%s %s: %s", c->method,
-                     c->url, curl_easy_strerror(cc));
+                     shown, curl_easy_strerror(cc));
+        free(shown);
         buf_free(&b);
     } else {
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &reply->status);

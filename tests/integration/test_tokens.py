@@ -144,3 +144,19 @@ def test_the_cli_creates_lists_and_revokes_tokens(make_server):
         r = cli(*bad)
         assert r.returncode == 2, (bad, r)
     s.stop()
+
+
+def test_the_cli_never_prints_the_password_of_its_url():
+    """A transport error names the url with its userinfo masked, as the
+    server shows a subscription's: `user:****@`, `****@` for a lone token."""
+    import subprocess
+    from conftest import BIN
+    for url, shown in (("http://admin:S3cr3tPw@127.0.0.1:1", "http://admin:****@127.0.0.1:1/"),
+                       ("http://S3cr3tPw@127.0.0.1:1", "http://****@127.0.0.1:1/")):
+        for args, env in ((["get", "ws", "x", "--url", url], {}),
+                          (["get", "ws", "x"], {"IDEMFLOW_URL": url})):
+            r = subprocess.run([BIN, *args], capture_output=True, text=True,
+                               env=dict(os.environ, IDEMFLOW_ADMIN_TOKEN="", **env))
+            assert r.returncode == 1, r
+            assert "S3cr3tPw" not in r.stdout + r.stderr, r
+            assert shown in r.stderr, r

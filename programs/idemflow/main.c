@@ -466,9 +466,20 @@ static int cmd_serve(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--listen") == 0 && v)
+        if (strcmp(a, "--listen") == 0 && v) {
+            /* checked here, before the loopback rule reads it (a port out
+             * of range was refused as "no loopback address") and before
+             * anything is opened or created */
+            char host[128];
+            unsigned port;
+            if (http_parse_listen(v, host, sizeof host, &port)) {
+                fprintf(stderr,
+                        "idemflow serve: --listen must be HOST:PORT (port 0..65535), got '%s'\n",
+                        v);
+                return 2;
+            }
             o.listen = v, i++;
-        else if (strcmp(a, "--db") == 0 && v)
+        } else if (strcmp(a, "--db") == 0 && v)
             o.db = v, i++;
         else if (strcmp(a, "--load") == 0 && v)
             o.load = v, i++;

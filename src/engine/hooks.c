@@ -270,6 +270,19 @@ static int url_sendable(json_t *url)
     return rc == 0;
 }
 
+/* 1 when the url names a host: "http:///x", "http://user@/x",
+ * "http://:80/x" and "http://[]/x" reach nothing. */
+static int url_has_host(const char *url)
+{
+    const char *auth, *at, *end;
+    gw_url_authority(url, &auth, &at, &end);
+    const char *h = at ? at + 1 : auth;
+    if (*h == '[')
+        return h + 1 < end && h[1] != ']';
+    const char *colon = memchr(h, ':', (size_t)(end - h));
+    return (colon ? colon : end) > h;
+}
+
 /* Validates a PUT body into x (url, events, settings; the sealed secret
  * when one is given). */
 static int sub_parse(struct engine *g, const char *ws, const char *name, json_t *body,
@@ -298,6 +311,10 @@ static int sub_parse(struct engine *g, const char *ws, const char *name, json_t 
         return err_setp(e, IFL_EVALIDATION, "/url",
                         "url must be an http:// or https:// URL without spaces or control "
                         "characters");
+    if (!url_has_host(url))
+        return err_setp(e, IFL_EVALIDATION, "/url",
+                        "url must name a host (http://HOST/…): without one no delivery could "
+                        "be sent");
     json_t *events = json_object_get(body, "events");
     if (!json_is_array(events) || json_array_size(events) == 0 ||
         json_array_size(events) > EVENTS_MAX)

@@ -331,6 +331,12 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
         (without("url"), "/url"),
         (dict(good, url="ftp://example.com/x"), "/url"),
         (dict(good, url="not a url"), "/url"),
+        # no host: nothing any delivery could reach
+        (dict(good, url="http:///x"), "/url"),
+        (dict(good, url="https://?x"), "/url"),
+        (dict(good, url="http://user:pw@/x"), "/url"),
+        (dict(good, url="http://:8080/x"), "/url"),
+        (dict(good, url="http://[]:8080/x"), "/url"),
         (dict(good, url=5), "/url"),
         (without("events"), "/events"),
         (dict(good, events="*"), "/events"),

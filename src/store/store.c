@@ -374,8 +374,20 @@ const struct store_migration store_migrations[] = {
      * the original takes no more operator actions and leaves the dead
      * letters, so its FAILED call cannot be retried beside the new one's
      * (found by a judge: a retry after a start-over charged twice). */
-    {12, "ALTER TABLE executions ADD COLUMN started_over_to TEXT;",
-     "ALTER TABLE executions ADD COLUMN started_over_to TEXT COLLATE \"C\";"},
+    /* Filled from started_over_from for executions started over before it
+     * (the newest new one of each original), in one pass over the table. */
+    {12,
+     "ALTER TABLE executions ADD COLUMN started_over_to TEXT;"
+     "UPDATE executions SET started_over_to = n.id"
+     " FROM (SELECT started_over_from AS orig, id, MAX(seq) FROM executions"
+     " WHERE started_over_from IS NOT NULL GROUP BY started_over_from) AS n"
+     " WHERE executions.id = n.orig;",
+     "ALTER TABLE executions ADD COLUMN started_over_to TEXT COLLATE \"C\";"
+     "UPDATE executions SET started_over_to = n.id"
+     " FROM (SELECT DISTINCT ON (started_over_from) started_over_from AS orig, id"
+     " FROM executions WHERE started_over_from IS NOT NULL"
+     " ORDER BY started_over_from, seq DESC) AS n"
+     " WHERE executions.id = n.orig;"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

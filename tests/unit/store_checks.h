@@ -2,7 +2,8 @@
  * store_checks.h — checks of the store through its public interface that
  * both backends must pass: the Idempotency-Key records of spec §7, the
  * ordering keys of spec §8, the schedule ticks of spec §9 and the
- * subscriptions and deliveries of outgoing webhooks (spec §7).  Included by test_store.c (SQLite) and
+ * subscriptions and deliveries of outgoing webhooks (spec §7), and what migration 12
+ * fills in for earlier start-overs.  Included by test_store.c (SQLite) and
  * test_store_pg.c (PostgreSQL).
  */
 #ifndef IFL_TESTS_STORE_CHECKS_H
@@ -517,6 +518,57 @@ static void check_execution_filters(struct store *s)
     assert_int_equal(list_filtered(s, "fws2", "failed", NULL, got, N + OTHER), OTHER);
     assert_int_equal(list_filtered(s, "fws2", "failed", "a", got, N + OTHER), OTHER / 2);
     assert_int_equal(list_filtered(s, "fws2", "stale", NULL, got, N + OTHER), 0);
+}
+
+/* ---- migration 12: start-overs made by earlier engines ------------------ */
+
+struct over_read {
+    const char *id;
+    char *to;
+};
+
+static int read_started_over(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    struct over_read *r = arg;
+    return store_tx_execution_started_over(tx, "ws", r->id, NULL, &r->to, e);
+}
+
+/* Four executions as an earlier engine made them: b and c started over
+ * from a (c the newer), d from b. */
+static void started_over_seed(struct store *s, char ids[4][65])
+{
+    int created;
+    store_workspace_put(s, "ws", "{}", &created, NULL);
+    const int from[4] = {-1, 0, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        snprintf(ids[i], 65, "%064x", 0xab0 + i);
+        struct store_execution x = {.workspace = "ws",
+                                    .workflow = "wf",
+                                    .workflow_version = 1,
+                                    .entry_point = "start",
+                                    .identity = "{\"mode\":\"random\"}",
+                                    .payload = "{}",
+                                    .started_over_from = from[i] >= 0 ? ids[from[i]] : NULL};
+        snprintf(x.id, sizeof x.id, "%s", ids[i]);
+        snprintf(x.payload_hash, sizeof x.payload_hash, "%064d", 2);
+        assert_int_equal(store_execution_create(s, &x, &created, NULL, NULL), 0);
+        assert_int_equal(created, 1);
+    }
+}
+
+/* After migration 12 ran on them: each original names its newest new one. */
+static void started_over_check(struct store *s, char ids[4][65])
+{
+    const int want[4] = {2, 3, -1, -1};
+    for (int i = 0; i < 4; i++) {
+        struct over_read r = {.id = ids[i]};
+        assert_int_equal(store_tx_run(s, read_started_over, &r, NULL), 0);
+        if (want[i] < 0)
+            assert_null(r.to);
+        else
+            assert_string_equal(r.to, ids[want[i]]);
+        free(r.to);
+    }
 }
 
 #endif

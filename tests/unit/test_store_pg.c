@@ -1761,17 +1761,6 @@ static void test_a_put_waits_for_a_tick_in_progress(void **state)
     assert_true(waited);
 }
 
-struct over_read {
-    const char *id;
-    char *to;
-};
-
-static int read_started_over(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    struct over_read *r = arg;
-    return store_tx_execution_started_over(tx, "ws", r->id, NULL, &r->to, e);
-}
-
 /* Migration 12 fills executions.started_over_to from the started_over_from
  * of executions an earlier engine made: each original names its newest new
  * one.  (The column is taken away and the migration run again on reopen.) */
@@ -1779,18 +1768,8 @@ static void test_migration_12_records_earlier_start_overs(void **state)
 {
     NEED_PG(state);
     struct fixture *f = *state;
-    int created;
-    store_workspace_put(f->s, "ws", "{}", &created, NULL);
     char ids[4][65];
-    const int from[4] = {-1, 0, 0, 1}; /* b and c from a (c the newer), d from b */
-    for (int i = 0; i < 4; i++) {
-        snprintf(ids[i], sizeof ids[i], "%064x", 0xab0 + i);
-        struct store_execution x;
-        fill(&x, ids[i], "{}");
-        x.started_over_from = from[i] >= 0 ? ids[from[i]] : NULL;
-        assert_int_equal(store_execution_create(f->s, &x, &created, NULL, NULL), 0);
-        assert_int_equal(created, 1);
-    }
+    started_over_seed(f->s, ids);
     store_close(f->s);
     f->s = NULL;
     assert_int_equal(sql(f->url, "ALTER TABLE executions DROP COLUMN started_over_to;"
@@ -1798,16 +1777,7 @@ static void test_migration_12_records_earlier_start_overs(void **state)
                      0);
     struct ifl_err e = {0};
     assert_int_equal(store_open(f->url, &f->s, &e), 0);
-    const int want[4] = {2, 3, -1, -1};
-    for (int i = 0; i < 4; i++) {
-        struct over_read r = {.id = ids[i]};
-        assert_int_equal(store_tx_run(f->s, read_started_over, &r, NULL), 0);
-        if (want[i] < 0)
-            assert_null(r.to);
-        else
-            assert_string_equal(r.to, ids[want[i]]);
-        free(r.to);
-    }
+    started_over_check(f->s, ids);
 }
 
 int main(void)

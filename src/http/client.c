@@ -3,7 +3,6 @@
  */
 #include "http/client.h"
 #include "base/mem.h"
-#include "gateway/gateway.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -22,6 +21,30 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
     struct buf *b = ud;
     size_t n = size * nmemb;
     return buf_append(b, ptr, n) ? 0 : n; /* 0 aborts the transfer past the cap */
+}
+
+/* url as an error shows it: the password of its userinfo masked (or the
+ * user name, when it has no password: a token), by libcurl's URL parser,
+ * as the gateway's views mask theirs.  Caller frees. */
+static char *url_shown(const char *url)
+{
+    CURLU *u = curl_url();
+    char *pw = NULL, *user = NULL, *out = NULL;
+    if (u && curl_url_set(u, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
+        if (curl_url_get(u, CURLUPART_PASSWORD, &pw, 0) == CURLUE_OK)
+            curl_url_set(u, CURLUPART_PASSWORD, "****", 0);
+        else if (curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK)
+            curl_url_set(u, CURLUPART_USER, "****", 0);
+        char *shown = NULL;
+        if (curl_url_get(u, CURLUPART_URL, &shown, 0) == CURLUE_OK) {
+            out = xstrdup(shown);
+            curl_free(shown);
+        }
+    }
+    curl_free(pw);
+    curl_free(user);
+    curl_url_cleanup(u);
+    return out ? out : xstrdup("(the server url)"); /* unparsable: not shown at all */
 }
 
 int http_client_do(const struct http_call *c, struct http_reply *reply, struct ifl_err *e)
@@ -57,7 +80,7 @@ int http_client_do(const struct http_call *c, struct http_reply *reply, struct i
     CURLcode cc = curl_easy_perform(h);
     int rc = 0;
     if (cc != CURLE_OK) {
-        char *shown = gw_url_masked(c->url); /* never the url's password */
+        char *shown = url_shown(c->url); /* never the url's password */
         rc = err_set(e, cc == CURLE_WRITE_ERROR ? IFL_ETOOBIG : IFL_EIO, "%s %s: %s", c->method,
                      shown, curl_easy_strerror(cc));
         free(shown);

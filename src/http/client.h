@@ -4,7 +4,7 @@
  *
  * Response bodies are capped; nothing here logs request or response
  * contents (they may hold secrets), and errors show the url with its
- * password masked (gw_url_masked).
+ * password masked.
  */
 #ifndef IFL_HTTP_CLIENT_H
 #define IFL_HTTP_CLIENT_H

@@ -199,12 +199,17 @@ static char *sub_aad(const char *ws, const char *name)
 
 /* ---- the API -------------------------------------------------------------------- */
 
-/* The url as shown: credentials in its userinfo masked (gw_url_masked),
- * as a GATEWAY's masked url shows them.  Deliveries still send them
- * (libcurl: Authorization: Basic). */
+/* The url as shown: credentials in its userinfo masked — "user:****@" or
+ * "****@" (a token as the user name) — as a GATEWAY's masked url shows
+ * them.  Deliveries still send them (libcurl: Authorization: Basic). */
 static json_t *url_shown(const char *url)
 {
-    char *shown = gw_url_masked(url);
+    const char *auth, *at, *end;
+    if (!gw_url_authority(url, &auth, &at, &end) || !at)
+        return json_string(url);
+    const char *colon = memchr(auth, ':', (size_t)(at - auth));
+    size_t keep = colon ? (size_t)(colon + 1 - url) : (size_t)(auth - url);
+    char *shown = xasprintf("%.*s****%s", (int)keep, url, at);
     json_t *v = json_string(shown);
     free(shown);
     return v;

@@ -303,16 +303,6 @@ int gw_url_authority(const char *url, const char **auth, const char **at, const 
     return p != NULL;
 }
 
-char *gw_url_masked(const char *url)
-{
-    const char *auth, *at, *end;
-    if (!gw_url_authority(url, &auth, &at, &end) || !at)
-        return xstrdup(url);
-    const char *colon = memchr(auth, ':', (size_t)(at - auth));
-    size_t keep = colon ? (size_t)(colon + 1 - url) : (size_t)(auth - url);
-    return xasprintf("%.*s****%s", (int)keep, url, at);
-}
-
 static void keep_userinfo(struct gw_request *r, const char *sealed)
 {
     const char *auth, *at, *end;

@@ -130,11 +130,6 @@ int gw_header_name_valid(const char *s);
  * point into url. */
 int gw_url_authority(const char *url, const char **auth, const char **at, const char **end);
 
-/* url as shown to people (logs, errors, views): the credentials of its
- * userinfo masked — "user:****@", or "****@" for a user name alone (a
- * token).  Caller frees.  Cannot fail. */
-char *gw_url_masked(const char *url);
-
 /* Renders `rendered` (the evaluated {url, headers, query, body} template,
  * borrowed; strings may contain secret sentinels, see gw_secret_sentinel)
  * into a request.  method NULL = "GET" without a body, "POST" with one.

@@ -437,9 +437,13 @@ void engine_secrets_release(char **names, char **values, size_t n)
 
 /* ---- execution creation ------------------------------------------------------ */
 
-/* {payload, steps, execution} around payload (a reference is taken). */
+/* {payload, steps, execution} around payload (a reference is taken).
+ * payload_text: the text payload was parsed from, or NULL; a step output
+ * with the same text (the entry's is the payload) shares its value instead
+ * of being parsed again (the stored limits admit all the default ones do,
+ * and nothing changes a context's values in place). */
 static json_t *context_of(const struct store_execution *x, json_t *payload,
-                          const struct store_step *rows, size_t n)
+                          const char *payload_text, const struct store_step *rows, size_t n)
 {
     json_t *ctx = json_object();
     json_object_set(ctx, "payload", payload);
@@ -448,9 +452,12 @@ static json_t *context_of(const struct store_execution *x, json_t *payload,
         if (rows[i].state != STEP_COMPLETED || !rows[i].output)
             continue;
         json_t *out = NULL;
-        if (json_parse(rows[i].output, strlen(rows[i].output), &json_stored_limits, &out, NULL) ==
-            0)
-            json_object_set_new(steps, rows[i].vertex, out);
+        if (payload_text && strcmp(rows[i].output, payload_text) == 0)
+            out = json_incref(payload);
+        else if (json_parse(rows[i].output, strlen(rows[i].output), &json_stored_limits, &out,
+                            NULL))
+            continue;
+        json_object_set_new(steps, rows[i].vertex, out);
     }
     json_object_set_new(ctx, "steps", steps);
     json_t *ex = json_object();
@@ -465,9 +472,12 @@ static json_t *context_of(const struct store_execution *x, json_t *payload,
 json_t *engine_context(const struct store_execution *x, const struct store_step *rows, size_t n)
 {
     json_t *payload = NULL;
-    if (json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL))
+    const char *text = x->payload;
+    if (json_parse(x->payload, strlen(x->payload), NULL, &payload, NULL)) {
         payload = json_null();
-    json_t *ctx = context_of(x, payload, rows, n);
+        text = NULL;
+    }
+    json_t *ctx = context_of(x, payload, text, rows, n);
     json_decref(payload);
     return ctx;
 }
@@ -715,7 +725,7 @@ static void early_finish(struct engine *g, struct create_args *ca, int committed
 static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
                          struct store_execution *nx, json_t *payload, struct create_args *ca)
 {
-    json_t *ctx = context_of(nx, payload, NULL, 0);
+    json_t *ctx = context_of(nx, payload, NULL, NULL, 0);
     struct decision *d = engine_decide_edges(w, (long)entry, ctx, payload);
     steps_initial(w, entry, nx->id, nx->workspace, nx->payload, d, clock_now_ms(), &ca->rows,
                   &ca->nrows, &ca->status);

@@ -718,6 +718,20 @@ def wire_server(answer):
         ls.close()
 
 
+def wire_run(server, name, port, retry={"maxAttempts": 3, "initialIntervalMs": 10}):
+    """Workflow `name`: one `ambiguous: reconcile` POST to a wire_server on
+    port (with `retry`, unless None); runs it once and returns the id."""
+    config = {"method": "POST", "url": f"http://127.0.0.1:{port}/v1/charges",
+              "body": {"order": "= payload.n"}, "timeoutMs": 2000, "ambiguous": "reconcile"}
+    if retry:
+        config["retry"] = retry
+    put_workflow(server, name, {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "call": {"type": "GATEWAY", "config": config}},
+        "edges": [{"from": "start", "to": "call"}]})
+    return run(server, name, {"n": 1})
+
+
 @pytest.mark.parametrize("answer", [b'{"id":"ch_1"}', b"HTTP/1.1 abc OK\r\n\r\n", b"garbage\r\n"],
                          ids=["http09", "bad-status", "garbage"])
 def test_an_answer_that_is_not_http_is_an_unknown_outcome(server, answer):
@@ -728,21 +742,47 @@ def test_an_answer_that_is_not_http_is_an_unknown_outcome(server, answer):
     request left, so its outcome is unknown: `ambiguous: reconcile` parks
     it after one send, and a cancel is refused."""
     with wire_server(answer) as (port, got):
-        put_workflow(server, "wire", {
-            "vertices": {"start": {"type": "ENTRY_POINT"},
-                         "call": {"type": "GATEWAY", "config": {
-                             "method": "POST", "url": f"http://127.0.0.1:{port}/v1/charges",
-                             "body": {"order": "= payload.n"}, "timeoutMs": 2000,
-                             "ambiguous": "reconcile",
-                             "retry": {"maxAttempts": 3, "initialIntervalMs": 10}}}},
-            "edges": [{"from": "start", "to": "call"}]})
-        xid = run(server, "wire", {"n": 1})
+        xid = wire_run(server, "wire", port)
         x = finished(server, xid)
         ch = steps_of(x)["call"]
         assert x["status"] == "requires_reconciliation" and ch["state"] == "REQUIRES_RECONCILIATION", x
         assert len(got) == 1, got
         r = server.post(f"{WS}/executions/{xid}/cancel")
         assert r.status == 409, r
+        assert len(got) == 1
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n",
+                                    b"HTTP/1.1 201 Created\r\n",
+                                    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\n"],
+                         ids=["cut-in-headers", "status-line-only", "cut-after-100"])
+def test_an_answer_cut_inside_its_header_block_is_an_unknown_outcome(server, answer):
+    """Found by a judge: a destination that closed the connection inside
+    the answer's header block (the status line came, the blank line did
+    not) completed the step as that status with an empty body, so the
+    charge's id was lost downstream.  The answer is incomplete: the outcome
+    is unknown, so `ambiguous: reconcile` parks it after one send and a
+    cancel is refused."""
+    with wire_server(answer) as (port, got):
+        xid = wire_run(server, "cut", port)
+        x = finished(server, xid)
+        ch = steps_of(x)["call"]
+        assert x["status"] == "requires_reconciliation" and ch["state"] == "REQUIRES_RECONCILIATION", x
+        assert "header block" in ch["history"][0]["error"]["message"], ch
+        assert len(got) == 1, got
+        r = server.post(f"{WS}/executions/{xid}/cancel")
+        assert r.status == 409, r
+        assert len(got) == 1
+
+
+def test_a_complete_answer_without_a_body_completes(server):
+    """The other side of the header-block check: an answer whose header
+    block ended (its blank line came) and that has no body is complete."""
+    with wire_server(b"HTTP/1.1 204 No Content\r\nX-Charge: ch_9\r\n\r\n") as (port, got):
+        x = finished(server, wire_run(server, "nobody", port, retry=None))
+        ch = steps_of(x)["call"]
+        assert x["status"] == "completed", x
+        assert ch["output"]["status"] == 204 and ch["output"]["headers"]["x-charge"] == "ch_9", ch
         assert len(got) == 1
 
 

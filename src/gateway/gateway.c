@@ -1305,10 +1305,10 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, x);
-    if (req->send_by || req->one_send) {
-        curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, before_request);
-        curl_easy_setopt(h, CURLOPT_PREREQDATA, x);
-    }
+    /* always: besides its checks it counts the sends, and none means the
+     * request never left (xfer_finish) */
+    curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, before_request);
+    curl_easy_setopt(h, CURLOPT_PREREQDATA, x);
     if (!req->resend_safe) /* never a silent second send (gateway.h) */
         curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
     if (strcmp(req->method, "HEAD") == 0)
@@ -1368,8 +1368,13 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
          * as not sent only with no request byte written. */
         int never_connected = cc == CURLE_COULDNT_RESOLVE_HOST ||
                               cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_COULDNT_CONNECT;
-        /* Not sent only when libcurl proves no request byte left. */
-        r->transport = never_connected || req_size == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
+        /* Not sent only when libcurl proves no request byte left: none was
+         * written, or the request never got as far as being written (libcurl
+         * calls before_request once the connection is ready, TLS and a
+         * proxy's tunnel included, before it writes the request; the bytes
+         * it counts include a CONNECT to a proxy that refused the tunnel). */
+        r->transport =
+            never_connected || req_size == 0 || x->sends == 0 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(cc));
         if (x->resend && cc == CURLE_ABORTED_BY_CALLBACK) {
             r->transport = GW_T_AMBIGUOUS;

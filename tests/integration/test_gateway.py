@@ -786,6 +786,71 @@ def test_a_complete_answer_without_a_body_completes(server):
         assert len(got) == 1
 
 
+@contextlib.contextmanager
+def refusing_proxy(answer):
+    """A loopback HTTP proxy that reads each request's head, notes its
+    request line, writes `answer` (raw bytes) and closes: no tunnel or
+    request ever reaches a destination."""
+    import socket
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+    lines = []
+
+    def handle(c):
+        with c:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                d = c.recv(65536)
+                if not d:
+                    return
+                data += d
+            lines.append(data.split(b"\r\n", 1)[0].decode())
+            c.sendall(answer)
+
+    def accept():
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield ls.getsockname()[1], lines
+    finally:
+        ls.close()
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n",
+                                    b"HTTP/1.1 200 Connection established\r\n\r\ngarbage\r\n"],
+                         ids=["connect-refused", "tls-fails-in-tunnel"])
+def test_a_call_whose_proxy_tunnel_never_opened_was_not_sent(make_server, answer):
+    """Noticed in the twenty-sixth sitting: an https call through a proxy
+    (https_proxy) that refused the CONNECT, or whose TLS through the tunnel
+    failed, counted as sent (libcurl's request size includes the CONNECT),
+    so `ambiguous: reconcile` parked a call that never left.  The request
+    was never written: the call is not sent, tried again after its backoff,
+    and fails with `attempts_exhausted` once its attempts are spent."""
+    with refusing_proxy(answer) as (port, lines):
+        server = make_server(env={"https_proxy": f"http://127.0.0.1:{port}", "no_proxy": ""})
+        server.start()
+        put_workflow(server, "proxied", {
+            "vertices": {"start": {"type": "ENTRY_POINT"},
+                         "call": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": "https://pay.example.test/v1/charges",
+                             "body": {"order": "= payload.n"}, "timeoutMs": 2000,
+                             "ambiguous": "reconcile",
+                             "retry": {"maxAttempts": 2, "initialIntervalMs": 10}}}},
+            "edges": [{"from": "start", "to": "call"}]})
+        x = finished(server, run(server, "proxied", {"n": 1}))
+        ch = steps_of(x)["call"]
+        assert x["status"] == "failed" and ch["state"] == "FAILED", x
+        assert [h["outcome"] for h in ch["history"]] == ["not_sent", "attempts_exhausted"], ch
+        assert ch["error"]["code"] == "attempts_exhausted" and ch["error"]["cause"] == "not_sent", ch
+        assert lines == ["CONNECT pay.example.test:443 HTTP/1.1"] * 2, lines
+
+
 def test_a_drop_on_a_reused_connection_is_never_hidden_by_the_answer_to_a_resend(clock_server,
                                                                                  mock):
     """Found by a judge: a keyed call rode a kept-alive connection, the

@@ -320,6 +320,12 @@ static int sub_parse(struct engine *g, const char *ws, const char *name, json_t 
         return err_setp(e, IFL_EVALIDATION, "/url",
                         "url must name a host (http://HOST/…): without one no delivery could "
                         "be sent");
+    char why[128];
+    if (gw_url_check(url, why, sizeof why))
+        return err_setp(e, IFL_EVALIDATION, "/url",
+                        "url is not one a delivery could be sent to (%s): check its host and "
+                        "port (1-65535)",
+                        why);
     json_t *events = json_object_get(body, "events");
     if (!json_is_array(events) || json_array_size(events) == 0 ||
         json_array_size(events) > EVENTS_MAX)

@@ -285,6 +285,27 @@ void gw_request_scrub_also(struct gw_request *r, char *const *values, size_t n)
             keep_secret(r, values[i]);
 }
 
+int gw_url_check(const char *url, char *why, size_t n)
+{
+    CURLU *u = curl_url();
+    if (!u) {
+        snprintf(why, n, "out of memory");
+        return 1;
+    }
+    CURLUcode rc = curl_url_set(u, CURLUPART_URL, url, 0);
+    char *port = NULL;
+    if (rc == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK &&
+        (atol(port) < 1 || atol(port) > 65535))
+        rc = CURLUE_BAD_PORT_NUMBER;
+    curl_free(port);
+    curl_url_cleanup(u);
+    if (rc == CURLUE_OK)
+        return 0;
+    snprintf(why, n, "%s", curl_url_strerror(rc));
+    return 1;
+}
+
 /* A url's user and password go out as "Authorization: Basic
  * base64(user:password)", an encoding the engine's own client makes: kept
  * when the url's userinfo carried a secret (`sealed`, the url with its

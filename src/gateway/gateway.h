@@ -130,6 +130,12 @@ int gw_header_name_valid(const char *s);
  * point into url. */
 int gw_url_authority(const char *url, const char **auth, const char **at, const char **end);
 
+/* 0 when libcurl would send to url (it parses it whole: a host it accepts,
+ * a port from 1 to 65535); else 1, and why (libcurl's reason) in
+ * why[0..n).  For urls kept to be called later (subscriptions), refused at
+ * once rather than failing every delivery. */
+int gw_url_check(const char *url, char *why, size_t n);
+
 /* Renders `rendered` (the evaluated {url, headers, query, body} template,
  * borrowed; strings may contain secret sentinels, see gw_secret_sentinel)
  * into a request.  method NULL = "GET" without a body, "POST" with one.

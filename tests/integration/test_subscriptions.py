@@ -337,6 +337,12 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
         (dict(good, url="http://user:pw@/x"), "/url"),
         (dict(good, url="http://:8080/x"), "/url"),
         (dict(good, url="http://[]:8080/x"), "/url"),
+        # a host and port no delivery could be sent to (libcurl's URL parser)
+        (dict(good, url="http://127.0.0.1:99999/x"), "/url"),
+        (dict(good, url="http://127.0.0.1:0/x"), "/url"),
+        (dict(good, url="http://%20/x"), "/url"),
+        (dict(good, url="http://exa mple.com/x"), "/url"),
+        (dict(good, url="http://a<b>.com/x"), "/url"),
         (dict(good, url=5), "/url"),
         (without("events"), "/events"),
         (dict(good, events="*"), "/events"),
@@ -420,6 +426,14 @@ def test_subscriptions_are_validated_and_never_show_their_secret(server):
     assert upd["timeoutMs"] == 2000 and upd["retry"] == retry and upd["secret"] == "****", upd
     assert upd["createdAt"] == view["createdAt"] and ts(upd["updatedAt"]) >= ts(view["updatedAt"]), upd
     assert server.get(sub_path("s1")).json == upd
+    # the edges of what libcurl sends to are accepted (updates of s1)
+    for u in ("http://127.0.0.1:65535/h", "http://127.0.0.1:1/h", "http://[::1]:8080/h",
+              "https://hooks.example.com/h?x=1", "http://user:pw@host.example:8443/"):
+        r = server.put(sub_path("s1"), dict(good, url=u))
+        assert r.status == 200, (u, r)
+    r = server.put(sub_path("s1"), {"url": "https://example.com/h", "events": ["execution.*", "step.completed"],
+                                    "timeoutMs": 2000, "retry": retry})
+    assert r.status == 200 and r.json["url"] == upd["url"], r
     # a second one, then the list has both
     assert server.put(sub_path("s2"), dict(good, events=["step.*"])).status == 201
     items = server.get(f"{WS}/subscriptions").json["items"]

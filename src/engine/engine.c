@@ -1773,6 +1773,10 @@ struct resolve_args {
      * a repeat of an earlier resolve still replays; otherwise this error,
      * and the key is rolled back. */
     const struct ifl_err *refuse;
+    /* The step was resolved as failed already and is asked the same: no
+     * change, no event; the answer (and a key's record of it) only. */
+    int noop;
+    int64_t version; /* … the execution's, as read: it must not have moved since */
 };
 
 static json_t *resolve_answer(const struct step_outcome *o)
@@ -1792,9 +1796,20 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
             *e = *a->refuse;
         return a->refuse->code;
     }
-    if ((rc = steps_not_started_over(tx, a->o->workspace, a->o->execution_id, e)) ||
-        (rc = steps_apply(tx, a->o, e)))
+    if ((rc = steps_not_started_over(tx, a->o->workspace, a->o->execution_id, e)))
         return rc;
+    if (a->noop) {
+        struct store_execution cur;
+        if ((rc = store_tx_execution_get(tx, a->o->workspace, a->o->execution_id, &cur, e)))
+            return rc;
+        int moved = cur.version != a->version;
+        store_execution_clear(&cur);
+        if (moved)
+            return err_set(e, IFL_ECONFLICT, "step '%s' changed while resolving; try again",
+                           a->o->vertex);
+    } else if ((rc = steps_apply(tx, a->o, e))) {
+        return rc;
+    }
     if (a->o->cancelled) {
         err_set(e, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
                 a->o->execution_id);
@@ -1813,6 +1828,18 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
     rc = engine_op_key_answer(tx, a->o->workspace, "resolve", a->k, 200, text, e);
     free(text);
     return rc;
+}
+
+/* 1 when error (a step's error text, JSON) has code `code`. */
+static int error_code_is(const char *error, const char *code)
+{
+    json_t *v = NULL;
+    if (!error || json_parse(error, strlen(error), &json_stored_limits, &v, NULL))
+        return 0;
+    int is = json_is_object(v) && json_text(json_object_get(v, "code")) &&
+             strcmp(json_text(json_object_get(v, "code")), code) == 0;
+    json_decref(v);
+    return is;
 }
 
 static int resolve_keyed(struct engine *g, const char *ws, const char *id, const char *vertex,
@@ -1844,11 +1871,13 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
     if ((rc = store_steps_get(g->store, id, &rows, &n, e)))
         goto out;
     enum step_state from = STEP_PENDING;
-    int found = 0;
+    int found = 0, resolved_failed = 0;
     for (size_t i = 0; i < n; i++)
         if (strcmp(rows[i].vertex, vertex) == 0) {
             from = rows[i].state;
             found = 1;
+            resolved_failed =
+                from == STEP_FAILED && error_code_is(rows[i].error, "resolved_failed");
         }
     if (strcmp(x.status, "cancelled") == 0) { /* whatever the step's state */
         err_set(&refuse, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
@@ -1880,6 +1909,8 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
             goto out;
         }
         a.refuse = &refuse;
+    } else if (!completed && resolved_failed) {
+        a.noop = 1; /* asked again: it stands (spec §7: a repeat changes nothing) */
     } else if (completed) {
         out_text = json_to_string(output ? output : json_null());
         ctx = engine_context(&x, rows, n);
@@ -1904,6 +1935,10 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
         .now = clock_now_ms(),
     };
     a.o = &o;
+    if (a.noop) {
+        snprintf(o.status, sizeof o.status, "%s", x.status);
+        a.version = x.version;
+    }
     rc = store_tx_run(g->store, tx_resolve, &a, e);
     if (!rc && k->replayed)
         rc = engine_replay_answer(a.replay, answer, e);

@@ -427,6 +427,35 @@ def test_resolve_completes_a_failed_step_and_continues(server):
     assert bad.status == 422 and bad.json["pointer"] == "/outcome"
 
 
+def test_resolving_a_step_as_failed_again_changes_nothing(server):
+    """Noticed in the twenty-sixth sitting: each `resolve {"outcome":
+    "failed"}` of a step resolved as failed already gave it a new epoch, a
+    history row and a `step.failed` event.  A repeat now stands as it is:
+    200 with the execution's status, nothing written (with a key or
+    without); the step can still be resolved as completed."""
+    put_workflow(server, "secretive", secret_flow(server))
+    xid = run(server, "secretive", {"n": 3})
+    finished(server, xid)
+    url = f"{WS}/executions/{xid}/steps/needs_secret/resolve"
+    r = server.post(url, {"outcome": "failed"})
+    assert r.status == 200 and r.json["status"] == "failed", r
+    before = server.get(f"{WS}/executions/{xid}").json
+    st = steps_of(before)["needs_secret"]
+    assert [h["outcome"] for h in st["history"]][-1] == "resolved", st
+    events = [e["type"] for e in events_of(server, xid)]
+    for headers in ({}, {"Idempotency-Key": '"again-1"'}, {"Idempotency-Key": '"again-1"'}):
+        r = server.post(url, {"outcome": "failed"}, headers=headers)
+        assert r.status == 200 and r.json == {"executionId": xid, "vertex": "needs_secret",
+                                              "status": "failed"}, r
+    after = server.get(f"{WS}/executions/{xid}").json
+    assert steps_of(after)["needs_secret"] == st, (st, steps_of(after)["needs_secret"])
+    assert after["version"] == before["version"], (before, after)
+    assert [e["type"] for e in events_of(server, xid)] == events
+    r = server.post(url, {"outcome": "completed", "output": {"auth": "manual"}})
+    assert r.status == 200, r
+    assert steps_of(server.get(f"{WS}/executions/{xid}").json)["needs_secret"]["state"] == "COMPLETED"
+
+
 def test_start_over_needs_a_key_and_is_idempotent(server):
     put_workflow(server, "branchy", BRANCHY)
     xid = run(server, "branchy", {"items": [{"price": 1, "qty": 1}]})

@@ -722,6 +722,7 @@ static void trigger(struct call *c, int mode)
         .key_in_header = !qk && hk,
         .test = test,
         .force_new = force == 1,
+        .payload_is_body = a->o.max_depth <= JSON_DEFAULT_MAX_DEPTH, /* body_json's limits */
         .body = c->req->body,
         .body_len = c->req->body_len,
         .header = req_header,

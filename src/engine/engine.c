@@ -637,7 +637,7 @@ static struct store_step *rows_for_job(const struct store_step *rows, size_t n)
  * worker to fail it with its error.  Only while the gateway client has room
  * (otherwise the workers pace the calls), and never with --no-inline. */
 static void claim_early(struct engine *g, const struct wf *w, const struct store_execution *nx,
-                        struct create_args *ca)
+                        json_t *payload, struct create_args *ca)
 {
     if (g->run.no_inline || !g->gw) /* no gateway client: not started (or stopped) */
         return;
@@ -678,8 +678,10 @@ static void claim_early(struct engine *g, const struct wf *w, const struct store
         /* the context a worker's attempt would read, from the texts the
          * transaction stores (the payload's and the inline outputs'), so
          * that every attempt renders the same request: a value read back
-         * from its text (-0 is written 0) is what later attempts see */
-        json_t *jctx = engine_context(nx, ca->rows, ca->nrows);
+         * from its text (-0 is written 0) is what later attempts see.
+         * payload (non-NULL) is that value already: see prepare_steps. */
+        json_t *jctx = payload ? context_of(nx, payload, nx->payload, ca->rows, ca->nrows)
+                               : engine_context(nx, ca->rows, ca->nrows);
         struct gw_job *j =
             engine_gw_prepare(g, &c, w, ca->early[k].vi, jctx, &seen, &n, &err, &again_at);
         json_decref(jctx);
@@ -722,8 +724,12 @@ static void early_finish(struct engine *g, struct create_args *ca, int committed
     ca->nearly = 0;
 }
 
+/* payload_is_text: payload is what nx->payload's text reads back as (the
+ * trigger's body was that very text; trigger_req.payload_is_body), so the
+ * early calls' contexts need not parse it again. */
 static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
-                         struct store_execution *nx, json_t *payload, struct create_args *ca)
+                         struct store_execution *nx, json_t *payload, int payload_is_text,
+                         struct create_args *ca)
 {
     json_t *ctx = context_of(nx, payload, NULL, NULL, 0);
     struct decision *d = engine_decide_edges(w, (long)entry, ctx, payload);
@@ -733,7 +739,7 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
     ca->worker = g->worker_prefix;
     if (!g->run.no_inline)
         inline_initial(g, w, nx, ctx, ca);
-    claim_early(g, w, nx, ca);
+    claim_early(g, w, nx, payload_is_text ? payload : NULL, ca);
     json_decref(ctx);
     ca->status = steps_status(ca->rows, ca->nrows);
     nx->status = (char *)ca->status;
@@ -1240,7 +1246,9 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
         op->tick = (struct store_tick){op->ws, op->wf, op->vertex, r->tick_at, nx->id, version};
         op->ca.tick = &op->tick;
     }
-    prepare_steps(g, w, (size_t)vi, nx, r->payload, &op->ca);
+    int is_text = r->payload_is_body && r->body && r->body_len == strlen(nx->payload) &&
+                  memcmp(r->body, nx->payload, r->body_len) == 0;
+    prepare_steps(g, w, (size_t)vi, nx, r->payload, is_text, &op->ca);
     trace_inlined(g, &op->ca, "inline");
     *opp = op;
 done:
@@ -2135,7 +2143,7 @@ static int start_over_keyed(struct engine *g, const char *ws, const char *id, co
     a.k = (struct engine_op_key){.key = key, .fingerprint = fp};
     a.response = xasprintf("{\"executionId\":\"%s\"}", nx.id);
     if (!a.refuse) {
-        prepare_steps(g, w, (size_t)vi, &nx, payload, &a.ca);
+        prepare_steps(g, w, (size_t)vi, &nx, payload, 0, &a.ca);
         trace_inlined(g, &a.ca, "inline");
     }
     rc = store_tx_run(g->store, tx_start_over, &a, e);

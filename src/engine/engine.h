@@ -122,6 +122,11 @@ struct trigger_req {
      * it ("tick-superseded"). */
     int64_t tick_at;
     int tick_version;
+    /* payload is body parsed by json_parse under limits no looser than its
+     * defaults: when the engine's text of the payload is the body itself,
+     * payload is what reading that text back gives, and is not parsed
+     * again for the trigger's early calls. */
+    int payload_is_body;
 };
 
 struct trigger_res {

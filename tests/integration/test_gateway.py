@@ -1609,7 +1609,9 @@ def test_a_retried_condition_failure_still_waits_for_its_other_edges(server, moc
     assert mock.charges("o-35") == 1
 
 
-def test_the_first_attempt_renders_what_later_ones_read_back(server, mock):
+@pytest.mark.parametrize("body", [None, b'{"id":"ord-1","b":-0.0}', b'{"id":"ord-1","b":0}'],
+                         ids=["spaced", "compact-minus-zero", "compact-as-stored"])
+def test_the_first_attempt_renders_what_later_ones_read_back(server, mock, body):
     """Found by a judge: the attempt the trigger makes rendered over the
     values in memory — `steps` in the order the steps ran, -0 as -0 — and
     later attempts over what the store gives back — `steps` in the order
@@ -1617,7 +1619,10 @@ def test_the_first_attempt_renders_what_later_ones_read_back(server, mock):
     ["A","B"] then ["B","A"] (the provider answered the key with another
     body 422, and the step failed though the charge was made); a key that
     read the sign of -0 changed (two charges).  Every attempt now renders
-    over the stored texts, `steps` in the order of their names."""
+    over the stored texts, `steps` in the order of their names.  The first
+    attempt reuses the trigger's parsed body only when the body is the
+    stored text itself (compact, as the engine writes it): a compact -0.0
+    is not, and is read back first."""
     put_workflow(server, "order", {
         "vertices": {
             "z_entry": {"type": "ENTRY_POINT", "config": {"idempotencyFields": "id"}},
@@ -1634,7 +1639,13 @@ def test_the_first_attempt_renders_what_later_ones_read_back(server, mock):
                   {"from": "m1", "to": "g"}, {"from": "k2", "to": "g"}],
     })
     mock.faults("status=500:after_commit:count=1")
-    xid = run(server, "order", {"id": "ord-1", "b": -0.0}, entry="z_entry")
+    if body is None:
+        xid = run(server, "order", {"id": "ord-1", "b": -0.0}, entry="z_entry")
+    else:
+        r = server.post(f"{WS}/workflows/order/entry-points/z_entry/trigger", raw=body,
+                        headers={"Content-Type": "application/json"})
+        assert r.status == 201, r
+        xid = r.json["executionId"]
     x = finished(server, xid)
     g = steps_of(x)["g"]
     assert x["status"] == "completed", (x["status"], g)

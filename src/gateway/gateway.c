@@ -1385,27 +1385,21 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
     long code = 0;
     if ((cc == CURLE_WRITE_ERROR && x->too_large) || cc == CURLE_OK)
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &code);
-    if ((cc == CURLE_OK || code > 0) && code != x->status_seen) {
-        /* libcurl's code is not the status line's: a line it could not
-         * parse, taken for 200 (status_line_code).  What the destination
-         * said is not known: an unknown outcome, never a success. */
+    /* libcurl's code is not the status line's: a line it could not parse,
+     * taken for 200 (status_line_code).  Or the connection closed inside
+     * the header block (libcurl takes that as the end of the answer): the
+     * status line came, the rest did not (found by a judge: a 201 cut
+     * there completed with an empty body, and the charge id was lost).
+     * Either way what the destination did is not known: an unknown
+     * outcome, never a success (a keyed retry replays the answer whole). */
+    int bad_line = (cc == CURLE_OK || code > 0) && code != x->status_seen;
+    if (bad_line || (cc == CURLE_OK && !x->head_ended)) {
         r->transport = GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error,
-                 "the answer's status line is malformed (libcurl read it as %ld); its outcome "
-                 "is not known",
-                 code);
-        buf_free(&x->body);
-    } else if (cc == CURLE_OK && !x->head_ended) {
-        /* The connection closed inside the header block (libcurl takes that
-         * as the end of the answer): the status line came, the rest did not
-         * (found by a judge: a 201 cut there completed with an empty body,
-         * and the charge id was lost).  What the destination did is known
-         * only to the answer it meant to send: an unknown outcome, which a
-         * keyed retry replays in full. */
-        r->transport = GW_T_AMBIGUOUS;
-        snprintf(r->error, sizeof r->error,
-                 "the connection closed inside the answer's header block (status %ld); the "
-                 "answer is incomplete",
+                 bad_line ? "the answer's status line is malformed (libcurl read it as %ld); its "
+                            "outcome is not known"
+                          : "the connection closed inside the answer's header block (status "
+                            "%ld); the answer is incomplete",
                  code);
         buf_free(&x->body);
     } else if (cc == CURLE_OK) {

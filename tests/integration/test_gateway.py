@@ -828,38 +828,16 @@ def test_a_complete_answer_without_a_body_completes(server):
 
 @contextlib.contextmanager
 def refusing_proxy(answer):
-    """A loopback HTTP proxy that reads each request's head, notes its
+    """A loopback HTTP proxy (a wire_server) that notes each request's
     request line, writes `answer` (raw bytes) and closes: no tunnel or
     request ever reaches a destination."""
-    import socket
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(16)
     lines = []
 
-    def handle(c):
-        with c:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                d = c.recv(65536)
-                if not d:
-                    return
-                data += d
-            lines.append(data.split(b"\r\n", 1)[0].decode())
-            c.sendall(answer)
-
-    def accept():
-        while True:
-            try:
-                c, _ = ls.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(c,), daemon=True).start()
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield ls.getsockname()[1], lines
-    finally:
-        ls.close()
+    def reply(head):
+        lines.append(head.split(b"\r\n", 1)[0].decode())
+        return answer
+    with wire_server(reply) as (port, _):
+        yield port, lines
 
 
 @pytest.mark.parametrize("answer", [b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n",

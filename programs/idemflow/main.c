@@ -49,7 +49,7 @@ static void usage(FILE *f)
           "                 [--egress-deny link-local|loopback|private|CIDR,...|none]\n"
           "                 [--max-connections N] [--max-connections-per-ip N]\n"
           "                 [--max-calls N] [--max-calls-per-destination N]\n"
-          "                 [--test-clock] [--core-dumps]\n"
+          "                 [--shared-cache-ms MS] [--test-clock] [--core-dumps]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
           "  IDEMFLOW_WEBHOOK_SECRET=whsec_... idemflow sign-webhook ID [--timestamp T] < body\n"
@@ -249,6 +249,7 @@ struct serve_opts {
     int core_dumps;                   /* --core-dumps: leave the process dumpable */
     unsigned max_conns, max_conns_ip; /* --max-connections[-per-ip]; 0: the defaults */
     int http_threads;                 /* -1: the default for the store */
+    int64_t shared_cache_ms;          /* --shared-cache-ms (engine_opts) */
     struct engine_run_opts run;
 };
 
@@ -461,8 +462,10 @@ static int is_loopback(const char *listen)
 
 static int cmd_serve(int argc, char **argv)
 {
-    struct serve_opts o = {
-        .listen = "127.0.0.1:8080", .db = "sqlite:./idemflow.db", .http_threads = -1};
+    struct serve_opts o = {.listen = "127.0.0.1:8080",
+                           .db = "sqlite:./idemflow.db",
+                           .http_threads = -1,
+                           .shared_cache_ms = 1000};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -559,6 +562,14 @@ static int cmd_serve(int argc, char **argv)
             *(strcmp(a, "--max-calls") == 0 ? &o.run.max_calls : &o.run.max_calls_per_destination) =
                 (int)n;
             i++;
+        } else if (strcmp(a, "--shared-cache-ms") == 0 && v) {
+            long long n = flag_int(v, 0, 600000);
+            if (n < 0) {
+                fputs("idemflow serve: --shared-cache-ms must be 0..600000\n", stderr);
+                return 2;
+            }
+            o.shared_cache_ms = n;
+            i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);
             if (n < 0) {
@@ -615,7 +626,7 @@ static int cmd_serve(int argc, char **argv)
     struct engine *g = NULL;
     struct api *api = NULL;
     struct http_server *srv = NULL;
-    struct engine_opts eo = {0};
+    struct engine_opts eo = {.shared_cache_ms = o.shared_cache_ms};
     char *cdir = NULL;
     int rc = 1;
     if (store_open(o.db, &st, &e)) {

@@ -44,6 +44,7 @@ struct sealed_cache {
     char *ws;
     char **names, **sealed;
     size_t n;
+    int64_t read_ms; /* clock_mono_ms() when its read began */
     struct sealed_cache *next;
 };
 
@@ -73,34 +74,36 @@ static char **strv_dup(char *const *v, size_t n)
     return d;
 }
 
-/* store_secret_all through the cache (engine_int.h). */
-static int sealed_all(struct engine *g, const char *ws, char ***names, char ***sealed, size_t *n,
-                      struct ifl_err *e)
+/* store_secret_all through the cache (engine_int.h); `fresh`: past it. */
+static int sealed_all(struct engine *g, const char *ws, int fresh, char ***names, char ***sealed,
+                      size_t *n, struct ifl_err *e)
 {
-    uint64_t gen = 0;
-    if (g->sc_on) {
-        pthread_mutex_lock(&g->scmu);
-        gen = g->sc_gen;
-        for (struct sealed_cache *c = g->sc; c; c = c->next)
-            if (strcmp(c->ws, ws) == 0) {
-                *names = strv_dup(c->names, c->n);
-                *sealed = strv_dup(c->sealed, c->n);
-                *n = c->n;
-                pthread_mutex_unlock(&g->scmu);
-                return 0;
-            }
-        pthread_mutex_unlock(&g->scmu);
-    }
+    int64_t now = clock_mono_ms();
+    pthread_mutex_lock(&g->scmu);
+    uint64_t gen = g->sc_gen;
+    for (struct sealed_cache *c = g->sc; c && !fresh; c = c->next)
+        if (strcmp(c->ws, ws) == 0) {
+            if (g->shared_ttl_ms != INT64_MAX && now - c->read_ms >= g->shared_ttl_ms)
+                break; /* another process may have PUT since: read again */
+            *names = strv_dup(c->names, c->n);
+            *sealed = strv_dup(c->sealed, c->n);
+            *n = c->n;
+            pthread_mutex_unlock(&g->scmu);
+            return 0;
+        }
+    pthread_mutex_unlock(&g->scmu);
     int rc = store_secret_all(g->store, ws, names, sealed, n, e);
-    if (rc || !g->sc_on)
+    if (rc || g->shared_ttl_ms <= 0)
         return rc;
     pthread_mutex_lock(&g->scmu);
     if (g->sc_gen == gen) {
+        sealed_cache_drop(g, ws);
         struct sealed_cache *c = xcalloc(1, sizeof *c);
         c->ws = xstrdup(ws);
         c->names = strv_dup(*names, *n);
         c->sealed = strv_dup(*sealed, *n);
         c->n = *n;
+        c->read_ms = now;
         c->next = g->sc;
         g->sc = c;
     }
@@ -114,15 +117,16 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     g->store = s;
     memcpy(g->key, o->secrets_key, sizeof g->key);
     pthread_rwlock_init(&g->lock, NULL);
-    /* One SQLite process owns its database, so every workflow PUT goes through
-     * this cache; with a shared database another process may PUT, so the
-     * latest version read is trusted for one second. */
-    g->latest_ttl_ms = strcmp(store_backend(s), "sqlite") == 0 ? INT64_MAX : 1000;
+    /* One SQLite process owns its database, so every workflow and secret
+     * PUT goes through these caches; with a shared database another process
+     * may PUT, so what was read is trusted for o->shared_cache_ms. */
+    g->shared_ttl_ms = strcmp(store_backend(s), "sqlite") == 0 ? INT64_MAX
+                       : o->shared_cache_ms > 0                ? o->shared_cache_ms
+                                                               : 0;
     pthread_mutex_init(&g->wmu, NULL);
     pthread_mutex_init(&g->gmu, NULL);
     pthread_mutex_init(&g->kmu, NULL);
     pthread_mutex_init(&g->scmu, NULL);
-    g->sc_on = strcmp(store_backend(s), "sqlite") == 0;
     pthread_cond_init(&g->wcv, NULL);
     pthread_cond_init(&g->scv, NULL);
     pthread_cond_init(&g->ncv, NULL);
@@ -221,7 +225,7 @@ static int latest_find(struct engine *g, const char *ws, const char *wf)
     pthread_rwlock_rdlock(&g->lock);
     for (struct latest *l = g->latest[hash3(ws, wf, 0)]; l; l = l->next)
         if (strcmp(l->ws, ws) == 0 && strcmp(l->wf, wf) == 0) {
-            if (g->latest_ttl_ms == INT64_MAX || now - l->checked_ms < g->latest_ttl_ms)
+            if (g->shared_ttl_ms == INT64_MAX || now - l->checked_ms < g->shared_ttl_ms)
                 v = l->version;
             break;
         }
@@ -401,8 +405,8 @@ void engine_secret_release(char *value)
     }
 }
 
-int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
-                       struct ifl_err *e)
+static int secrets_all(struct engine *g, const char *ws, int fresh, char ***names, char ***values,
+                       size_t *n, struct ifl_err *e)
 {
     char **sealed = NULL;
     *values = NULL;
@@ -410,7 +414,7 @@ int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***
     *n = 0;
     if (FAULT_FAILS("secrets.read"))
         return err_set(e, IFL_ESTORE, "fault point secrets.read");
-    int rc = sealed_all(g, ws, names, &sealed, n, e);
+    int rc = sealed_all(g, ws, fresh, names, &sealed, n, e);
     if (rc) { /* what a failed read filled (the names go with the caller's release) */
         store_strv_free(sealed, *n);
         return rc;
@@ -425,6 +429,20 @@ int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***
     }
     store_strv_free(sealed, *n);
     return 0;
+}
+
+int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
+                       struct ifl_err *e)
+{
+    return secrets_all(g, ws, 0, names, values, n, e);
+}
+
+int engine_secrets_fresh(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
+                         struct ifl_err *e)
+{
+    if (g->shared_ttl_ms == INT64_MAX)
+        return 1; /* the cache is the database's truth */
+    return secrets_all(g, ws, 1, names, values, n, e) ? -1 : 0;
 }
 
 void engine_secrets_release(char **names, char **values, size_t n)

@@ -22,6 +22,13 @@ struct wf;
 struct engine_opts {
     /* 32-byte secrets key; required. */
     uint8_t secrets_key[CRYPTO_KEY_LEN];
+    /* With a database other processes write too (PostgreSQL): how long a
+     * workflow's latest version and a workspace's secrets, once read, are
+     * trusted before they are read again (0: never, every use reads;
+     * `serve --shared-cache-ms`, default 1000).  A PUT through this process
+     * takes effect here at once either way.  SQLite: unused (this process
+     * is the database's only writer, so what it read stays true). */
+    int64_t shared_cache_ms;
 };
 
 /* Counters exposed on /metrics. */
@@ -93,7 +100,8 @@ int engine_secret_get(struct engine *g, const char *ws, const char *name, char *
 void engine_secret_release(char *value);
 /* Every secret of a workspace, decrypted in one read: *names (sorted) and
  * *values, n each; a value that does not decrypt with this key is NULL.
- * Free with engine_secrets_release. */
+ * Through a cache (engine_opts.shared_cache_ms).  Free with
+ * engine_secrets_release. */
 int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
                        struct ifl_err *e);
 void engine_secrets_release(char **names, char **values, size_t n);

@@ -33,7 +33,10 @@ struct latest {
 struct engine {
     struct store *store;
     struct latest *latest[CACHE_BUCKETS];
-    int64_t latest_ttl_ms; /* how long a read "latest version" is trusted */
+    /* How long a read "latest version" or a workspace's secrets are
+     * trusted: INT64_MAX where this process is the database's only writer
+     * (SQLite), else engine_opts.shared_cache_ms (0: never) */
+    int64_t shared_ttl_ms;
     uint8_t key[CRYPTO_KEY_LEN];
     pthread_rwlock_t lock;
     struct cached *buckets[CACHE_BUCKETS];
@@ -76,12 +79,15 @@ struct engine {
     int gw_calls_n;             /* calls holding shares: rendered, or on the wire */
 
     /* A workspace's sealed secrets, as engine_secrets_all read them (every
-     * GATEWAY claim asks), under scmu.  Only where this process is the
-     * database's one writer (SQLite): every secret PUT then passes
-     * engine_secret_put, which bumps sc_gen and drops the entry; a read
-     * that raced a PUT (sc_gen moved) is not kept.  Values stay sealed. */
+     * GATEWAY claim asks), under scmu.  A secret PUT through this process
+     * (engine_secret_put) bumps sc_gen and drops the entry; a read that
+     * raced it (sc_gen moved) is not kept.  Where this process is the
+     * database's one writer (SQLite) every PUT passes there, so an entry
+     * stays true; with a shared database (PostgreSQL) another process may
+     * PUT, so an entry is trusted for shared_ttl_ms from its read, and a
+     * claim whose template names a secret its entry lacks reads again
+     * (engine_secrets_fresh).  Values stay sealed. */
     pthread_mutex_t scmu;
-    int sc_on;
     uint64_t sc_gen;
     struct sealed_cache *sc;
 
@@ -90,6 +96,13 @@ struct engine {
     pthread_mutex_t kmu;
     struct engine_key_inflight *keys_inflight;
 };
+
+/* engine_secrets_all read from the database now, past the cache, when
+ * what the cache holds may lag a PUT by another process: 0 (then as
+ * engine_secrets_all), -1 when that read failed, 1 (nothing filled) when
+ * the cache cannot lag (SQLite). */
+int engine_secrets_fresh(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
+                         struct ifl_err *e);
 
 struct gw_job;
 #define GW_MAX_CALLS 256 /* engine_run_opts.max_calls's default */

@@ -596,26 +596,46 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         return NULL;
     }
     FAULT("gateway.before_render");
-    struct sec sec = {0};
-    int rc = engine_secrets_all(g, c->workspace, &sec.names, &sec.values, &sec.n, &e);
-    if (rc) {
-        /* The store failed a read (an outage): nothing is wrong with the
-         * step and nothing was sent — *err_text NULL says "again later". */
-        log_warn("step.secrets_unread", "%s/%s: the workspace's secrets cannot be read: %s",
-                 c->execution_id, c->vertex, e.msg);
+    json_t *rctx = NULL;
+    int rc = 0;
+    /* A secret the cached list lacks may have been PUT by another process
+     * since it was read (engine_int.h): the second pass reads the list
+     * again before the step fails for it. */
+    for (int pass = 0; pass < 2; pass++) {
+        struct sec sec = {0};
+        struct ifl_err re = {0};
+        int r = pass ? engine_secrets_fresh(g, c->workspace, &sec.names, &sec.values, &sec.n, &re)
+                : engine_secrets_all(g, c->workspace, &sec.names, &sec.values, &sec.n, &re) ? -1
+                                                                                            : 0;
+        if (r > 0) /* the list cannot lag: the first pass's error stands */
+            break;
+        if (r < 0) {
+            /* The store failed a read (an outage): nothing is wrong with
+             * the step and nothing was sent — *err_text NULL says "again
+             * later". */
+            log_warn("step.secrets_unread", "%s/%s: the workspace's secrets cannot be read: %s",
+                     c->execution_id, c->vertex, re.msg);
+            engine_secrets_release(sec.names, sec.values, sec.n);
+            json_decref(rctx);
+            job_free(j);
+            /* taken back as a deferral is: the error the attempt before left
+             * (its verifyFirst, found by a judge: a `not_sent` error written
+             * over it let the next attempt send without verifying) stays */
+            *again_at = clock_now_ms() + 1000;
+            return NULL;
+        }
+        if (!rctx)
+            rctx = render_context(w, vi, ctx);
+        gw_request_clear(&j->req);
+        gw_request_clear(&j->vreq);
+        e = (struct ifl_err){0};
+        rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
+             (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
         engine_secrets_release(sec.names, sec.values, sec.n);
-        job_free(j);
-        /* taken back as a deferral is: the error the attempt before left
-         * (its verifyFirst, found by a judge: a `not_sent` error written
-         * over it let the next attempt send without verifying) stays */
-        *again_at = clock_now_ms() + 1000;
-        return NULL;
+        if (!rc || e.code != IFL_ENOTFOUND)
+            break;
     }
-    json_t *rctx = render_context(w, vi, ctx);
-    rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
-         (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
     json_decref(rctx);
-    engine_secrets_release(sec.names, sec.values, sec.n);
     if (rc) {
         *err_text = steps_error_json("request_error", e.msg);
         job_free(j);

@@ -372,3 +372,61 @@ def test_a_call_whose_process_paused_past_its_lease_never_leaves(make_server, wo
         assert [h["outcome"] for h in ch["history"]] == ["lease_expired", "success"], ch
     finally:
         mock.stop()
+
+
+def test_secrets_read_by_another_process_are_cached_and_a_new_one_is_read_again(make_server,
+                                                                               workdir):
+    """A process keeps a workspace's secrets for --shared-cache-ms once read
+    (another process may PUT meanwhile).  A call naming a secret its list
+    lacks — PUT on another process since — reads the list again instead of
+    failing with "secret … is not defined"; a value rotated elsewhere goes
+    out here once the list expires (the test holds it for 10 minutes, so it
+    stays old: the cache is in use), and a PUT through this process itself
+    goes out at once."""
+    import hashlib
+    import json
+
+    from test_engine import put_workflow, steps_of
+    from test_gateway import echo_server
+
+    def respond(path, headers, body):
+        got = headers.get("Authorization", "")
+        return json.dumps({"sha": hashlib.sha256(got.encode()).hexdigest()}).encode(), {}
+
+    def sent(x):
+        st = steps_of(x)["call"]
+        assert st["state"] == "COMPLETED", st
+        return st["output"]["body"]["sha"]
+
+    def sha(value):
+        return hashlib.sha256(f"Bearer {value}".encode()).hexdigest()
+
+    def flow(port, name):
+        return {"vertices": {"start": {"type": "ENTRY_POINT"},
+                             "call": {"type": "GATEWAY", "config": {
+                                 "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                                 "headers": {"Authorization": "Bearer {{ secrets.%s }}" % name},
+                                 "body": {"n": "= payload.n"}}}},
+                "edges": [{"from": "start", "to": "call"}]}
+
+    with echo_server(respond) as port:
+        db = new_db(workdir)
+        a = make_server(db=db, extra=["--shared-cache-ms", "600000"])
+        b = make_server(db=db)
+        a.start()
+        b.start()
+        assert a.put(WS, {}).status == 201
+        assert b.put(f"{WS}/secrets/OLD", {"value": "old-one"}).status == 204
+        put_workflow(a, "old", flow(port, "OLD"))
+        put_workflow(a, "new", flow(port, "NEW"))
+        assert sent(finished(a, run(a, "old", {"n": 1}))) == sha("old-one")  # a's list: OLD
+        assert b.put(f"{WS}/secrets/NEW", {"value": "new-one"}).status == 204
+        assert sent(finished(a, run(a, "new", {"n": 2}))) == sha("new-one")  # read again
+        assert b.put(f"{WS}/secrets/OLD", {"value": "old-two"}).status == 204
+        assert sent(finished(a, run(a, "old", {"n": 3}))) == sha("old-one")  # a's list, 10 min
+        assert sent(finished(b, run(b, "old", {"n": 4}))) == sha("old-two")
+        assert a.put(f"{WS}/secrets/OLD", {"value": "old-three"}).status == 204
+        assert sent(finished(a, run(a, "old", {"n": 5}))) == sha("old-three")  # at once
+        a.stop()
+        b.stop()
+

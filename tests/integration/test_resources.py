@@ -162,6 +162,18 @@ def test_serve_help_is_no_usage_error():
     assert r.returncode == 2 and "serve" in r.stderr, r
 
 
+def test_shared_cache_ms_is_checked_before_anything_opens(workdir):
+    """serve --shared-cache-ms (how long a workflow's latest version and a
+    workspace's secrets read from a shared database are trusted) takes
+    0..600000; anything else stops the process before a database exists."""
+    db = os.path.join(workdir, "never.db")
+    for bad in ("-1", "600001", "1s", "", "1e3"):
+        r = subprocess.run([BIN, "serve", "--db", f"sqlite:{db}", "--shared-cache-ms", bad,
+                            "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "--shared-cache-ms must be 0..600000" in r.stderr, (bad, r)
+    assert not os.path.exists(db)
+
+
 def test_a_secret_never_comes_back_from_its_own_errors_or_the_process(make_server):
     """Found by a secrets judge: a secret PUT whose body does not parse
     quoted the value back in its 400 (jansson's "near '…'"); a mistyped

@@ -1205,6 +1205,8 @@ struct xfer {
     int too_large;    /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
     int head_ended;   /* the last response's header block ended (its blank line came) */
     int in_block;     /* a header block's status line came, its blank line not yet */
+    int bare_cr;      /* a header line began with CR not followed by LF (libcurl ends
+                         the block there: the rest is not the destination's headers) */
     long status_seen; /* the last status line's code as read here; -1 none, or malformed */
     char denied[64];  /* the address the egress policy refused ("" none) */
     int opened;       /* sockets opened: a name with an allowed address too */
@@ -1310,6 +1312,10 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
         x->head_ended = 1;
         return n;
     }
+    if (ptr[0] == '\r') { /* "\rX-…": libcurl took it for the blank line */
+        x->bare_cr = 1;
+        return n;
+    }
     const char *colon = memchr(ptr, ':', n);
     if (!colon)
         return n;
@@ -1396,10 +1402,12 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
     if (bad_line || (cc == CURLE_OK && !x->head_ended)) {
         r->transport = GW_T_AMBIGUOUS;
         snprintf(r->error, sizeof r->error,
-                 bad_line ? "the answer's status line is malformed (libcurl read it as %ld); its "
-                            "outcome is not known"
-                          : "the connection closed inside the answer's header block (status "
-                            "%ld); the answer is incomplete",
+                 bad_line     ? "the answer's status line is malformed (libcurl read it as %ld); "
+                                "its outcome is not known"
+                 : x->bare_cr ? "the answer's header block is malformed (status %ld; a line "
+                                "starts with a bare CR); its outcome is not known"
+                              : "the connection closed inside the answer's header block (status "
+                                "%ld); the answer is incomplete",
                  code);
         buf_free(&x->body);
     } else if (cc == CURLE_OK) {

@@ -815,6 +815,27 @@ def test_an_answer_cut_inside_its_header_block_is_an_unknown_outcome(server, ans
         assert len(got) == 1
 
 
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 201 Created\r\n\rX-Charge: ch_1\r\nContent-Length: 2\r\n\r\n{}",
+    b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n\rContent-Length: 2\r\n\r\n{}"],
+    ids=["first-header", "later-header"])
+def test_a_header_line_starting_with_a_bare_cr_is_an_unknown_outcome_named_as_such(server,
+                                                                                    answer):
+    """Found by a judge: libcurl ends the header block at a line that starts
+    with a bare CR, so the rest of the answer is not what the destination
+    meant as headers and body.  The outcome stays unknown (parked after one
+    send), and the error now says what was wrong with the answer rather
+    than that the connection closed inside its header block."""
+    with wire_server(answer) as (port, got):
+        xid = wire_run(server, "barecr", port)
+        x = finished(server, xid)
+        ch = steps_of(x)["call"]
+        assert x["status"] == "requires_reconciliation" and ch["state"] == "REQUIRES_RECONCILIATION", x
+        msg = ch["history"][0]["error"]["message"]
+        assert "header block is malformed" in msg and "bare CR" in msg and "closed" not in msg, ch
+        assert len(got) == 1, got
+
+
 def test_a_complete_answer_without_a_body_completes(server):
     """The other side of the header-block check: an answer whose header
     block ended (its blank line came) and that has no body is complete."""

@@ -39,6 +39,7 @@
  */
 #include "store/store_int.h"
 #include "base/clock.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "crypto/crypto.h"
@@ -105,6 +106,7 @@ enum stmt {
     S_EVENT_APPEND,
     S_EVENT_INSERT,
     S_EVENT_MARK,
+    S_EVENT_MARK_TX,
     S_IDEM_LOCK,
     S_IDEM_LOCK_WAIT,
     S_IDEM_PUT,
@@ -195,7 +197,7 @@ static const struct {
     [S_EXEC_INSERT] = {"ifl_exec_insert",
                        "INSERT INTO executions (" EXEC_COLS ")"
                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $14, $11, $12, $13)"
-                       " ON CONFLICT (id) DO NOTHING RETURNING seq"},
+                       " ON CONFLICT (id) DO NOTHING RETURNING seq, pg_current_xact_id()"},
     /* With a version (the caller appended events numbered up to it) the
      * row is stamped with this transaction's id, as S_EVENT_APPEND does. */
     [S_EXEC_STATUS] = {"ifl_exec_status",
@@ -263,6 +265,11 @@ static const struct {
                         "INSERT INTO events (id, workspace, execution_id, aggregate_version, type,"
                         " data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"},
     [S_EVENT_MARK] = {"ifl_event_mark", "SELECT 1 FROM events WHERE seq = $1 AND id = $2"},
+    /* The same by this transaction's id (events_by_ws_tx), when a result
+     * already awaited gave it: the event itself can then be deferred. */
+    [S_EVENT_MARK_TX] = {"ifl_event_mark_tx",
+                         "SELECT 1 FROM events"
+                         " WHERE workspace = $1 AND txid = $2::xid8 AND id = $3"},
     /* Held by the transaction that claims the key, to its end: another
      * session's claim of the key fails at once (409) instead of waiting
      * (the _WAIT form waits: tx_idem_put).  Both take one lock: the key
@@ -647,6 +654,8 @@ struct pgtx {
     int after_lost;    /* an earlier run of this unit lost its connection */
     enum stmt mark;    /* finds a row only this unit can have written */
     struct args mark_args;
+    char xid[24]; /* this transaction's id once a result gave it (tx_execution_insert), or "" */
+    char mark_ws[136]; /* S_EVENT_MARK_TX's workspace (names are at most 128 bytes) */
     /* Pipeline mode (libpq): statements sent whose results are not read
      * yet — a pending BEGIN, statements whose results nobody needs
      * (deferred with qd), preparations — travel with the next statement
@@ -1015,6 +1024,13 @@ static enum outcome run_once(struct pgtx *t, body_fn body, void *arg, enum mode 
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0) {
         PQclear(r);
+        if (t->mark != S_NONE && FAULT_FAILS("store.pg_commit_reply")) {
+            /* as if the COMMIT's reply were lost: its marker settles it */
+            t->c->broken = 1;
+            *rc = note_fail(t, FAIL_CONN,
+                            err_set(e, IFL_ESTORE, "fault point store.pg_commit_reply"));
+            return O_UNKNOWN;
+        }
         return O_DONE;
     }
     if (st == PGRES_COMMAND_OK) { /* "ROLLBACK": the transaction had failed */
@@ -1696,6 +1712,8 @@ static int tx_execution_insert(struct store_tx *tx, const struct store_execution
     if (!r)
         return t->fail_rc;
     *created = PQntuples(r) == 1;
+    if (*created && !t->xid[0])
+        col_copy(r, 0, 1, t->xid, sizeof t->xid);
     PQclear(r);
     idset_add(((struct pg *)tx->s)->seen, x->id); /* inserted now, or there already */
     return 0;
@@ -1994,6 +2012,16 @@ static int tx_event_append(struct store_tx *tx, struct store_event *ev, struct i
         arg_i(&p, ev->created_at);
         if (t->mark != S_NONE) /* only the marker's seq is needed (below) */
             return qd(t, S_EVENT_INSERT, &p, e);
+        if (t->xid[0] && strlen(ev->workspace) < sizeof t->mark_ws) {
+            /* the marker by transaction id: no seq needed either */
+            t->mark = S_EVENT_MARK_TX;
+            t->mark_args = (struct args){0};
+            snprintf(t->mark_ws, sizeof t->mark_ws, "%s", ev->workspace);
+            arg_s(&t->mark_args, t->mark_ws);
+            arg_s(&t->mark_args, t->xid);
+            arg_copy(&t->mark_args, ev->id);
+            return qd(t, S_EVENT_INSERT, &p, e);
+        }
         if (!(r = q(t, S_EVENT_INSERT, &p, e)))
             return t->fail_rc;
         ev->seq = col_i64(r, 0, 0);

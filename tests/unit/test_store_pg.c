@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/fault.h"
 #include "base/mem.h"
 #include "store/store.h"
 #include "store_checks.h"
@@ -1396,6 +1397,8 @@ struct creator {
 struct create_tx {
     const struct store_execution *x;
     int created;
+    int preset; /* as the engine's trigger: the event numbered by the caller (the
+                   version the row was inserted with), not by a bump */
 };
 
 static int tx_create_with_event(struct store_tx *tx, void *arg, struct ifl_err *e)
@@ -1409,6 +1412,8 @@ static int tx_create_with_event(struct store_tx *tx, void *arg, struct ifl_err *
     ev.workspace = "ws";
     snprintf(ev.execution_id, sizeof ev.execution_id, "%s", a->x->id);
     ev.type = "execution.created";
+    ev.aggregate_version = a->preset;
+    ev.version_preset = a->preset;
     return store_tx_event_append(tx, &ev, e);
 }
 
@@ -1423,7 +1428,7 @@ static void *create_many(void *arg)
         int created = 0;
         struct ifl_err e = {0};
         if (c->with_event) {
-            struct create_tx a = {&x, 0};
+            struct create_tx a = {&x, 0, 0};
             c->rc = store_tx_run(c->s, tx_create_with_event, &a, &e);
             created = a.created;
         } else {
@@ -1471,6 +1476,86 @@ static void test_survives_killed_connections(void **state)
     assert_int_equal(sql_int(f->url, "SELECT count(*) FROM executions"), N * PER);
     assert_int_equal(sql_int(f->url, "SELECT count(*) FROM events"), N / 2 * PER);
     assert_int_equal(store_ping(f->s, NULL), 0);
+}
+
+/* Arms a fault point for the rest of the process: the group's last test. */
+static int setup_lost_replies(void **state)
+{
+    setenv("IDEMFLOW_FAULT", "store.pg_commit_reply:fail@*", 1);
+    fault_init(); /* before the store's threads start */
+    return setup(state);
+}
+
+static int tx_event_alone(struct store_tx *tx, void *arg, struct ifl_err *e)
+{
+    (*(int *)arg)++;
+    struct store_event ev = {0};
+    ev.workspace = "ws";
+    ev.type = "workspace.noted";
+    return store_tx_event_append(tx, &ev, e);
+}
+
+/* Counts the lines of `path` that hold `needle`. */
+static int lines_with(const char *path, const char *needle)
+{
+    FILE *fp = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+    while (fp && fgets(line, sizeof line, fp))
+        n += strstr(line, needle) != NULL;
+    if (fp)
+        fclose(fp);
+    return n;
+}
+
+/* Every marked commit's reply is lost (store.pg_commit_reply): the store
+ * settles each by its marker, on a new connection.  A trigger's transaction
+ * marks itself by the event it writes, found by the transaction id the
+ * execution's insert returned (so the event is not awaited before the
+ * COMMIT); an event that bumps its execution's version, or has no
+ * execution, is found by its seq.  Each must be found committed: a miss
+ * would run the unit again, which answers "existed" for the execution and
+ * writes a second event. */
+static void test_a_lost_commit_reply_is_settled_by_its_marker(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    char log[] = "/tmp/idemflow-test-lost-XXXXXX";
+    int fd = mkstemp(log);
+    assert_true(fd >= 0);
+    int saved = dup(2);
+    dup2(fd, 2);
+    int created = 0, runs = 0, rc_ws, rc_x[3], made[3], rc_ev;
+    rc_ws = store_workspace_put(f->s, "ws", "{}", &created, NULL);
+    for (int i = 0; i < 3; i++) {
+        char id[65];
+        snprintf(id, sizeof id, "%064x", 0xc0 + i);
+        struct store_execution x;
+        fill(&x, id, "{}");
+        struct create_tx a = {&x, 0, i < 2};
+        rc_x[i] = store_tx_run(f->s, tx_create_with_event, &a, NULL);
+        made[i] = a.created;
+    }
+    rc_ev = store_tx_run(f->s, tx_event_alone, &runs, NULL);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    assert_int_equal(rc_ws, 0);
+    assert_int_equal(created, 1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rc_x[i], 0);
+        assert_int_equal(made[i], 1);
+    }
+    assert_int_equal(rc_ev, 0);
+    assert_int_equal(runs, 1);
+    /* the three triggers' and the event's COMMITs (the workspace's PUT is
+     * one autocommit statement, settled by its own marker without one) */
+    assert_int_equal(lines_with(log, "\"fault.fired\""), 4);
+    assert_int_equal(lines_with(log, "had committed"), 4);
+    assert_int_equal(lines_with(log, "had not committed"), 0);
+    unlink(log);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM executions"), 3);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM events"), 4);
 }
 
 static void test_schedule_records(void **state)
@@ -1828,6 +1913,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_survives_killed_connections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migration_12_records_earlier_start_overs, setup,
                                         teardown),
+        /* last: it arms a fault point for the rest of the process */
+        cmocka_unit_test_setup_teardown(test_a_lost_commit_reply_is_settled_by_its_marker,
+                                        setup_lost_replies, teardown),
     };
     return cmocka_run_group_tests_name("store_pg", tests, NULL, NULL);
 }

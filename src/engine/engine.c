@@ -48,13 +48,23 @@ struct sealed_cache {
     struct sealed_cache *next;
 };
 
-/* Drops ws's entry (NULL: every entry); the caller holds scmu or is the
- * last user. */
-static void sealed_cache_drop(struct engine *g, const char *ws)
+/* Drops the entries `drop` picks (ws's; with `stale_before` > 0 also any
+ * read before it; NULL and 0: every entry); the caller holds scmu or is the
+ * last user.  1 when an entry of ws read after `newer_than` was kept
+ * instead (newer_than >= 0 only). */
+static int sealed_cache_prune(struct engine *g, const char *ws, int64_t newer_than,
+                              int64_t stale_before)
 {
+    int kept = 0;
     for (struct sealed_cache **p = &g->sc; *p;) {
         struct sealed_cache *c = *p;
-        if (ws && strcmp(c->ws, ws) != 0) {
+        int mine = !ws || strcmp(c->ws, ws) == 0;
+        if (mine && newer_than >= 0 && c->read_ms > newer_than) {
+            kept = 1; /* a read that began after this one's: it stands */
+            p = &c->next;
+            continue;
+        }
+        if (!mine && !(stale_before > 0 && c->read_ms < stale_before)) {
             p = &c->next;
             continue;
         }
@@ -64,6 +74,12 @@ static void sealed_cache_drop(struct engine *g, const char *ws)
         store_strv_free(c->sealed, c->n);
         free(c);
     }
+    return kept;
+}
+
+static void sealed_cache_drop(struct engine *g, const char *ws)
+{
+    sealed_cache_prune(g, ws, -1, 0);
 }
 
 static char **strv_dup(char *const *v, size_t n)
@@ -96,8 +112,11 @@ static int sealed_all(struct engine *g, const char *ws, int fresh, char ***names
     if (rc || g->shared_ttl_ms <= 0)
         return rc;
     pthread_mutex_lock(&g->scmu);
-    if (g->sc_gen == gen) {
-        sealed_cache_drop(g, ws);
+    /* A PUT here since the read began (sc_gen moved): not kept.  Else it
+     * replaces ws's older entry — not one a later read left — and, with a
+     * shared database, the entries past their time go too. */
+    int64_t stale = g->shared_ttl_ms == INT64_MAX ? 0 : now - g->shared_ttl_ms;
+    if (g->sc_gen == gen && !sealed_cache_prune(g, ws, now, stale)) {
         struct sealed_cache *c = xcalloc(1, sizeof *c);
         c->ws = xstrdup(ws);
         c->names = strv_dup(*names, *n);
@@ -445,6 +464,14 @@ int engine_secrets_fresh(struct engine *g, const char *ws, char ***names, char *
     return secrets_all(g, ws, 1, names, values, n, e) ? -1 : 0;
 }
 
+int engine_secrets_now(struct engine *g, const char *ws, char ***names, char ***values, size_t *n)
+{
+    int rc = engine_secrets_fresh(g, ws, names, values, n, NULL);
+    if (rc > 0) /* the cache cannot lag (SQLite) */
+        rc = engine_secrets_all(g, ws, names, values, n, NULL) ? -1 : 0;
+    return rc;
+}
+
 void engine_secrets_release(char **names, char **values, size_t n)
 {
     for (size_t i = 0; values && i < n; i++)
@@ -602,7 +629,7 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
         json_object_del(ctx, "response");
         json_t *out = NULL;
         char *out_text = NULL, *err_text = NULL;
-        if (engine_transform_eval(g, nx->workspace, w, vi, ctx, &out, &out_text, &err_text)) {
+        if (engine_transform_eval(g, nx->workspace, w, vi, ctx, NULL, &out, &out_text, &err_text)) {
             free(err_text);
             return;
         }

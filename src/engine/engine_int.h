@@ -84,9 +84,13 @@ struct engine {
      * raced it (sc_gen moved) is not kept.  Where this process is the
      * database's one writer (SQLite) every PUT passes there, so an entry
      * stays true; with a shared database (PostgreSQL) another process may
-     * PUT, so an entry is trusted for shared_ttl_ms from its read, and a
-     * claim whose template names a secret its entry lacks reads again
-     * (engine_secrets_fresh).  Values stay sealed. */
+     * PUT, so an entry is trusted for shared_ttl_ms from its read to
+     * render calls — a claim whose template names a secret its entry lacks,
+     * or holds unreadable, reads again (engine_secrets_fresh) — while what
+     * scrubs read past it (engine_secrets_now: a call's answer is scrubbed
+     * of the secrets it was rendered with and of those read as it came).
+     * An entry replaces only an older one of its workspace, and expired
+     * ones go when another is kept.  Values stay sealed. */
     pthread_mutex_t scmu;
     uint64_t sc_gen;
     struct sealed_cache *sc;
@@ -103,6 +107,10 @@ struct engine {
  * the cache cannot lag (SQLite). */
 int engine_secrets_fresh(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
                          struct ifl_err *e);
+/* The workspace's secrets as the database holds them now, for a scrub:
+ * engine_secrets_fresh where the cache may lag, else through it.  0, or -1
+ * when they cannot be read (release what was filled either way). */
+int engine_secrets_now(struct engine *g, const char *ws, char ***names, char ***values, size_t *n);
 
 struct gw_job;
 #define GW_MAX_CALLS 256 /* engine_run_opts.max_calls's default */
@@ -271,7 +279,7 @@ struct inline_plan {
  * where each is recovered (and, crashing every time, failed) on its own. */
 void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi, int attempts,
                         const struct decision *dec, json_t *ctx, const struct store_step *rows,
-                        size_t n, struct inline_plan *p);
+                        size_t n, const struct gw_request *scrub, struct inline_plan *p);
 /* Points o at the plan (which must outlive the transaction); traces each
  * planned step as "inline" (IDEMFLOW_TRACE_FILE). */
 void engine_inline_attach(struct engine *g, const struct inline_plan *p, struct step_outcome *o,
@@ -283,7 +291,11 @@ void engine_inline_clear(struct inline_plan *p);
 
 /* Evaluates TRANSFORM vi's output over ctx: 0 with *out (new reference, may
  * be NULL = null) and *out_text (heap JSON), or -1 with *err_text (heap
- * error JSON). */
+ * error JSON).  The output is scrubbed of every value `scrub` holds — the
+ * call it follows in this process: the secrets its request was rendered
+ * with and those read as its answer came (engine_gw_drain), so a value
+ * rotated meanwhile, by this or another process, is masked either way —
+ * or, with scrub NULL, of the workspace's secrets read now. */
 /* Error texts scrubbed of the workspace's secrets.  An expression may
  * rebuild a secret from an answer the byte scrub let through (a
  * destination that echoed it base64-encoded, or split in two fields) and
@@ -309,7 +321,8 @@ int engine_scrub_list(struct engine *g, const char *ws, struct gw_request *list)
 void engine_errors_scrub(struct engine *g, const char *ws, const struct gw_request *list,
                          char **err, struct decision *d, size_t nd, struct inline_plan *p);
 int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
-                          json_t *ctx, json_t **out, char **out_text, char **err_text);
+                          json_t *ctx, const struct gw_request *scrub, json_t **out,
+                          char **out_text, char **err_text);
 /* Sets steps.<vi> and response to out in ctx and evaluates vi's outgoing
  * edge conditions: a heap array, one per edge (engine_decisions_free). */
 struct decision *engine_decide_edges(const struct wf *w, long vi, json_t *ctx, json_t *out);

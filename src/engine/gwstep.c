@@ -82,6 +82,10 @@ struct gw_job {
      * verify ends (a verify host that hangs holds only its own share) */
     struct gw_dest *vdest;
     struct gw_response *resp;
+    /* req's scrub list also holds the workspace's secrets as read when the
+     * answer came (engine_gw_drain): the list a TRANSFORM after it is
+     * scrubbed with (0: that read failed; the TRANSFORM reads its own) */
+    int scrub_now;
     struct gw_job *next;  /* done queue */
     struct gw_job *inext; /* in-flight list */
 };
@@ -598,9 +602,10 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     FAULT("gateway.before_render");
     json_t *rctx = NULL;
     int rc = 0;
-    /* A secret the cached list lacks may have been PUT by another process
-     * since it was read (engine_int.h): the second pass reads the list
-     * again before the step fails for it. */
+    /* A secret the cached list lacks, or holds in a form this key cannot
+     * open, may have been PUT by another process since it was read
+     * (engine_int.h): the second pass reads the list again before the step
+     * fails for it. */
     for (int pass = 0; pass < 2; pass++) {
         struct sec sec = {0};
         struct ifl_err re = {0};
@@ -632,8 +637,8 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
         rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
              (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
         engine_secrets_release(sec.names, sec.values, sec.n);
-        if (!rc || e.code != IFL_ENOTFOUND)
-            break;
+        if (!rc || (e.code != IFL_ENOTFOUND && e.code != IFL_EINTERNAL))
+            break; /* IFL_EINTERNAL: a value that did not decrypt (a PUT under another key) */
     }
     json_decref(rctx);
     if (rc) {
@@ -1152,8 +1157,30 @@ size_t engine_gw_drain(struct engine *g)
     note_responses(g, list);
     struct gw_outcome *outs = xcalloc(cap, sizeof *outs);
     char mark[256]; /* what a crash while evaluating the response records */
+    /* the secrets of the workspace of the last job, as read for this batch */
+    struct {
+        char *ws, **names, **values;
+        size_t n;
+        int ok;
+    } now = {0};
     for (struct gw_job *j = list, *next; j; j = next, crashmark_leave()) {
         next = j->next;
+        /* The request was rendered with the secrets as they were (on
+         * PostgreSQL up to --shared-cache-ms before, from the cache); a
+         * secret PUT since — by another process too — is added as read now,
+         * once per workspace of the batch (found by a judge: a TRANSFORM
+         * decoding an echo of a value rotated elsewhere stored it plain). */
+        if (!now.ws || strcmp(now.ws, j->workspace) != 0) {
+            engine_secrets_release(now.names, now.values, now.n);
+            free(now.ws);
+            now.ws = xstrdup(j->workspace);
+            now.names = now.values = NULL;
+            now.n = 0;
+            now.ok = engine_secrets_now(g, j->workspace, &now.names, &now.values, &now.n) == 0;
+        }
+        j->scrub_now = now.ok;
+        if (now.ok)
+            gw_request_scrub_also(&j->req, now.values, now.n);
         engine_crash_mark(mark, sizeof mark, j->execution_id, j->vertex, j->epoch, STEPS_RESPONDED);
         crashmark_enter(mark);
         struct gw_outcome *go = &outs[n];
@@ -1191,7 +1218,7 @@ size_t engine_gw_drain(struct engine *g)
             go->o.dec = go->d;
             json_decref(out);
             engine_inline_plan(g, j->workspace, j->w, j->vi, j->attempts, go->d, j->ctx, j->rows,
-                               j->nrows, &go->plan);
+                               j->nrows, j->scrub_now ? &j->req : NULL, &go->plan);
         }
         /* the request's scrub list holds every secret of the workspace */
         engine_errors_scrub(g, j->workspace, &j->req, &go->err_text, go->d, go->nd, &go->plan);
@@ -1200,6 +1227,8 @@ size_t engine_gw_drain(struct engine *g)
             engine_inline_attach(g, &go->plan, &go->o, g->worker_prefix);
         n++;
     }
+    engine_secrets_release(now.names, now.values, now.n);
+    free(now.ws);
     void **args = xcalloc(n + 1, sizeof *args);
     int *rcs = xcalloc(n + 1, sizeof *rcs);
     struct ifl_err *errs = xcalloc(n + 1, sizeof *errs);

@@ -37,13 +37,15 @@ static int secret_lookup(void *ctx, const char *name, char **value)
  * decode it ($base64decode, `&`).  The output is scrubbed too, so what is
  * stored and shown never holds a secret's plain value.  0, or -1 when the
  * secrets cannot be read (the step fails rather than risk it). */
-static int transform_scrub(struct engine *g, const char *ws, json_t **out, char **out_text)
+static int transform_scrub(struct engine *g, const char *ws, const struct gw_request *scrub,
+                           json_t **out, char **out_text)
 {
-    struct gw_request sr;
-    if (engine_scrub_list(g, ws, &sr))
+    struct gw_request sr = {0};
+    if (!scrub && engine_scrub_list(g, ws, &sr))
         return -1;
-    if (sr.nsecrets && *out) {
-        gw_output_scrub(*out, &sr);
+    const struct gw_request *list = scrub ? scrub : &sr;
+    if (list->nsecrets && *out) {
+        gw_output_scrub(*out, list);
         int too_big = 0;
         char *text = json_to_string_max(*out, STEPS_OUTPUT_MAX, &too_big);
         if (text) {
@@ -138,7 +140,7 @@ int engine_scrub_list(struct engine *g, const char *ws, struct gw_request *list)
     char **names = NULL, **values = NULL;
     size_t n = 0;
     *list = (struct gw_request){0};
-    int rc = engine_secrets_all(g, ws, &names, &values, &n, NULL) ? -1 : 0;
+    int rc = engine_secrets_now(g, ws, &names, &values, &n);
     if (!rc)
         gw_request_scrub_also(list, values, n);
     engine_secrets_release(names, values, n);
@@ -205,7 +207,8 @@ void engine_errors_scrub(struct engine *g, const char *ws, const struct gw_reque
 }
 
 int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, long vi,
-                          json_t *ctx, json_t **out, char **out_text, char **err_text)
+                          json_t *ctx, const struct gw_request *scrub, json_t **out,
+                          char **out_text, char **err_text)
 {
     struct secret_ctx sc = {g, ws};
     struct ifl_err te = {0};
@@ -237,7 +240,7 @@ int engine_transform_eval(struct engine *g, const char *ws, const struct wf *w, 
                                                        "deeper than 512 levels");
         return -1;
     }
-    if (transform_scrub(g, ws, out, out_text)) {
+    if (transform_scrub(g, ws, scrub, out, out_text)) {
         json_decref(*out);
         *out = NULL;
         free(*out_text);
@@ -272,7 +275,7 @@ void engine_decisions_free(struct decision *d, size_t n)
 
 void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi, int attempts,
                         const struct decision *dec, json_t *ctx, const struct store_step *rows,
-                        size_t n, struct inline_plan *p)
+                        size_t n, const struct gw_request *scrub, struct inline_plan *p)
 {
     memset(p, 0, sizeof *p);
     if (g->run.no_inline || attempts > 1 || !rows || n == 0)
@@ -286,7 +289,7 @@ void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, lo
         json_object_del(ctx, "response"); /* a TRANSFORM sees {payload, steps, execution} */
         json_t *out = NULL;
         char *out_text = NULL, *err_text = NULL;
-        if (engine_transform_eval(g, ws, w, t, ctx, &out, &out_text, &err_text)) {
+        if (engine_transform_eval(g, ws, w, t, ctx, scrub, &out, &out_text, &err_text)) {
             free(err_text); /* a worker that claims it fails it, with its events */
             break;
         }

@@ -195,14 +195,14 @@ static void execute(struct engine *g, struct pending *p, int64_t claimed_at, con
         }
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
-        if (engine_transform_eval(g, c->workspace, w, vi, p->ctx, &p->out, &p->out_text,
+        if (engine_transform_eval(g, c->workspace, w, vi, p->ctx, NULL, &p->out, &p->out_text,
                                   &p->err_text) == 0)
             to = STEP_COMPLETED;
     }
     if (to == STEP_COMPLETED) {
         p->nd = w->v[vi].n_out;
         p->d = engine_decide_edges(w, vi, p->ctx, p->out);
-        engine_inline_plan(g, c->workspace, w, vi, c->attempts, p->d, p->ctx, p->rows, p->n,
+        engine_inline_plan(g, c->workspace, w, vi, c->attempts, p->d, p->ctx, p->rows, p->n, NULL,
                            &p->plan);
     }
     engine_errors_scrub(g, c->workspace, NULL, &p->err_text, p->d, p->nd, &p->plan);

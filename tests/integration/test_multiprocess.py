@@ -374,6 +374,34 @@ def test_a_call_whose_process_paused_past_its_lease_never_leaves(make_server, wo
         mock.stop()
 
 
+def secret_call_flow(port, header, value, then=None):
+    """ENTRY_POINT -> a GATEWAY POST to the loopback echo server on port,
+    its `header` set to `value` (naming a secret) -> with `then`, a
+    TRANSFORM "t" of that output."""
+    vertices = {"start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                    "headers": {header: value}, "body": {"n": "= payload.n"}}}}
+    edges = [{"from": "start", "to": "call"}]
+    if then:
+        vertices["t"] = {"type": "TRANSFORM", "config": {"output": then}}
+        edges.append({"from": "call", "to": "t"})
+    return {"vertices": vertices, "edges": edges}
+
+
+def keeper_and_other(make_server, workdir, *more_env):
+    """Processes on one new database, started, the workspace made: A keeps
+    the secrets it read for 10 minutes, B (and one more per env given) the
+    default second."""
+    db = new_db(workdir)
+    servers = [make_server(db=db, extra=["--shared-cache-ms", "600000"]), make_server(db=db)]
+    servers += [make_server(db=db, env=env) for env in more_env]
+    for s in servers:
+        s.start()
+    assert servers[0].put(WS, {}).status == 201
+    return db, servers
+
+
 def test_secrets_read_by_another_process_are_cached_and_a_new_one_is_read_again(make_server,
                                                                                workdir):
     """A process keeps a workspace's secrets for --shared-cache-ms once read
@@ -402,20 +430,10 @@ def test_secrets_read_by_another_process_are_cached_and_a_new_one_is_read_again(
         return hashlib.sha256(f"Bearer {value}".encode()).hexdigest()
 
     def flow(port, name):
-        return {"vertices": {"start": {"type": "ENTRY_POINT"},
-                             "call": {"type": "GATEWAY", "config": {
-                                 "method": "POST", "url": f"http://127.0.0.1:{port}/x",
-                                 "headers": {"Authorization": "Bearer {{ secrets.%s }}" % name},
-                                 "body": {"n": "= payload.n"}}}},
-                "edges": [{"from": "start", "to": "call"}]}
+        return secret_call_flow(port, "Authorization", "Bearer {{ secrets.%s }}" % name)
 
     with echo_server(respond) as port:
-        db = new_db(workdir)
-        a = make_server(db=db, extra=["--shared-cache-ms", "600000"])
-        b = make_server(db=db)
-        a.start()
-        b.start()
-        assert a.put(WS, {}).status == 201
+        _, (a, b) = keeper_and_other(make_server, workdir)
         assert b.put(f"{WS}/secrets/OLD", {"value": "old-one"}).status == 204
         put_workflow(a, "old", flow(port, "OLD"))
         put_workflow(a, "new", flow(port, "NEW"))
@@ -457,22 +475,11 @@ def test_a_transform_after_a_call_is_scrubbed_of_secrets_old_and_new(make_server
                            "last": base64.b64encode(last.encode()).decode()}).encode(), {}
 
     with echo_server(respond) as port:
-        db = new_db(workdir)
-        a = make_server(db=db, extra=["--shared-cache-ms", "600000"])
-        b = make_server(db=db)
-        a.start()
-        b.start()
-        assert a.put(WS, {}).status == 201
+        db, (a, b) = keeper_and_other(make_server, workdir)
         assert a.put(f"{WS}/secrets/S", {"value": "value-before-rotation"}).status == 204
-        put_workflow(a, "dec", {
-            "vertices": {"start": {"type": "ENTRY_POINT"},
-                         "call": {"type": "GATEWAY", "config": {
-                             "method": "POST", "url": f"http://127.0.0.1:{port}/x",
-                             "headers": {"X-S": "{{ secrets.S }}"}, "body": {"n": "= payload.n"}}},
-                         "t": {"type": "TRANSFORM", "config": {"output": {
-                             "mine": "= $base64decode(steps.call.body.mine)",
-                             "last": "= $base64decode(steps.call.body.last)"}}}},
-            "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t"}]})
+        put_workflow(a, "dec", secret_call_flow(port, "X-S", "{{ secrets.S }}", then={
+            "mine": "= $base64decode(steps.call.body.mine)",
+            "last": "= $base64decode(steps.call.body.last)"}))
         x = finished(a, run(a, "dec", {"n": 1}))  # A's list now holds the first value
         assert steps_of(x)["t"]["output"]["mine"] == "****", x
         assert b.put(f"{WS}/secrets/S", {"value": "value-after-rotation"}).status == 204
@@ -506,20 +513,9 @@ def test_a_secret_unreadable_in_the_kept_list_is_read_again(make_server, workdir
         return b'{"ok": true}', {}
 
     with echo_server(respond) as port:
-        db = new_db(workdir)
-        a = make_server(db=db, extra=["--shared-cache-ms", "600000"])
-        b = make_server(db=db)
-        c = make_server(db=db, env={"IDEMFLOW_SECRETS_KEY": "cd" * 32})
-        for s in (a, b, c):
-            s.start()
-        assert a.put(WS, {}).status == 201
+        _, (a, b, c) = keeper_and_other(make_server, workdir, {"IDEMFLOW_SECRETS_KEY": "cd" * 32})
         assert c.put(f"{WS}/secrets/K", {"value": "sealed-under-another-key"}).status == 204
-        put_workflow(a, "k", {
-            "vertices": {"start": {"type": "ENTRY_POINT"},
-                         "call": {"type": "GATEWAY", "config": {
-                             "method": "POST", "url": f"http://127.0.0.1:{port}/x",
-                             "headers": {"X-K": "{{ secrets.K }}"}, "body": {"n": "= payload.n"}}}},
-            "edges": [{"from": "start", "to": "call"}]})
+        put_workflow(a, "k", secret_call_flow(port, "X-K", "{{ secrets.K }}"))
         x = finished(a, run(a, "k", {"n": 1}))
         assert steps_of(x)["call"]["state"] == "FAILED", x  # A cannot open it
         assert b.put(f"{WS}/secrets/K", {"value": "sealed-under-the-right-key"}).status == 204

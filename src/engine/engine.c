@@ -48,10 +48,9 @@ struct sealed_cache {
     struct sealed_cache *next;
 };
 
-/* Drops the entries `drop` picks (ws's; with `stale_before` > 0 also any
- * read before it; NULL and 0: every entry); the caller holds scmu or is the
- * last user.  1 when an entry of ws read after `newer_than` was kept
- * instead (newer_than >= 0 only). */
+/* Drops ws's entries (NULL: every entry) and, with `stale_before` > 0, any
+ * entry read before it; with `newer_than` >= 0 an entry of ws read after
+ * it stays, and 1 says so.  The caller holds scmu or is the last user. */
 static int sealed_cache_prune(struct engine *g, const char *ws, int64_t newer_than,
                               int64_t stale_before)
 {
@@ -466,10 +465,8 @@ int engine_secrets_fresh(struct engine *g, const char *ws, char ***names, char *
 
 int engine_secrets_now(struct engine *g, const char *ws, char ***names, char ***values, size_t *n)
 {
-    int rc = engine_secrets_fresh(g, ws, names, values, n, NULL);
-    if (rc > 0) /* the cache cannot lag (SQLite) */
-        rc = engine_secrets_all(g, ws, names, values, n, NULL) ? -1 : 0;
-    return rc;
+    /* past the cache only where it may lag (not SQLite's) */
+    return secrets_all(g, ws, g->shared_ttl_ms != INT64_MAX, names, values, n, NULL) ? -1 : 0;
 }
 
 void engine_secrets_release(char **names, char **values, size_t n)

@@ -629,11 +629,13 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
             *again_at = clock_now_ms() + 1000;
             return NULL;
         }
-        if (!rctx)
+        if (!rctx) {
             rctx = render_context(w, vi, ctx);
-        gw_request_clear(&j->req);
-        gw_request_clear(&j->vreq);
-        e = (struct ifl_err){0};
+        } else { /* what the first pass's render left */
+            gw_request_clear(&j->req);
+            gw_request_clear(&j->vreq);
+            e = (struct ifl_err){0};
+        }
         rc = render(&sec, v->request, v->method, rctx, &j->req, &e) ||
              (verify && v->verify && render(&sec, v->verify, v->verify_method, rctx, &j->vreq, &e));
         engine_secrets_release(sec.names, sec.values, sec.n);

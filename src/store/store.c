@@ -388,6 +388,15 @@ const struct store_migration store_migrations[] = {
      " FROM executions WHERE started_over_from IS NOT NULL"
      " ORDER BY started_over_from, seq DESC) AS n"
      " WHERE executions.id = n.orig;"},
+    /* 13, SQLite: migration 10's index with its predicate spelled as ORs
+     * (STORE_EXEC_RARE_OR), which SQLite evaluates without building a
+     * temporary B-tree on every insert and status change.  PostgreSQL
+     * evaluates the IN list as it is. */
+    {13,
+     "DROP INDEX IF EXISTS executions_attention;"
+     "CREATE INDEX executions_attention ON executions (workspace, status, created_at, id)"
+     " WHERE " STORE_EXEC_RARE_OR ";",
+     "SELECT 1;"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

@@ -1016,11 +1016,12 @@ static int op_execution_list(struct store *base, const char *ws, const struct st
         " AND (created_at, id) < (?2, ?3)"
         " AND (?5 IS NULL OR status = ?5) AND (?6 IS NULL OR workflow = ?6)"
         " ORDER BY created_at DESC, id DESC LIMIT ?4";
-    /* A rare status walks its partial index (STORE_EXEC_RARE), not every
-     * execution of the workspace. */
+    /* A rare status walks its partial index (STORE_EXEC_RARE_OR: the
+     * predicate repeated so that the planner can prove the index applies),
+     * not every execution of the workspace. */
     static const char sql_rare[] =
         "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?1 AND status = ?5"
-        " AND status IN " STORE_EXEC_RARE " AND (created_at, id) < (?2, ?3)"
+        " AND " STORE_EXEC_RARE_OR " AND (created_at, id) < (?2, ?3)"
         " AND (?6 IS NULL OR workflow = ?6)"
         " ORDER BY created_at DESC, id DESC LIMIT ?4";
     struct conn *c;

@@ -19,6 +19,7 @@
 
 #include "base/fault.h"
 #include "store/store.h"
+#include "store/store_int.h"
 #include "store_checks.h"
 
 static char dir[64];
@@ -713,6 +714,74 @@ static void test_migration_12_records_earlier_start_overs(void **state)
     started_over_check(s, ids);
 }
 
+/* How many instructions of `op` the statement sql compiles to on db. */
+static int opcodes(sqlite3 *db, const char *sql, const char *op)
+{
+    char *explain = sqlite3_mprintf("EXPLAIN %s", sql);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, explain, -1, &st, NULL), SQLITE_OK);
+    sqlite3_free(explain);
+    int n = 0;
+    while (sqlite3_step(st) == SQLITE_ROW)
+        n += strcmp((const char *)sqlite3_column_text(st, 1), op) == 0;
+    sqlite3_finalize(st);
+    return n;
+}
+
+static const char sql_status_change[] = "UPDATE executions SET status = ?1 WHERE seq = ?2";
+static const char sql_new_execution[] =
+    "INSERT INTO executions (id, workspace, workflow, workflow_version, entry_point, identity,"
+    " payload, payload_hash, test, status, version, created_at, updated_at)"
+    " VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, ?7, 0, ?8, 1, ?9, ?9)";
+
+/* Migration 13: the partial index of rare statuses, made by migration 10
+ * with an IN list, which SQLite evaluated by building a temporary B-tree
+ * on every execution's insert and two on every status change, is made
+ * again with ORs.  A database of an earlier engine (the old index, no 13
+ * recorded) gets it on open; the list of a rare status still walks it. */
+static void test_migration_13_takes_the_temporary_btrees_off_every_write(void **state)
+{
+    store_close(*state);
+    char path[160];
+    snprintf(path, sizeof path, "%s/t.db", dir);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "DROP INDEX executions_attention;"
+                                  "CREATE INDEX executions_attention ON executions"
+                                  " (workspace, status, created_at, id)"
+                                  " WHERE status IN " STORE_EXEC_RARE ";"
+                                  "DELETE FROM schema_migrations WHERE version = 13;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    /* what the check below sees on the old index */
+    assert_int_equal(opcodes(db, sql_status_change, "OpenEphemeral"), 2);
+    assert_int_equal(opcodes(db, sql_new_execution, "OpenEphemeral"), 1);
+    sqlite3_close(db);
+    struct store *s = NULL;
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(url, &s, &e), 0);
+    *state = s;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(opcodes(db, sql_status_change, "OpenEphemeral"), 0);
+    assert_int_equal(opcodes(db, sql_new_execution, "OpenEphemeral"), 0);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "EXPLAIN QUERY PLAN SELECT id FROM executions"
+                                        " WHERE workspace = ?1 AND status = ?2"
+                                        " AND " STORE_EXEC_RARE_OR
+                                        " ORDER BY created_at DESC, id DESC",
+                                        -1, &st, NULL),
+                     SQLITE_OK);
+    int walks = 0;
+    while (sqlite3_step(st) == SQLITE_ROW)
+        walks |= strstr((const char *)sqlite3_column_text(st, 3), "executions_attention") != NULL;
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    assert_true(walks);
+    check_execution_filters(s); /* and lists each status as before */
+}
+
 /* Executions written before a close are found after the reopen (the id
  * filter is rebuilt from the table), and ids never written are not. */
 static void test_reopen_finds_every_execution(void **state)
@@ -796,6 +865,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_keeps_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reopen_finds_every_execution, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_migration_13_takes_the_temporary_btrees_off_every_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migration_12_records_earlier_start_overs, setup,
                                         teardown),
         /* last: it arms a fault point */

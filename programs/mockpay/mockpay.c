@@ -212,6 +212,8 @@ static void fault_response(const struct fault_hit *hit, struct http_res *res)
     http_res_clear(res);
     problem(res, hit->code, "injected-fault",
             hit->after_commit ? "injected fault (after commit)" : "injected fault");
+    if (hit->code < 400) /* a redirect, as to a sign-in page in front of the API */
+        http_res_header(res, "Location", "/login");
     if (hit->retry_after >= 0) {
         char v[32];
         if (hit->retry_after_date) {

@@ -988,15 +988,18 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
     }
     if (j->phase == 1) {
         /* The verify request: has the ambiguous call already taken effect?
-         * Only an answer about the resource can say: 2xx/3xx, or 404/410
+         * Only an answer about the resource can say: 2xx, or 404/410
          * (nothing there).  Another 4xx — 401 for an expired credential, 400
          * or 405 for a wrong request — says nothing about it, and `doneWhen`
          * reading false on its problem body would re-send a call that may
-         * have charged. */
-        if (cls == GW_CLIENT_ERROR && r->status != 404 && r->status != 410) {
+         * have charged.  Nor does a 3xx (found by a judge: a 302 to a
+         * sign-in page re-sent the charge): redirects are not followed, so
+         * it says where to look, not what is there. */
+        if ((cls == GW_CLIENT_ERROR && r->status != 404 && r->status != 410) ||
+            (cls == GW_SUCCESS && r->status >= 300)) {
             char note[160];
             snprintf(note, sizeof note,
-                     "verify answered %ld: only a 2xx, 3xx, 404 or 410 answer says whether the "
+                     "verify answered %ld: only a 2xx, 404 or 410 answer says whether the "
                      "call took effect",
                      r->status);
             retry_or_fail(j, r, ra, "verify_inconclusive", 1, note, o, err_text);

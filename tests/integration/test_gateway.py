@@ -1464,24 +1464,32 @@ def test_an_operator_retry_of_a_parked_call_verifies_before_it_sends(server, moc
     assert mock.charges("o-36") == 1
 
 
+def verified_inconclusive(server, mock, wf, status, order):
+    """A charge committed and answered 500, its provider ignoring keys;
+    the verify answered `status` twice: the step must fail with the
+    verify inconclusive and the call sent once.  The execution's id."""
+    put_workflow(server, wf, verify_flow(mock, max_attempts=3))
+    mock.faults("ignore_idempotency;status=500:after_commit:count=1;"
+                f"status={status}:on=verify:count=2")
+    xid = run(server, wf, {"order": {"id": order}}, entry="order")
+    x = finished(server, xid)
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
+    assert ch["error"]["cause"] == "verify_inconclusive" and ch["error"]["verifyFirst"], ch
+    assert f"verify answered {status}" in ch["error"]["message"], ch
+    assert [h["outcome"] for h in ch["history"]] == \
+        ["ambiguous_outcome", "verify_inconclusive", "attempts_exhausted"], ch["history"]
+    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+    return xid
+
+
 def test_a_verify_answer_about_something_else_never_resends(server, mock):
     """Found by a judge: a verify answered 401 (an expired read credential)
     was read by `doneWhen` as "not done", and the call was sent again — a
     second charge.  Only a 2xx, 3xx, 404 or 410 answers whether the call
     took effect; another 4xx is inconclusive (the verify runs again, the
     call is never re-sent), and a 404 is an answer: nothing there."""
-    put_workflow(server, "rvw4", verify_flow(mock, max_attempts=3))
-    mock.faults("ignore_idempotency;status=500:after_commit:count=1;"
-                "status=401:on=verify:count=2")
-    xid = run(server, "rvw4", {"order": {"id": "o-37"}}, entry="order")
-    x = finished(server, xid)
-    ch = steps_of(x)["charge"]
-    assert x["status"] == "failed" and ch["error"]["code"] == "attempts_exhausted", ch
-    assert ch["error"]["cause"] == "verify_inconclusive" and ch["error"]["verifyFirst"], ch
-    assert "verify answered 401" in ch["error"]["message"], ch
-    assert [h["outcome"] for h in ch["history"]] == \
-        ["ambiguous_outcome", "verify_inconclusive", "attempts_exhausted"], ch["history"]
-    assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 1
+    xid = verified_inconclusive(server, mock, "rvw4", 401, "o-37")
     # the credential fixed: the operator's retry verifies, finds the charge
     assert server.post(f"{WS}/executions/{xid}/retry").status == 200
     x = finished(server, xid)
@@ -1492,6 +1500,16 @@ def test_a_verify_answer_about_something_else_never_resends(server, mock):
     x = finished(server, run(server, "rvw4", {"order": {"id": "o-38"}}, entry="order"))
     assert x["status"] == "completed" and "verified" not in steps_of(x)["charge"]["output"], x
     assert mock.charges("o-38") == 1
+
+
+def test_a_verify_answered_with_a_redirect_never_resends(server, mock):
+    """Found by a judge: a verify answered 302 (a sign-in page in front of
+    the provider's API) was handed to `doneWhen`, which read it as "not
+    done", and the call was sent again — a second charge.  Redirects are
+    not followed: a 3xx says where to look, not whether the call took
+    effect, so it is inconclusive like a 401 and the call is never re-sent."""
+    verified_inconclusive(server, mock, "rvw5", 302, "o-39")
+    assert mock.charges("o-39") == 1
 
 
 def test_start_over_waits_until_nothing_is_left_to_settle(server, mock):

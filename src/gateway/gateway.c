@@ -1339,9 +1339,9 @@ static int before_request(void *ud, char *primary_ip, char *local_ip, int primar
     }
     if (!x->reg)
         return CURL_PREREQFUNC_OK;
-    if (x->nfds) { /* a connection of its own: known from now on */
-        int fd = x->fds[x->nfds - 1];
-        for (int i = 0; x->nfds > 1 && i < x->nfds; i++) { /* which one connected */
+    if (x->opened) { /* a connection of its own: known from now on */
+        int fd = x->opened == 1 && x->nfds == 1 ? x->fds[0] : -1;
+        for (int i = 0; fd < 0 && i < x->nfds; i++) { /* which one connected */
             struct sockaddr_storage a;
             socklen_t al = sizeof a;
             if (getsockname(x->fds[i], (struct sockaddr *)&a, &al) == 0 &&

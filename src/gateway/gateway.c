@@ -1314,6 +1314,7 @@ struct xfer {
     struct sockreg *reg; /* the client's (NULL: gw_call, whose connections are its own) */
     int fds[4], nfds;    /* sockets this transfer opened */
     int stale;           /* the reused connection had bytes waiting: not sent on it */
+    int plain;           /* an http:// url: HTTP/1.1 in the clear (before_request looks) */
     int shutdown;        /* ended by the client's stop, not by libcurl */
     struct xfer *next;
     struct xfer *fnext; /* the client thread's list of calls in flight */
@@ -1337,7 +1338,7 @@ static int before_request(void *ud, char *primary_ip, char *local_ip, int primar
         x->late = 1;
         return CURL_PREREQFUNC_ABORT;
     }
-    if (!x->reg)
+    if (!x->reg || !x->plain)
         return CURL_PREREQFUNC_OK;
     if (x->opened) { /* a connection of its own: known from now on */
         int fd = x->opened == 1 && x->nfds == 1 ? x->fds[0] : -1;
@@ -1358,7 +1359,10 @@ static int before_request(void *ud, char *primary_ip, char *local_ip, int primar
      * (found by a judge: orders completed with another order's charge, and a
      * verify read another's answer and sent a charge again).  Not sent on it:
      * the connection is shut (libcurl closes it) and the call is retried on a
-     * new one.  What arrives between this look and the write is not seen. */
+     * new one.  What arrives between this look and the write is not seen.
+     * Plain HTTP only (x->plain): on TLS, bytes may wait rightly (HTTP/2
+     * frames of calls sharing the connection, a late session ticket) and are
+     * not told from an answer without decrypting them. */
     int fd = sockreg_find(x->reg, local_port, primary_port, primary_ip, local_ip);
     char c;
     if (fd >= 0 && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
@@ -1474,6 +1478,7 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, stru
     x->h = curl_easy_init();
     x->req = req;
     x->reg = reg;
+    x->plain = strncmp(req->url, "http://", 7) == 0;
     x->resp_headers = json_object();
     x->status_seen = -1;
     buf_init(&x->body, MAX_RESPONSE_BODY);

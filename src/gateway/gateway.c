@@ -1195,20 +1195,26 @@ int64_t gw_backoff_ms(const struct gw_policy *p, int attempts_made, int64_t retr
 
 /* ---- libcurl plumbing --------------------------------------------------------- */
 
-/* The client's connections by their endpoints, to find the socket of a
- * connection libcurl reuses (it tells a transfer only the addresses and
- * ports, before the request leaves: before_request).  Filled when the
- * transfer that opened a connection is about to send on it; emptied as
- * libcurl closes sockets (close_socket).  Only the client's thread touches
- * it. */
-#define SOCKREG_BUCKETS 1024
+/* The client's sockets, to find the one under a connection libcurl reuses
+ * (it tells a transfer only the connection's addresses and ports, before
+ * the request leaves: before_request).  A socket is entered as libcurl
+ * opens it (open_socket, with the transfer that opened it), its endpoints
+ * once that transfer is about to send on it, and it leaves as libcurl
+ * closes it (close_socket): an entry is always an open socket of the
+ * client's own.  Only the client's thread touches it (and gw_client_free,
+ * after that thread ended). */
+#define SOCKREG_BUCKETS 1024u
 struct sockreg {
     struct sockent {
-        int used, lport, pport;
+        int open;       /* opened by open_socket and not closed since */
+        int known;      /* its endpoints below are set, and it is in a bucket */
+        uint64_t owner; /* the serial of the transfer that opened it */
+        int lport, pport;
         int next; /* the next fd in its bucket, -1 none */
         char pip[48], lip[48];
     } * e; /* by fd */
     size_t cap;
+    uint64_t serial;           /* the last transfer serial given out */
     int head[SOCKREG_BUCKETS]; /* by local port: the first fd, -1 none */
 };
 
@@ -1219,24 +1225,23 @@ static void sockreg_init(struct sockreg *g)
         g->head[i] = -1;
 }
 
-static void sockreg_del(struct sockreg *g, int fd)
+static void sockreg_unlink(struct sockreg *g, int fd)
 {
-    if (fd < 0 || (size_t)fd >= g->cap || !g->e[fd].used)
+    struct sockent *x = &g->e[fd];
+    if (!x->known)
         return;
-    for (int *p = &g->head[g->e[fd].lport % SOCKREG_BUCKETS]; *p >= 0; p = &g->e[*p].next)
+    for (int *p = &g->head[(unsigned)x->lport % SOCKREG_BUCKETS]; *p >= 0; p = &g->e[*p].next)
         if (*p == fd) {
-            *p = g->e[fd].next;
+            *p = x->next;
             break;
         }
-    g->e[fd].used = 0;
+    x->known = 0;
 }
 
-static void sockreg_add(struct sockreg *g, int fd, int lport, int pport, const char *pip,
-                        const char *lip)
+static void sockreg_open(struct sockreg *g, int fd, uint64_t owner)
 {
     if (fd < 0)
         return;
-    sockreg_del(g, fd);
     if ((size_t)fd >= g->cap) {
         size_t cap = g->cap ? g->cap : 64;
         while (cap <= (size_t)fd)
@@ -1245,33 +1250,45 @@ static void sockreg_add(struct sockreg *g, int fd, int lport, int pport, const c
         memset(g->e + g->cap, 0, (cap - g->cap) * sizeof *g->e);
         g->cap = cap;
     }
+    sockreg_unlink(g, fd); /* a number closed without close_socket: never, but safe */
+    g->e[fd] = (struct sockent){.open = 1, .owner = owner, .next = -1};
+}
+
+static void sockreg_close(struct sockreg *g, int fd)
+{
+    if (fd < 0 || (size_t)fd >= g->cap || !g->e[fd].open)
+        return;
+    sockreg_unlink(g, fd);
+    g->e[fd].open = 0;
+}
+
+static void sockreg_know(struct sockreg *g, int fd, int lport, int pport, const char *pip,
+                         const char *lip)
+{
     struct sockent *x = &g->e[fd];
-    x->used = 1;
+    sockreg_unlink(g, fd);
+    x->known = 1;
     x->lport = lport;
     x->pport = pport;
     snprintf(x->pip, sizeof x->pip, "%s", pip ? pip : "");
     snprintf(x->lip, sizeof x->lip, "%s", lip ? lip : "");
-    x->next = g->head[lport % SOCKREG_BUCKETS];
-    g->head[lport % SOCKREG_BUCKETS] = fd;
+    x->next = g->head[(unsigned)lport % SOCKREG_BUCKETS];
+    g->head[(unsigned)lport % SOCKREG_BUCKETS] = fd;
 }
 
+/* The open socket whose endpoints libcurl named so, -1 none. */
 static int sockreg_find(const struct sockreg *g, int lport, int pport, const char *pip,
                         const char *lip)
 {
-    for (int fd = g->head[lport % SOCKREG_BUCKETS]; fd >= 0; fd = g->e[fd].next) {
+    if (lport <= 0)
+        return -1;
+    for (int fd = g->head[(unsigned)lport % SOCKREG_BUCKETS]; fd >= 0; fd = g->e[fd].next) {
         const struct sockent *x = &g->e[fd];
         if (x->lport == lport && x->pport == pport && strcmp(x->pip, pip ? pip : "") == 0 &&
             strcmp(x->lip, lip ? lip : "") == 0)
             return fd;
     }
     return -1;
-}
-
-static void sockreg_free(struct sockreg *g)
-{
-    free(g->e);
-    g->e = NULL;
-    g->cap = 0;
 }
 
 /* The port of an IPv4 or IPv6 address, -1 for another family. */
@@ -1284,10 +1301,38 @@ static int sock_port(const struct sockaddr_storage *a)
     return -1;
 }
 
+/* Among the open sockets transfer `owner` opened whose endpoints are not
+ * known yet, the one connected from lport to pport; -1 none. */
+static int sockreg_own(const struct sockreg *g, uint64_t owner, int lport, int pport)
+{
+    if (!owner || lport <= 0)
+        return -1;
+    for (size_t fd = 0; fd < g->cap; fd++) {
+        const struct sockent *x = &g->e[fd];
+        if (!x->open || x->known || x->owner != owner)
+            continue;
+        struct sockaddr_storage a;
+        socklen_t al = sizeof a;
+        if (getsockname((int)fd, (struct sockaddr *)&a, &al) != 0 || sock_port(&a) != lport)
+            continue;
+        al = sizeof a;
+        if (getpeername((int)fd, (struct sockaddr *)&a, &al) == 0 && sock_port(&a) == pport)
+            return (int)fd;
+    }
+    return -1;
+}
+
+static void sockreg_free(struct sockreg *g)
+{
+    free(g->e);
+    g->e = NULL;
+    g->cap = 0;
+}
+
 /* libcurl closes every socket of the client's connections here. */
 static int close_socket(void *ud, curl_socket_t fd)
 {
-    sockreg_del(ud, (int)fd);
+    sockreg_close(ud, (int)fd);
     return close(fd);
 }
 
@@ -1312,8 +1357,9 @@ struct xfer {
     int sends;           /* before_request calls: requests about to be written */
     int resend;          /* a second send was stopped (req->one_send) */
     struct sockreg *reg; /* the client's (NULL: gw_call, whose connections are its own) */
-    int fds[4], nfds;    /* sockets this transfer opened */
-    int stale;           /* the reused connection had bytes waiting: not sent on it */
+    uint64_t serial;     /* its number in reg once it opened a socket, else 0 */
+    int stale;           /* the reused connection had bytes waiting, or was unknown: not
+                            sent on it */
     int plain;           /* an http:// url: HTTP/1.1 in the clear (before_request looks) */
     int shutdown;        /* ended by the client's stop, not by libcurl */
     struct xfer *next;
@@ -1328,7 +1374,6 @@ struct xfer {
 static int before_request(void *ud, char *primary_ip, char *local_ip, int primary_port,
                           int local_port)
 {
-    (void)primary_ip, (void)local_ip, (void)primary_port, (void)local_port;
     struct xfer *x = ud;
     if (x->sends++ && x->req->one_send) { /* the first went out */
         x->resend = 1;
@@ -1340,37 +1385,43 @@ static int before_request(void *ud, char *primary_ip, char *local_ip, int primar
     }
     if (!x->reg || !x->plain)
         return CURL_PREREQFUNC_OK;
-    if (x->opened) { /* a connection of its own: known from now on */
-        int fd = x->opened == 1 && x->nfds == 1 ? x->fds[0] : -1;
-        for (int i = 0; fd < 0 && i < x->nfds; i++) { /* which one connected */
-            struct sockaddr_storage a;
-            socklen_t al = sizeof a;
-            if (getsockname(x->fds[i], (struct sockaddr *)&a, &al) == 0 &&
-                sock_port(&a) == local_port)
-                fd = x->fds[i];
-        }
-        sockreg_add(x->reg, fd, local_port, primary_port, primary_ip, local_ip);
-        return CURL_PREREQFUNC_OK;
-    }
     /* A reused connection must be quiet: HTTP/1.1 answers only what was
      * asked, so bytes waiting on an idle connection are an answer no request
      * of ours is owed (a provider that sent one twice).  libcurl 7.88 reuses
      * such a connection, and the next call read them as its own answer
      * (found by a judge: orders completed with another order's charge, and a
      * verify read another's answer and sent a charge again).  Not sent on it:
-     * the connection is shut (libcurl closes it) and the call is retried on a
-     * new one.  What arrives between this look and the write is not seen.
-     * Plain HTTP only (x->plain): on TLS, bytes may wait rightly (HTTP/2
-     * frames of calls sharing the connection, a late session ticket) and are
-     * not told from an answer without decrypting them. */
+     * libcurl closes a connection whose transfer this aborts, and the call is
+     * retried on a new one.  What arrives between this look and the write is
+     * not seen.  Plain HTTP only (x->plain): on TLS, bytes may wait rightly
+     * (HTTP/2 frames of calls sharing the connection, a late session ticket)
+     * and are not told from an answer without decrypting them. */
     int fd = sockreg_find(x->reg, local_port, primary_port, primary_ip, local_ip);
     char c;
-    if (fd >= 0 && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
-        x->stale = 1;
-        shutdown(fd, SHUT_RDWR);
-        return CURL_PREREQFUNC_ABORT;
+    if (fd >= 0) {
+        if (recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+            x->stale = 1;
+            return CURL_PREREQFUNC_ABORT;
+        }
+        return CURL_PREREQFUNC_OK;
     }
-    return CURL_PREREQFUNC_OK;
+    /* A connection this transfer opened: known from now on. */
+    fd = sockreg_own(x->reg, x->serial, local_port, primary_port);
+    if (fd >= 0) {
+        sockreg_know(x->reg, fd, local_port, primary_port, primary_ip, local_ip);
+        return CURL_PREREQFUNC_OK;
+    }
+    if (x->opened) { /* its own, and not found: let it go, and say so */
+        log_warn("gateway.socket_unknown",
+                 "a new connection's socket was not found (port %d); it will not be looked at "
+                 "when reused",
+                 local_port);
+        return CURL_PREREQFUNC_OK;
+    }
+    /* Reused, and nothing known of it: it cannot be looked at, so it is not
+     * sent on (libcurl closes it; the call goes out on a new connection). */
+    x->stale = 1;
+    return CURL_PREREQFUNC_ABORT;
 }
 
 /* Every new connection's socket: refused (nothing sent) when the egress
@@ -1385,16 +1436,28 @@ static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_soc
     }
     x->opened++;
     int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
-    if (fd >= 0 && x->nfds < (int)(sizeof x->fds / sizeof x->fds[0]))
-        x->fds[x->nfds++] = fd;
+    if (fd >= 0 && x->reg) {
+        if (!x->serial)
+            x->serial = ++x->reg->serial;
+        sockreg_open(x->reg, fd, x->serial);
+    }
     return fd;
 }
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
+/* An https:// proxy from the environment (libcurl's http_proxy, all_proxy):
+ * an http:// call then travels over TLS to it (x->plain). */
+static int https_proxy;
+
 static void curl_init_once(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    static const char *const vars[] = {"http_proxy", "all_proxy", "ALL_PROXY"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        https_proxy |= v && strncasecmp(v, "https://", 8) == 0;
+    }
 }
 
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -1478,7 +1541,7 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, stru
     x->h = curl_easy_init();
     x->req = req;
     x->reg = reg;
-    x->plain = strncmp(req->url, "http://", 7) == 0;
+    x->plain = strncmp(req->url, "http://", 7) == 0 && !https_proxy;
     x->resp_headers = json_object();
     x->status_seen = -1;
     buf_init(&x->body, MAX_RESPONSE_BODY);
@@ -1590,12 +1653,15 @@ static void xfer_finish(struct xfer *x, CURLcode cc, struct gw_response *r)
                      "the connection closed after the request was sent, before any answer; "
                      "not sent again on a new connection");
         } else if (x->stale && cc == CURLE_ABORTED_BY_CALLBACK) {
-            r->transport = GW_T_NOT_SENT;
+            /* not sent unless libcurl's own re-send was stopped: the first
+             * request left on a connection that died */
+            r->transport = x->sends == 1 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
             snprintf(r->error, sizeof r->error,
                      "the kept-alive connection held an answer no request was owed (the "
-                     "destination answered something twice); not sent on it, and it was closed");
+                     "destination answered something twice), or was not known; not sent on "
+                     "it, and it was closed");
         } else if (x->late && cc == CURLE_ABORTED_BY_CALLBACK) {
-            r->transport = GW_T_NOT_SENT;
+            r->transport = x->sends == 1 ? GW_T_NOT_SENT : GW_T_AMBIGUOUS;
             r->late = 1;
             snprintf(r->error, sizeof r->error,
                      "the lease ran out before the request left; not sent");

@@ -183,6 +183,8 @@ char *store_pg_shown(const char *conninfo);
 #define STORE_EXEC_RARE_OR                                                                         \
     "(status = 'failed' OR status = 'requires_reconciliation' OR status = 'stale'"                 \
     " OR status = 'cancelled')"
+/* SQLite's list statement for one rare status (store_sqlite.c). */
+extern const char store_sqlite_list_rare[];
 /* 1 when s is one of STORE_EXEC_RARE. */
 int store_execution_status_rare(const char *s);
 

@@ -1006,6 +1006,15 @@ static int op_execution_get(struct store *base, const char *ws, const char *id,
     return rc;
 }
 
+/* A rare status walks its partial index (STORE_EXEC_RARE_OR: the predicate
+ * repeated so that the planner can prove the index applies), not every
+ * execution of the workspace.  Not static: test_store checks its plan. */
+const char store_sqlite_list_rare[] =
+    "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?1 AND status = ?5"
+    " AND " STORE_EXEC_RARE_OR " AND (created_at, id) < (?2, ?3)"
+    " AND (?6 IS NULL OR workflow = ?6)"
+    " ORDER BY created_at DESC, id DESC LIMIT ?4";
+
 static int op_execution_list(struct store *base, const char *ws, const struct store_exec_filter *f,
                              int64_t after_ts, const char *after_id, int limit,
                              struct store_execution **items, size_t *n, struct ifl_err *e)
@@ -1016,17 +1025,9 @@ static int op_execution_list(struct store *base, const char *ws, const struct st
         " AND (created_at, id) < (?2, ?3)"
         " AND (?5 IS NULL OR status = ?5) AND (?6 IS NULL OR workflow = ?6)"
         " ORDER BY created_at DESC, id DESC LIMIT ?4";
-    /* A rare status walks its partial index (STORE_EXEC_RARE_OR: the
-     * predicate repeated so that the planner can prove the index applies),
-     * not every execution of the workspace. */
-    static const char sql_rare[] =
-        "SELECT " EXEC_COLS " FROM executions WHERE workspace = ?1 AND status = ?5"
-        " AND " STORE_EXEC_RARE_OR " AND (created_at, id) < (?2, ?3)"
-        " AND (?6 IS NULL OR workflow = ?6)"
-        " ORDER BY created_at DESC, id DESC LIMIT ?4";
     struct conn *c;
     sqlite3_stmt *st =
-        read_begin(s, store_execution_status_rare(f->status) ? sql_rare : sql, &c, e);
+        read_begin(s, store_execution_status_rare(f->status) ? store_sqlite_list_rare : sql, &c, e);
     if (!st)
         return IFL_ESTORE;
     bind_text(st, 1, ws);

@@ -1486,8 +1486,8 @@ def verified_inconclusive(server, mock, wf, status, order):
 def test_a_verify_answer_about_something_else_never_resends(server, mock):
     """Found by a judge: a verify answered 401 (an expired read credential)
     was read by `doneWhen` as "not done", and the call was sent again — a
-    second charge.  Only a 2xx, 3xx, 404 or 410 answers whether the call
-    took effect; another 4xx is inconclusive (the verify runs again, the
+    second charge.  Only a 2xx, 404 or 410 answers whether the call took
+    effect; another 4xx (or a 3xx) is inconclusive (the verify runs again, the
     call is never re-sent), and a 404 is an answer: nothing there."""
     xid = verified_inconclusive(server, mock, "rvw4", 401, "o-37")
     # the credential fixed: the operator's retry verifies, finds the charge

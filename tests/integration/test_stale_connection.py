@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 
-from test_engine import WS, finished, put_workflow, run, steps_of
+from test_engine import finished, put_workflow, run, steps_of, wait_for
 
 
 class DoubleAnswerer:
@@ -27,7 +27,8 @@ class DoubleAnswerer:
         self.mu = threading.Lock()
         self.charges = {}  # order -> charges
         self.keys = {}     # key -> answer body
-        self.extras = 0
+        self.extras = 0    # extra answers written
+        self.owed = 0      # extra answers decided on, not yet written
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -76,12 +77,16 @@ class DoubleAnswerer:
                         self.charges[order] = self.charges.get(order, 0) + 1
                         self.keys[key] = {"id": "ch_" + order, "order": order}
                     resp = self.keys[key]
-                self.answer(c, resp)
                 answered += 1
                 if answered == 1:
-                    time.sleep(0.05)
+                    with self.mu:
+                        self.owed += 1
+                self.answer(c, resp)
+                if answered == 1:
+                    time.sleep(0.05)  # its own segment, after the answer was read
                     self.answer(c, {"id": "ch_nobody", "order": "nobody"})
                     with self.mu:
+                        self.owed -= 1
                         self.extras += 1
         except OSError:
             return
@@ -111,7 +116,8 @@ def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_calls(server):
         for i in range(6):
             xs.append(finished(server, run(server, "dbl", {"order": {"id": f"o{i}"}},
                                            entry="order")))
-            time.sleep(0.15)  # the extra answer lands while the connection idles
+            # the extra answer lands while the connection idles, before the next call
+            wait_for(lambda: prov.owed == 0)
         with prov.mu:
             assert prov.extras >= 1  # the provider did misbehave
         for i, x in enumerate(xs):

@@ -689,6 +689,35 @@ static void test_reopen_keeps_data(void **state)
     store_workflow_clear(&w);
 }
 
+/* The test's database file opened directly with SQLite, beside the store. */
+static sqlite3 *raw_db(void)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/t.db", dir);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    return db;
+}
+
+/* Closes the store to change its file by hand (*state NULL meanwhile, so
+ * that teardown closes nothing if an assert ends the test early). */
+static sqlite3 *close_for_surgery(void **state)
+{
+    store_close(*state);
+    *state = NULL;
+    return raw_db();
+}
+
+/* Opens the store again (its migrations run) into *state. */
+static struct store *reopen(void **state)
+{
+    struct store *s = NULL;
+    struct ifl_err e = {0};
+    assert_int_equal(store_open(url, &s, &e), 0);
+    *state = s;
+    return s;
+}
+
 /* Migration 12 fills executions.started_over_to from the started_over_from
  * of executions an earlier engine made: each original names its newest new
  * one.  (The column is taken away and the migration run again on reopen.) */
@@ -697,22 +726,14 @@ static void test_migration_12_records_earlier_start_overs(void **state)
     struct store *s = *state;
     char ids[4][65];
     started_over_seed(s, ids);
-    store_close(s);
-    *state = NULL;
-    char path[160];
-    snprintf(path, sizeof path, "%s/t.db", dir);
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3 *db = close_for_surgery(state);
     assert_int_equal(sqlite3_exec(db,
                                   "ALTER TABLE executions DROP COLUMN started_over_to;"
                                   "DELETE FROM schema_migrations WHERE version = 12;",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
-    struct ifl_err e = {0};
-    assert_int_equal(store_open(url, &s, &e), 0);
-    *state = s;
-    started_over_check(s, ids);
+    started_over_check(reopen(state), ids);
 }
 
 /* How many instructions of `op` the statement sql compiles to on db. */
@@ -742,12 +763,7 @@ static const char sql_new_execution[] =
  * recorded) gets it on open; the list of a rare status still walks it. */
 static void test_migration_13_takes_the_temporary_btrees_off_every_write(void **state)
 {
-    store_close(*state);
-    *state = NULL; /* teardown closes nothing if an assert ends the test early */
-    char path[160];
-    snprintf(path, sizeof path, "%s/t.db", dir);
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3 *db = close_for_surgery(state);
     assert_int_equal(sqlite3_exec(db,
                                   "DROP INDEX executions_attention;"
                                   "CREATE INDEX executions_attention ON executions"
@@ -760,11 +776,8 @@ static void test_migration_13_takes_the_temporary_btrees_off_every_write(void **
     assert_int_equal(opcodes(db, sql_status_change, "OpenEphemeral"), 2);
     assert_int_equal(opcodes(db, sql_new_execution, "OpenEphemeral"), 1);
     sqlite3_close(db);
-    struct store *s = NULL;
-    struct ifl_err e = {0};
-    assert_int_equal(store_open(url, &s, &e), 0);
-    *state = s;
-    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    struct store *s = reopen(state);
+    db = raw_db();
     assert_int_equal(opcodes(db, sql_status_change, "OpenEphemeral"), 0);
     assert_int_equal(opcodes(db, sql_new_execution, "OpenEphemeral"), 0);
     /* the store's own list statement still walks the index */

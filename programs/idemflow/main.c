@@ -47,6 +47,7 @@ static void usage(FILE *f)
           "                 [--max-body BYTES] [--workers N] [--lease-ms MS] [--no-inline]\n"
           "                 [--http-threads N] [--key-retention-hours H] [--retention-days D]\n"
           "                 [--egress-deny link-local|loopback|private|CIDR,...|none]\n"
+          "                 [--ca-file PEM]\n"
           "                 [--max-connections N] [--max-connections-per-ip N]\n"
           "                 [--max-calls N] [--max-calls-per-destination N]\n"
           "                 [--shared-cache-ms MS] [--test-clock] [--core-dumps]\n"
@@ -532,6 +533,13 @@ static int cmd_serve(int argc, char **argv)
             struct ifl_err ee = {0};
             if (gw_egress_set(v, &ee)) {
                 fprintf(stderr, "idemflow serve: --egress-deny: %s\n", ee.msg);
+                return 2;
+            }
+            i++;
+        } else if (strcmp(a, "--ca-file") == 0 && v) {
+            struct ifl_err ee = {0};
+            if (gw_ca_file_set(v, &ee)) {
+                fprintf(stderr, "idemflow serve: --ca-file: %s\n", ee.msg);
                 return 2;
             }
             i++;

@@ -10,7 +10,9 @@
 #include "json/json.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <curl/curl.h>
+#include <openssl/ssl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1360,7 +1362,8 @@ struct xfer {
     uint64_t serial;     /* its number in reg once it opened a socket, else 0 */
     int stale;           /* the reused connection had bytes waiting, or was unknown: not
                             sent on it */
-    int plain;           /* an http:// url: HTTP/1.1 in the clear (before_request looks) */
+    int plain;           /* an http:// url (else https://: gw_request_build) */
+    int restarted;       /* it went out again on a new connection (xfer_restart) */
     int shutdown;        /* ended by the client's stop, not by libcurl */
     struct xfer *next;
     struct xfer *fnext; /* the client thread's list of calls in flight */
@@ -1383,23 +1386,39 @@ static int before_request(void *ud, char *primary_ip, char *local_ip, int primar
         x->late = 1;
         return CURL_PREREQFUNC_ABORT;
     }
-    if (!x->reg || !x->plain)
+    if (!x->reg)
         return CURL_PREREQFUNC_OK;
-    /* A reused connection must be quiet: HTTP/1.1 answers only what was
-     * asked, so bytes waiting on an idle connection are an answer no request
-     * of ours is owed (a provider that sent one twice).  libcurl 7.88 reuses
-     * such a connection, and the next call read them as its own answer
-     * (found by a judge: orders completed with another order's charge, and a
-     * verify read another's answer and sent a charge again).  Not sent on it:
-     * libcurl closes a connection whose transfer this aborts, and the call is
-     * retried on a new one.  What arrives between this look and the write is
-     * not seen.  Plain HTTP only (x->plain): on TLS, bytes may wait rightly
-     * (HTTP/2 frames of calls sharing the connection, a late session ticket)
-     * and are not told from an answer without decrypting them. */
+    /* A reused HTTP/1.1 connection must be quiet: HTTP/1.1 answers only
+     * what was asked, so bytes waiting on an idle connection are an answer no
+     * request of ours is owed (a provider that sent one twice).  libcurl 7.88
+     * reuses such a connection, and the next call read them as its own
+     * answer (found by a judge: orders completed with another order's
+     * charge, and a verify read another's answer and sent a charge again).
+     * Not sent on it: libcurl closes a connection whose transfer this aborts,
+     * and the call goes out again on a new one (xfer_restart).  What arrives
+     * between this look and the write is not seen.  Over TLS the look is at
+     * the TLS library's decrypted bytes and at the socket's encrypted ones: a
+     * TLS record waiting there (a late session ticket, a close_notify) costs
+     * a new connection too.  HTTP/2 (negotiated by ALPN) is not looked at:
+     * its frames of other calls may rightly wait, and every answer names the
+     * stream it belongs to. */
+    SSL *ssl = NULL;
+    if (!x->plain) {
+        struct curl_tlssessioninfo *ti = NULL;
+        if (curl_easy_getinfo(x->h, CURLINFO_TLS_SSL_PTR, &ti) != CURLE_OK || !ti ||
+            ti->backend != CURLSSLBACKEND_OPENSSL || !ti->internals)
+            return CURL_PREREQFUNC_OK; /* another TLS library: not looked at (gateway.md) */
+        ssl = ti->internals;
+        const unsigned char *alpn = NULL;
+        unsigned alen = 0;
+        SSL_get0_alpn_selected(ssl, &alpn, &alen);
+        if (alen == 2 && memcmp(alpn, "h2", 2) == 0)
+            return CURL_PREREQFUNC_OK;
+    }
     int fd = sockreg_find(x->reg, local_port, primary_port, primary_ip, local_ip);
     char c;
     if (fd >= 0) {
-        if (recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+        if ((ssl && SSL_pending(ssl) > 0) || recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
             x->stale = 1;
             return CURL_PREREQFUNC_ABORT;
         }
@@ -1446,18 +1465,9 @@ static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_soc
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
-/* An https:// proxy from the environment (libcurl's http_proxy, all_proxy):
- * an http:// call then travels over TLS to it (x->plain). */
-static int https_proxy;
-
 static void curl_init_once(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    static const char *const vars[] = {"http_proxy", "all_proxy", "ALL_PROXY"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        https_proxy |= v && strncasecmp(v, "https://", 8) == 0;
-    }
 }
 
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -1534,6 +1544,20 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+static char *ca_file; /* gw_ca_file_set; NULL: libcurl's default bundle */
+
+int gw_ca_file_set(const char *path, struct ifl_err *e)
+{
+    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (!f)
+        return err_set(e, IFL_EINVAL, "cannot read %s: %s", path ? path : "(none)",
+                       path && *path ? strerror(errno) : "no path");
+    fclose(f);
+    free(ca_file);
+    ca_file = xstrdup(path);
+    return 0;
+}
+
 static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, struct sockreg *reg)
 {
     pthread_once(&curl_once, curl_init_once);
@@ -1541,7 +1565,7 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, stru
     x->h = curl_easy_init();
     x->req = req;
     x->reg = reg;
-    x->plain = strncmp(req->url, "http://", 7) == 0 && !https_proxy;
+    x->plain = strncmp(req->url, "http://", 7) == 0;
     x->resp_headers = json_object();
     x->status_seen = -1;
     buf_init(&x->body, MAX_RESPONSE_BODY);
@@ -1564,6 +1588,8 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, stru
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (ca_file)
+        curl_easy_setopt(h, CURLOPT_CAINFO, ca_file);
     curl_easy_setopt(h, CURLOPT_PRIVATE, x);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, x);
@@ -1722,6 +1748,31 @@ static void xfer_end_shutdown(struct xfer *x)
     done(ctx, r);
 }
 
+/* A call before_request stopped on a reused connection that was out of step
+ * (x->stale) before any byte of it left: it goes out again at once, on a new
+ * connection, within the same attempt — the connection's fault is not the
+ * destination's answer, and costs neither an attempt nor a backoff.  Once:
+ * the new connection is the transfer's own, never looked at.  Not when
+ * libcurl's own re-send was stopped (a request left before: x->sends > 1)
+ * or the client is stopping.  1: x is in flight again. */
+static int xfer_restart(CURLM *multi, struct xfer *x, CURLcode cc, int stopping)
+{
+    if (!x->stale || cc != CURLE_ABORTED_BY_CALLBACK || x->sends != 1 || x->restarted || stopping)
+        return 0;
+    log_warn("gateway.stale_connection",
+             "a kept-alive connection held bytes no request was owed (an answer sent twice, "
+             "or an unknown connection); closed unsent on, the call goes out on a new one");
+    x->restarted = 1;
+    x->stale = 0;
+    x->sends = 0;
+    x->too_large = x->head_ended = x->in_block = x->bare_cr = 0;
+    x->status_seen = -1;
+    x->body.len = 0;
+    json_object_clear(x->resp_headers);
+    curl_easy_setopt(x->h, CURLOPT_FRESH_CONNECT, 1L);
+    return curl_multi_add_handle(multi, x->h) == CURLM_OK;
+}
+
 static void *client_main(void *arg)
 {
     struct gw_client *c = arg;
@@ -1775,6 +1826,8 @@ static void *client_main(void *arg)
             curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
             CURLcode cc = m->data.result;
             curl_multi_remove_handle(c->multi, m->easy_handle);
+            if (xfer_restart(c->multi, x, cc, stop))
+                continue;
             inflight--;
             for (struct xfer **p = &flying; *p; p = &(*p)->fnext)
                 if (*p == x) {

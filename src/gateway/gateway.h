@@ -170,6 +170,14 @@ struct sockaddr;
  * text, cap bytes), else 0.  IPv4-mapped IPv6 addresses count as IPv4. */
 int gw_egress_denied(const struct sockaddr *sa, char *shown, size_t cap);
 
+/* ---- trusted CAs ---------------------------------------------------------------- */
+/* A PEM file of the CAs whose certificates https:// calls (GATEWAY steps,
+ * verify requests, outgoing webhooks) trust, for the whole process, in
+ * place of the system's bundle (a private CA in front of internal
+ * providers; the tests' HTTPS providers).  Set before any client starts;
+ * the path is copied.  IFL_EINVAL when it cannot be read. */
+int gw_ca_file_set(const char *path, struct ifl_err *e);
+
 /* ---- responses and their class ------------------------------------------------ */
 
 enum gw_transport {

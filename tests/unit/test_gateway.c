@@ -396,6 +396,17 @@ static void test_egress_policy(void **state)
     assert_true(denied("127.0.0.1")); /* what failed to parse changed nothing */
 }
 
+/* --ca-file: a file that cannot be read is refused, naming it. */
+static void test_ca_file_must_be_readable(void **state)
+{
+    (void)state;
+    struct ifl_err e = {0};
+    assert_int_equal(gw_ca_file_set("/nonexistent/ca.pem", &e), IFL_EINVAL);
+    assert_non_null(strstr(e.msg, "/nonexistent/ca.pem"));
+    assert_int_equal(gw_ca_file_set("", &e), IFL_EINVAL);
+    assert_int_equal(gw_ca_file_set(NULL, &e), IFL_EINVAL);
+}
+
 /* A loopback listener that never accepts on its own: what a call wrote
  * stays in the accepted socket for the test to read. */
 static int listener(int *port)
@@ -470,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_userinfo_is_a_secret_only_when_it_holds_one),
         cmocka_unit_test(test_secrets_in_query_and_body),
         cmocka_unit_test(test_egress_policy),
+        cmocka_unit_test(test_ca_file_must_be_readable),
         cmocka_unit_test(test_a_lapsed_lease_stops_the_request),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);

@@ -103,6 +103,28 @@ static size_t utf8_seq(const unsigned char *p)
     return n;
 }
 
+json_t *json_stringn_lossy(const char *s, size_t n, int *replaced)
+{
+    json_t *v = json_stringn(s, n);
+    if (v || !s)
+        return v;
+    struct buf b;
+    buf_init(&b, 0);
+    for (size_t i = 0; i < n;) {
+        unsigned char t[5] = {0}; /* zero-padded: a sequence cut by the end is invalid */
+        size_t k = n - i < 4 ? n - i : 4;
+        memcpy(t, s + i, k);
+        size_t m = utf8_seq(t);
+        if (!m && replaced)
+            *replaced = 1;
+        buf_append(&b, m ? s + i : "\xEF\xBF\xBD", m ? m : 3);
+        i += m ? m : 1;
+    }
+    v = json_stringn(b.p ? b.p : "", b.len);
+    buf_free(&b);
+    return v;
+}
+
 int json_utf8_valid(const char *s)
 {
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
@@ -116,19 +138,7 @@ int json_utf8_valid(const char *s)
 
 json_t *json_string_lossy(const char *s)
 {
-    json_t *v = json_string(s);
-    if (v || !s)
-        return v;
-    struct buf b;
-    buf_init(&b, 0);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        size_t n = utf8_seq(p);
-        buf_append(&b, n ? (const char *)p : "\xEF\xBF\xBD", n ? n : 3);
-        p += n ? n : 1;
-    }
-    v = json_stringn(b.p ? b.p : "", b.len);
-    buf_free(&b);
-    return v;
+    return s ? json_stringn_lossy(s, strlen(s), NULL) : NULL;
 }
 
 int json_depth_ok(const char *text, size_t len, int max)

@@ -44,6 +44,9 @@ json_t *json_time(int64_t ms);
  * json_string refuses such text, and a message built from input must not
  * vanish from the document it belongs in. */
 json_t *json_string_lossy(const char *s);
+/* The n bytes at s (NULs included) as a string value, as json_string_lossy
+ * does; *replaced (when given) is set to 1 when a byte was replaced. */
+json_t *json_stringn_lossy(const char *s, size_t n, int *replaced);
 /* 1 when s is valid UTF-8 (RFC 3629), else 0. */
 int json_utf8_valid(const char *s);
 

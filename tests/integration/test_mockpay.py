@@ -440,7 +440,7 @@ def test_faults_endpoint(mock):
     assert [f["kind"] for f in got["faults"]] == ["drop_after_commit", "status"]
     assert got["faults"][1]["retry_after_date"] == 2 and got["faults"][1]["probability"] == 0.25
     bad = [
-        "bogus", "status", "status=200", "latency", "status=503:after_commit:retry_after=x",
+        "bogus", "status", "status=201", "status=199", "latency", "status=503:after_commit:retry_after=x",
         "drop_after_commit:after_commit", "status=429:retry_after=1:retry_after_date=1",
         "status=503:probability=2", "status=503:on=elsewhere", "status=503:nope=1",
         '[{"kind":"status","code":503,"extra":1}]', '{"seed":-1}', '{"faults":{}}', "[1]",

@@ -23,7 +23,7 @@ else
   SANFLAGS := -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
 endif
 
-PKGS := libmicrohttpd libcurl sqlite3 libpq jansson libcrypto libssl
+PKGS := libmicrohttpd libcurl sqlite3 libpq jansson libcrypto libssl zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -9,7 +9,8 @@
  *     or NUL — also after the secret (which holds a CR LF) is substituted,
  *     which must then be refused.  The masked twin never shows the secret.
  *   the response: a status line, header lines and a body, as a provider
- *     sends them: scrubbed of the secrets the request carried, classified,
+ *     sends them: decoded by its Content-Encoding (gzip, deflate),
+ *     scrubbed of the secrets the request carried, classified,
  *     Retry-After read, turned into the step's output — which must not
  *     show a secret either.
  *
@@ -136,6 +137,9 @@ static void response(const char *in, size_t n, const struct gw_request *req)
         p++;
     r.body_len = (size_t)(end - p);
     r.body = xstrndup(p, r.body_len);
+    gw_response_decode(&r); /* a Content-Encoding header: gzip, deflate, others */
+    if ((r.body == NULL) != (r.body_too_large || r.body_undecodable))
+        abort();
     gw_response_scrub(&r, req);
     int64_t ra = 0;
     enum gw_class c = gw_classify(&r, 1700000000000, &ra);

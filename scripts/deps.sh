@@ -2,7 +2,7 @@
 # Installs the Debian packages idemflow needs to build, run and test, but only
 # the missing ones.  Usage: scripts/deps.sh [build|test|bench]
 set -eu
-want="build-essential pkg-config curl libmicrohttpd-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev libjansson-dev libtcmalloc-minimal4 libcmocka-dev"
+want="build-essential pkg-config curl libmicrohttpd-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev zlib1g-dev libjansson-dev libtcmalloc-minimal4 libcmocka-dev"
 testdeps="python3 python3-pytest clang libclang-rt-14-dev postgresql sqlite3 procps openssl"
 case "${1:-build}" in
   test)  want="$want $testdeps" ;;

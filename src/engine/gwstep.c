@@ -673,6 +673,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     j->req.one_send = 1; /* a second send's answer would hide the first's effect */
     j->vreq.resend_safe = j->vreq.method && (strcmp(j->vreq.method, "GET") == 0 ||
                                              strcmp(j->vreq.method, "HEAD") == 0);
+    j->vreq.fresh = 1; /* its answer decides a re-send: never a stray on a reused connection */
     j->phase = j->vreq.url ? 1 : 0;
     j->rows = *rows;
     j->nrows = *n;

@@ -93,6 +93,12 @@ struct gw_request {
      * the execution cancelled, with the charge made).  gw_request_build
      * sets 0. */
     int one_send;
+    /* 1: the request goes out on a connection of its own, never a kept-alive
+     * one: its answer must not be one a destination sent twice on a reused
+     * connection (a verify's decides whether a call is sent again: found by
+     * a judge, a verify read another order's charges under load).
+     * gw_request_build sets 0. */
+    int fresh;
     /* When set: the clock_now_ms() time from which the request must not
      * leave any more (its sender's lease, which another process may take
      * over once it lapses), read just before libcurl writes the request on
@@ -192,15 +198,37 @@ struct gw_response {
     json_t *headers; /* object of lowercase name → value */
     char *body;      /* raw body (capped) */
     size_t body_len;
-    int body_too_large; /* the body passed the cap (4 MiB): body is NULL,
-                           the output says "bodyTooLarge": true */
-    char error[256];    /* transport error text */
-    int denied;         /* not sent: the egress policy refused the address */
-    int late;           /* not sent: the request's send_by had passed */
-    int shutdown;       /* ended by the client's stop (gw_client_free), not by the call */
+    int body_too_large;   /* the body passed the cap (4 MiB): body is NULL,
+                             the output says "bodyTooLarge": true */
+    int body_undecodable; /* its Content-Encoding could not be undone (damaged, or
+                             br/zstd/compress): body is NULL, the output says
+                             "bodyUndecodable": true */
+    char error[256];      /* transport error text */
+    int denied;           /* not sent: the egress policy refused the address */
+    int late;             /* not sent: the request's send_by had passed */
+    int shutdown;         /* ended by the client's stop (gw_client_free), not by the call */
     int64_t elapsed_ms;
 };
 void gw_response_clear(struct gw_response *r);
+
+/* ---- content codings (decode.c) ----------------------------------------------- */
+enum {
+    GW_DECODE_DAMAGED = 1,     /* the stream is cut short, corrupt, or followed by other bytes */
+    GW_DECODE_TOO_LARGE = 2,   /* decoded, it passes cap */
+    GW_DECODE_UNSUPPORTED = 3, /* a compression not decoded here (br, zstd, compress) */
+};
+/* Undoes the Content-Encoding `encoding` (a header value: codings in the
+ * order applied; NULL none) on the *len bytes at *body (malloc'd; replaced
+ * with the decoded bytes, NUL-terminated, at most cap of them): gzip,
+ * x-gzip and deflate; identity is skipped.  A token it does not know (a
+ * misconfigured "utf-8") leaves the bytes as they are and returns 0.
+ * 0, or a GW_DECODE_* (then *body is unchanged). */
+int gw_body_decode(const char *encoding, char **body, size_t *len, size_t cap);
+/* The response's body decoded by its Content-Encoding header (gw_body_decode,
+ * capped at 4 MiB); one that cannot be is dropped, with body_too_large or
+ * body_undecodable set: the status still decides.  The client does this to
+ * every answer. */
+void gw_response_decode(struct gw_response *r);
 /* Replaces every occurrence of a secret value that req sent (values of 4
  * bytes or more; shorter ones would mangle any body) with "****" in the
  * response's body and header values, before anything stores or shows it. */

@@ -17,8 +17,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "base/clock.h"
+#include "base/mem.h"
 #include "gateway/gateway.h"
 #include "json/json.h"
 
@@ -396,6 +398,99 @@ static void test_egress_policy(void **state)
     assert_true(denied("127.0.0.1")); /* what failed to parse changed nothing */
 }
 
+/* n bytes of in compressed as gzip (wbits 31), zlib (15) or raw deflate (-15). */
+static size_t squeeze(const char *in, size_t n, int wbits, unsigned char *out, size_t cap)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    assert_int_equal(deflateInit2(&z, 9, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)n;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    assert_int_equal(deflate(&z, Z_FINISH), Z_STREAM_END);
+    size_t got = cap - z.avail_out;
+    deflateEnd(&z);
+    return got;
+}
+
+/* decode enc over the n bytes at in: the return code, and the text in *out. */
+static int decoded(const char *enc, const void *in, size_t n, size_t cap, char **out)
+{
+    char *body = xmalloc(n + 1);
+    memcpy(body, in, n);
+    body[n] = 0;
+    size_t len = n;
+    int rc = gw_body_decode(enc, &body, &len, cap);
+    if (rc == 0) /* decoded: NUL-terminated (no NUL inside these) */
+        assert_int_equal(strlen(body), len);
+    else /* unchanged */
+        assert_int_equal(len, n);
+    *out = body;
+    return rc;
+}
+
+/* Content codings: gzip (every member), deflate wrapped or raw, stacked;
+ * unknown tokens leave the bytes be; damaged or unsupported ones fail and
+ * leave them unchanged; the cap holds on the decoded size. */
+static void test_body_decode(void **state)
+{
+    (void)state;
+    const char *doc = "{\"id\": \"ch_1\", \"status\": \"succeeded\"}";
+    size_t dn = strlen(doc);
+    unsigned char gz[256], gz2[256], zl[256], raw[256], twice[512];
+    size_t gn = squeeze(doc, dn, 31, gz, sizeof gz);
+    size_t g2 = squeeze(doc + 10, dn - 10, 31, gz2, sizeof gz2);
+    size_t zn = squeeze(doc, dn, 15, zl, sizeof zl);
+    size_t rn = squeeze(doc, dn, -15, raw, sizeof raw);
+    size_t tn = squeeze((const char *)gz, gn, 31, twice, sizeof twice);
+    unsigned char two[512]; /* doc's first 10 bytes, then the rest: two members */
+    size_t m1 = squeeze(doc, 10, 31, two, sizeof two);
+    memcpy(two + m1, gz2, g2);
+    struct {
+        const char *enc;
+        const void *in;
+        size_t n;
+    } good[] = {
+        {"gzip", gz, gn},      {" X-GZIP ", gz, gn},  {"gzip", two, m1 + g2},
+        {"deflate", zl, zn},   {"deflate", raw, rn},  {"gzip, identity, gzip", twice, tn},
+        {"utf-8", doc, dn},    {"identity", doc, dn}, {"", doc, dn}, /* not decoded: */
+        {"x-custom", doc, dn},                                       /* as they came */
+    };
+    char *out;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        assert_int_equal(decoded(good[i].enc, good[i].in, good[i].n, 1 << 20, &out), 0);
+        assert_string_equal(out, doc);
+        free(out);
+    }
+    /* failures leave the body as it was */
+    struct {
+        const char *enc;
+        const void *in;
+        size_t n;
+        int rc;
+    } bad[] = {
+        {"gzip", gz, gn / 2, GW_DECODE_DAMAGED}, /* cut short */
+        {"gzip", gz, gn - 8, GW_DECODE_DAMAGED}, /* no trailer */
+        {"gzip", doc, dn, GW_DECODE_DAMAGED},    /* not gzip */
+        {"deflate", doc, dn, GW_DECODE_DAMAGED}, /* neither wrapped nor raw */
+        {"br", gz, gn, GW_DECODE_UNSUPPORTED},   /* a compression not decoded here */
+        {"gzip, zstd", gz, gn, GW_DECODE_UNSUPPORTED},
+        {"gzip", gz, gn, GW_DECODE_TOO_LARGE}, /* the cap (below) */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(decoded(bad[i].enc, bad[i].in, bad[i].n, i == 6 ? 8 : 1 << 20, &out),
+                         bad[i].rc);
+        assert_memory_equal(out, bad[i].in, bad[i].n);
+        free(out);
+    }
+    unsigned char tail[300]; /* a member, then bytes that are not one */
+    memcpy(tail, gz, gn);
+    memcpy(tail + gn, "GARBAGE", 7);
+    assert_int_equal(decoded("gzip", tail, gn + 7, 1 << 20, &out), GW_DECODE_DAMAGED);
+    free(out);
+}
+
 /* --ca-file: a file that cannot be read is refused, naming it. */
 static void test_ca_file_must_be_readable(void **state)
 {
@@ -482,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_secrets_in_query_and_body),
         cmocka_unit_test(test_egress_policy),
         cmocka_unit_test(test_ca_file_must_be_readable),
+        cmocka_unit_test(test_body_decode),
         cmocka_unit_test(test_a_lapsed_lease_stops_the_request),
     };
     return cmocka_run_group_tests_name("gateway", tests, NULL, NULL);

@@ -671,6 +671,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     }
     j->req.resend_safe = v->policy.ambiguous == GW_AMB_RETRY && j->req.idempotency_key;
     j->req.one_send = 1; /* a second send's answer would hide the first's effect */
+    j->req.fresh = v->policy.fresh_connections;
     j->vreq.resend_safe = j->vreq.method && (strcmp(j->vreq.method, "GET") == 0 ||
                                              strcmp(j->vreq.method, "HEAD") == 0);
     j->vreq.fresh = 1; /* its answer decides a re-send: never a stray on a reused connection */

@@ -801,9 +801,9 @@ static int compile_transform(struct wf_vertex *v, json_t *cfg, struct ifl_err *e
 static int config_members(const struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
 {
     static const char *const gateway[] = {
-        "method",    "url",        "headers", "query",           "body",
-        "timeoutMs", "deadlineMs", "retry",   "clientErrorMode", "onConflict",
-        "ambiguous", "verify",     NULL};
+        "method",      "url",   "headers",         "query",      "body",      "timeoutMs",
+        "deadlineMs",  "retry", "clientErrorMode", "onConflict", "ambiguous", "verify",
+        "connections", NULL};
     static const char *const retry[] = {"maxAttempts", "initialIntervalMs", "backoffCoefficient",
                                         "maxIntervalMs", NULL};
     static const char *const verify[] = {"method",   "url",     "headers", "query",

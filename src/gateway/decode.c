@@ -10,7 +10,7 @@
  * of a multi-member stream, RFC 1952) and deflate (zlib-wrapped or raw).
  * A compression it cannot undo (br, zstd, compress) or a damaged stream
  * leaves the body out — the status still decides, as for one too large —
- * and a token it does not know leaves the bytes as they came.
+ * and a token it does not know is taken for identity.
  */
 #include "gateway/gateway.h"
 #include "base/mem.h"
@@ -50,10 +50,16 @@ static int inflate_all(const unsigned char *in, size_t n, char kind, size_t cap,
         if (zr == Z_STREAM_END) {
             if (z.avail_in == 0)
                 break;
-            /* another gzip member follows; anything else is not gzip */
+            /* another gzip member follows; zeros after the last are padding
+             * (gzip(1) ignores them too); anything else is not gzip */
             if (kind == 'g' && z.avail_in >= 2 && z.next_in[0] == 0x1f && z.next_in[1] == 0x8b &&
                 inflateReset(&z) == Z_OK)
                 continue;
+            size_t zeros = 0;
+            while (kind == 'g' && zeros < z.avail_in && z.next_in[zeros] == 0)
+                zeros++;
+            if (kind == 'g' && zeros == z.avail_in)
+                break;
             rc = GW_DECODE_DAMAGED;
             break;
         }
@@ -77,9 +83,11 @@ int gw_body_decode(const char *encoding, char **body, size_t *len, size_t cap)
 {
     if (!encoding || !*body || !*len) /* nothing to undo */
         return 0;
-    /* the codings in the order applied: undone from the last */
+    /* the codings in the order applied, undone from the last; a token not
+     * known (a misconfigured "utf-8") is taken for identity */
+    static const char *const compressions[] = {"br", "zstd", "compress", "x-compress"};
     char *list = xstrdup(encoding);
-    char *tok[8];
+    char kinds[16];
     size_t nt = 0;
     int rc = 0;
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -87,25 +95,27 @@ int gw_body_decode(const char *encoding, char **body, size_t *len, size_t cap)
             t++;
         for (char *e = t + strlen(t); e > t && (e[-1] == ' ' || e[-1] == '\t'); e--)
             e[-1] = 0;
-        if (!*t || strcasecmp(t, "identity") == 0)
+        char kind = 0;
+        if (strcasecmp(t, "gzip") == 0 || strcasecmp(t, "x-gzip") == 0)
+            kind = 'g';
+        else if (strcasecmp(t, "deflate") == 0)
+            kind = 'z';
+        for (size_t i = 0; !kind && i < sizeof compressions / sizeof compressions[0]; i++)
+            if (strcasecmp(t, compressions[i]) == 0)
+                kind = 'u';
+        if (!kind)
             continue;
-        if (nt == sizeof tok / sizeof tok[0]) {
+        if (nt == sizeof kinds) { /* more layers than any server applies */
             rc = GW_DECODE_UNSUPPORTED;
             goto out;
         }
-        tok[nt++] = t;
+        kinds[nt++] = kind;
     }
     while (nt) {
-        const char *t = tok[--nt];
-        char kind = strcasecmp(t, "gzip") == 0 || strcasecmp(t, "x-gzip") == 0 ? 'g'
-                    : strcasecmp(t, "deflate") == 0                            ? 'z'
-                                                                               : 0;
-        if (!kind) {
-            static const char *const compressions[] = {"br", "zstd", "compress", "x-compress"};
-            for (size_t i = 0; i < sizeof compressions / sizeof compressions[0]; i++)
-                if (strcasecmp(t, compressions[i]) == 0)
-                    rc = GW_DECODE_UNSUPPORTED;
-            goto out; /* an unknown token: the bytes stay as they came */
+        char kind = kinds[--nt];
+        if (kind == 'u') { /* a compression not undone here */
+            rc = GW_DECODE_UNSUPPORTED;
+            goto out;
         }
         char *out = NULL;
         size_t out_n = 0;

@@ -48,8 +48,10 @@ struct gw_policy {
      * sees only what is committed.  Default: timeoutMs (as long again as
      * the call was given). */
     long verify_after_ms;
-    int verify_after_set; /* afterMs was given: a promise about the provider, kept
-                             even past the deadline (engine_gw_verify_wait) */
+    int verify_after_set;  /* afterMs was given: a promise about the provider, kept
+                              even past the deadline (engine_gw_verify_wait) */
+    int fresh_connections; /* connections: "fresh" — every call on a connection of its
+                              own, never a kept-alive one (default "reuse") */
 };
 
 /* Reads a GATEWAY config (borrowed) with the spec's defaults.  Validation
@@ -220,9 +222,10 @@ enum {
 /* Undoes the Content-Encoding `encoding` (a header value: codings in the
  * order applied; NULL none) on the *len bytes at *body (malloc'd; replaced
  * with the decoded bytes, NUL-terminated, at most cap of them): gzip,
- * x-gzip and deflate; identity is skipped.  A token it does not know (a
- * misconfigured "utf-8") leaves the bytes as they are and returns 0.
- * 0, or a GW_DECODE_* (then *body is unchanged). */
+ * x-gzip and deflate (at most 16 layers); identity, and a token it does
+ * not know (a misconfigured "utf-8"), are skipped.
+ * 0, or a GW_DECODE_* (then *body holds what came, or a layer of it undone:
+ * not the answer's content). */
 int gw_body_decode(const char *encoding, char **body, size_t *len, size_t cap);
 /* The response's body decoded by its Content-Encoding header (gw_body_decode,
  * capped at 4 MiB); one that cannot be is dropped, with body_too_large or

@@ -447,15 +447,19 @@ static void test_body_decode(void **state)
     unsigned char two[512]; /* doc's first 10 bytes, then the rest: two members */
     size_t m1 = squeeze(doc, 10, 31, two, sizeof two);
     memcpy(two + m1, gz2, g2);
+    unsigned char padded[300] = {0};
+    memcpy(padded, gz, gn);
     struct {
         const char *enc;
         const void *in;
         size_t n;
     } good[] = {
-        {"gzip", gz, gn},      {" X-GZIP ", gz, gn},  {"gzip", two, m1 + g2},
-        {"deflate", zl, zn},   {"deflate", raw, rn},  {"gzip, identity, gzip", twice, tn},
-        {"utf-8", doc, dn},    {"identity", doc, dn}, {"", doc, dn}, /* not decoded: */
-        {"x-custom", doc, dn},                                       /* as they came */
+        {"gzip", gz, gn},         {" X-GZIP ", gz, gn},  {"gzip", two, m1 + g2},
+        {"deflate", zl, zn},      {"deflate", raw, rn},  {"gzip, identity, gzip", twice, tn},
+        {"utf-8", doc, dn},       {"identity", doc, dn}, {"", doc, dn}, /* not decoded: */
+        {"x-custom", doc, dn},                                          /* as they came */
+        {"gzip, utf-8", gz, gn},  /* a token not known is taken for identity */
+        {"gzip", padded, gn + 4}, /* zeros after the last member: padding */
     };
     char *out;
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
@@ -488,6 +492,11 @@ static void test_body_decode(void **state)
     memcpy(tail, gz, gn);
     memcpy(tail + gn, "GARBAGE", 7);
     assert_int_equal(decoded("gzip", tail, gn + 7, 1 << 20, &out), GW_DECODE_DAMAGED);
+    free(out);
+    char layers[200] = "gzip"; /* 17: more than any server applies */
+    for (int i = 1; i < 17; i++)
+        strcat(layers, ", gzip");
+    assert_int_equal(decoded(layers, gz, gn, 1 << 20, &out), GW_DECODE_UNSUPPORTED);
     free(out);
 }
 

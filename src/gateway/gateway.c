@@ -2054,9 +2054,15 @@ static int xfer_restart(CURLM *multi, struct xfer *x, CURLcode cc, int stopping)
 {
     if (!x->stale || cc != CURLE_ABORTED_BY_CALLBACK || x->sends != 1 || x->restarted || stopping)
         return 0;
-    log_warn("gateway.stale_connection",
-             "a kept-alive connection held bytes no request was owed (an answer sent twice), "
-             "or was not known: the call was not sent on it and goes out on a new connection");
+    /* a server closing an idle connection (a close_notify, a 408) is no news */
+    if (x->stray)
+        log_warn("gateway.stale_connection",
+                 "a kept-alive connection held an answer no request was owed (one sent twice): "
+                 "the call was not sent on it and goes out on a new connection");
+    else
+        log_debug("gateway.stale_connection",
+                  "a kept-alive connection had bytes waiting (a server closing it) or was not "
+                  "known: the call goes out on a new connection");
     x->restarted = 1;
     x->stale = x->reused = 0;
     x->sends = 0;

@@ -2011,17 +2011,21 @@ static int oos_has(const struct gw_client *c, const char *url)
     return hit;
 }
 
-static void oos_add(struct gw_client *c, const char *url, const char *why)
+static void oos_add(struct gw_client *c, const struct gw_request *req, const char *why)
 {
-    if (oos_has(c, url) || c->noos == OOS_MAX)
+    if (oos_has(c, req->url) || c->noos == OOS_MAX)
         return;
-    char *d = dest_of(url);
+    /* logged as the masked url names it: a host may be rendered from a secret */
+    char *masked = gw_request_masked_url(req);
+    char *shown = dest_of(masked);
     log_warn("gateway.destination_out_of_step",
              "%s %s on a kept-alive connection: its calls go out on connections of their own "
              "until the engine restarts",
-             d, why);
+             shown, why);
+    free(shown);
+    free(masked);
     c->oos = xrealloc(c->oos, (c->noos + 1) * sizeof *c->oos);
-    c->oos[c->noos++] = d;
+    c->oos[c->noos++] = dest_of(req->url);
 }
 
 /* No kept-alive connection, before or after: for a destination out of step. */
@@ -2130,7 +2134,7 @@ static void *client_main(void *arg)
             CURLcode cc = m->data.result;
             curl_multi_remove_handle(c->multi, m->easy_handle);
             if (x->stray || x->foreign)
-                oos_add(c, x->req->url,
+                oos_add(c, x->req,
                         x->foreign ? "answered with another request's Idempotency-Key"
                                    : "sent an answer no request was owed");
             if (xfer_restart(c->multi, x, cc, stop))

@@ -228,6 +228,7 @@ static int keep_form(struct gw_request *r, const char *val, size_t from)
 }
 
 static int hexval(char c);
+static size_t utf8_put(unsigned long cp, unsigned char b[4]);
 
 /* windows-1252's code points for the bytes 0x80-0x9F (the five it leaves
  * undefined map to the C1 controls, as WHATWG's Encoding standard does);
@@ -287,16 +288,7 @@ static char *reread(const char *s, size_t len, char kind, size_t *n)
         unsigned c = (unsigned char)s[i];
         if (kind == 'w' && c >= 0x80 && c < 0xA0)
             c = cp1252_c1[c - 0x80];
-        if (c < 0x80) {
-            out[k++] = (char)c;
-        } else if (c < 0x800) {
-            out[k++] = (char)(0xC0 | (c >> 6));
-            out[k++] = (char)(0x80 | (c & 0x3F));
-        } else {
-            out[k++] = (char)(0xE0 | (c >> 12));
-            out[k++] = (char)(0x80 | ((c >> 6) & 0x3F));
-            out[k++] = (char)(0x80 | (c & 0x3F));
-        }
+        k += utf8_put(c, (unsigned char *)out + k);
     }
     out[k] = 0;
     *n = k;
@@ -1248,7 +1240,7 @@ const char *gw_class_name(enum gw_class c)
 /* 1 when the answer's Content-Type names a single-byte Latin charset:
  * ISO-8859-1 and the labels WHATWG reads as windows-1252, which it is read
  * as (a superset in what it defines). */
-static int latin1_declared(json_t *headers)
+static int single_byte_declared(json_t *headers)
 {
     const char *ct = json_string_value(json_object_get(headers, "content-type"));
     const char *cs = ct ? strcasestr(ct, "charset=") : NULL;
@@ -1289,7 +1281,7 @@ json_t *gw_output(const struct gw_response *r)
         json_t *lossy = NULL;
         const char *text;
         size_t n;
-        if (latin1_declared(r->headers)) {
+        if (single_byte_declared(r->headers)) {
             text = latin = reread(r->body, r->body_len, 'w', &n);
         } else {
             lossy = json_stringn_lossy(r->body, r->body_len, &replaced);
@@ -1768,6 +1760,14 @@ int gw_ca_file_set(const char *path, struct ifl_err *e)
     return 0;
 }
 
+/* No kept-alive connection, before or after: for a destination out of step,
+ * a call with `connections: fresh`, a verify. */
+static void xfer_own_connection(struct xfer *x)
+{
+    curl_easy_setopt(x->h, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(x->h, CURLOPT_FORBID_REUSE, 1L);
+}
+
 static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, struct sockreg *reg)
 {
     pthread_once(&curl_once, curl_init_once);
@@ -1813,10 +1813,10 @@ static struct xfer *xfer_new(const struct gw_request *req, long timeout_ms, stru
      * request never left (xfer_finish) */
     curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, before_request);
     curl_easy_setopt(h, CURLOPT_PREREQDATA, x);
-    if (!req->resend_safe || req->fresh) /* never a silent second send (gateway.h) */
+    if (req->fresh)
+        xfer_own_connection(x);
+    else if (!req->resend_safe) /* never a silent second send (gateway.h) */
         curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
-    if (req->fresh) /* nor kept for another call */
-        curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
     if (strcmp(req->method, "HEAD") == 0)
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     if (req->body) {
@@ -1970,7 +1970,7 @@ struct gw_client {
     struct sockreg reg; /* the connections' sockets (the client's thread's) */
     /* Destinations seen out of step — bytes no request was owed waiting on a
      * kept-alive connection, or an answer naming another request's key —
-     * as "host[:port]", lowercase: their calls go out on connections of
+     * as "host:port" (dest_of): their calls go out on connections of
      * their own, closed after use, until the process ends.  The client
      * thread's. */
     char **oos;
@@ -2026,13 +2026,6 @@ static void oos_add(struct gw_client *c, const struct gw_request *req, const cha
     free(masked);
     c->oos = xrealloc(c->oos, (c->noos + 1) * sizeof *c->oos);
     c->oos[c->noos++] = dest_of(req->url);
-}
-
-/* No kept-alive connection, before or after: for a destination out of step. */
-static void xfer_own_connection(struct xfer *x)
-{
-    curl_easy_setopt(x->h, CURLOPT_FRESH_CONNECT, 1L);
-    curl_easy_setopt(x->h, CURLOPT_FORBID_REUSE, 1L);
 }
 
 /* Ends x without libcurl's result (the client is stopping): sent or not as

@@ -149,7 +149,8 @@ def tls_pair(workdir):
 
 
 def provider_and_server(scheme, make_server, request, extra=True):
-    """The provider over `scheme` and a started engine that trusts it."""
+    """The provider over `scheme`, an engine (not started yet) that trusts it,
+    and the scheme."""
     if scheme == "http":
         return DoubleAnswerer(extra=extra), make_server(), "http"
     ctx, cert = request.getfixturevalue("tls_pair")

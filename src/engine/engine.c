@@ -1571,10 +1571,11 @@ static int gone_or_replay(struct engine *g, const char *ws, const char *scope,
 /* What an operator action reads before its transaction: an execution's
  * steps and, for its GATEWAY steps in a state of `states` (a bit per enum
  * step_state), the epoch each is at and whether its call's effect is
- * unknown (steps_effect_unknown).  On success the caller frees *rows and
- * *seen (whose vertex names are *rows'). */
+ * unknown (steps_effect_unknown, with resend for an action that sends the
+ * call again).  On success the caller frees *rows and *seen (whose vertex
+ * names are *rows'). */
 #define STATE_BIT(st) (1u << (st))
-static int gateway_steps_seen(struct engine *g, const char *id, unsigned states,
+static int gateway_steps_seen(struct engine *g, const char *id, unsigned states, int resend,
                               struct store_step **rows, size_t *n, struct steps_seen **seen,
                               size_t *n_seen, struct ifl_err *e)
 {
@@ -1599,7 +1600,7 @@ static int gateway_steps_seen(struct engine *g, const char *id, unsigned states,
         (*seen)[(*n_seen)++] = (struct steps_seen){
             .vertex = st->vertex,
             .epoch = st->epoch,
-            .unknown = steps_effect_unknown(at, na, st->vertex),
+            .unknown = steps_effect_unknown(at, na, st->vertex, resend),
         };
     }
     store_attempts_free(at, na);
@@ -1673,7 +1674,7 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
     size_t n = 0, n_seen = 0;
     if ((rc = gateway_steps_seen(g, id,
                                  STATE_BIT(STEP_FAILED) | STATE_BIT(STEP_REQUIRES_RECONCILIATION),
-                                 &rows, &n, &seen, &n_seen, e)))
+                                 1, &rows, &n, &seen, &n_seen, e)))
         return rc;
     /* read before the transaction: a condition's error is scrubbed of them */
     struct gw_request scrub = {0};
@@ -1773,8 +1774,8 @@ static int cancel_keyed(struct engine *g, const char *ws, const char *id, const 
     struct store_step *rows = NULL;
     struct steps_seen *seen = NULL;
     size_t n = 0, n_seen = 0;
-    if ((rc = gateway_steps_seen(g, id, STATE_BIT(STEP_DISPATCHED) | STATE_BIT(STEP_FAILED), &rows,
-                                 &n, &seen, &n_seen, e)))
+    if ((rc = gateway_steps_seen(g, id, STATE_BIT(STEP_DISPATCHED) | STATE_BIT(STEP_FAILED), 0,
+                                 &rows, &n, &seen, &n_seen, e)))
         return rc;
     struct cancel_args a = {
         .g = g,
@@ -1880,18 +1881,6 @@ static int tx_resolve(struct store_tx *tx, void *arg, struct ifl_err *e)
     return rc;
 }
 
-/* 1 when error (a step's error text, JSON) has code `code`. */
-static int error_code_is(const char *error, const char *code)
-{
-    json_t *v = NULL;
-    if (!error || json_parse(error, strlen(error), &json_stored_limits, &v, NULL))
-        return 0;
-    int is = json_is_object(v) && json_text(json_object_get(v, "code")) &&
-             strcmp(json_text(json_object_get(v, "code")), code) == 0;
-    json_decref(v);
-    return is;
-}
-
 static int resolve_keyed(struct engine *g, const char *ws, const char *id, const char *vertex,
                          int completed, json_t *output, struct engine_op_key *k, json_t **answer,
                          struct ifl_err *e)
@@ -1927,7 +1916,7 @@ static int resolve_keyed(struct engine *g, const char *ws, const char *id, const
             from = rows[i].state;
             found = 1;
             resolved_failed =
-                from == STEP_FAILED && error_code_is(rows[i].error, "resolved_failed");
+                from == STEP_FAILED && steps_error_code_is(rows[i].error, "resolved_failed");
         }
     if (strcmp(x.status, "cancelled") == 0) { /* whatever the step's state */
         err_set(&refuse, IFL_ECONFLICT, "execution %s was cancelled; start it over to run it again",
@@ -2100,13 +2089,14 @@ static int start_over_allowed(struct engine *g, const struct store_execution *x,
     struct store_step *rows = NULL;
     struct steps_seen *seen = NULL;
     size_t n = 0, n_seen = 0;
-    int rc = gateway_steps_seen(g, x->id, STATE_BIT(STEP_FAILED), &rows, &n, &seen, &n_seen, e);
+    int rc = gateway_steps_seen(g, x->id, STATE_BIT(STEP_FAILED), 1, &rows, &n, &seen, &n_seen, e);
     for (size_t i = 0; !rc && !refuse->code && i < n_seen; i++) {
         if (!seen[i].unknown)
             continue;
         err_set(refuse, IFL_ECONFLICT,
                 "step '%s' failed after a call whose effect is unknown (the charge may have "
-                "happened): retry it (the same key or its verify settles that) or resolve it, "
+                "happened): retry it (the same key or its verify settles that; with neither, "
+                "sendAgain once you checked it did not) or resolve it as completed if it did, "
                 "then start over",
                 seen[i].vertex);
         err_slug(refuse, "step-outcome-unknown");

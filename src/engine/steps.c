@@ -577,6 +577,17 @@ out:
     return rc;
 }
 
+int steps_error_code_is(const char *error, const char *code)
+{
+    json_t *v = NULL;
+    if (!error || json_parse(error, strlen(error), &json_stored_limits, &v, NULL))
+        return 0;
+    int is = json_is_object(v) && json_text(json_object_get(v, "code")) &&
+             strcmp(json_text(json_object_get(v, "code")), code) == 0;
+    json_decref(v);
+    return is;
+}
+
 int steps_error_verify_first(const char *error)
 {
     json_t *ej = NULL;
@@ -874,7 +885,7 @@ int steps_operator_retry(const char *outcome)
                        strcmp(outcome, STEPS_OPERATOR_SEND_AGAIN) == 0);
 }
 
-int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex)
+int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex, int resend)
 {
     int64_t last_unknown = -1, last_settled = -1;
     for (size_t i = 0; i < n; i++) {
@@ -893,9 +904,11 @@ int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *ve
         const char *cause = spent ? json_string_value(json_object_get(ej, "cause")) : NULL;
         int unknown = unknown_outcome(a[i].outcome) || (cause && unknown_outcome(cause));
         /* settled: a verify found it not done (and this attempt's own
-         * re-send got a clear answer), or an operator resolved it */
-        int settled = strcmp(a[i].outcome, "verified_not_done") == 0 ||
-                      strcmp(a[i].outcome, STEPS_RESOLVED) == 0 ||
+         * re-send got a clear answer), or an operator resolved it (as
+         * failed: not for an action that sends again) */
+        int resolved = strcmp(a[i].outcome, STEPS_RESOLVED) == 0 &&
+                       !(resend && steps_error_code_is(a[i].error, "resolved_failed"));
+        int settled = strcmp(a[i].outcome, "verified_not_done") == 0 || resolved ||
                       strcmp(a[i].outcome, STEPS_OPERATOR_SEND_AGAIN) == 0 ||
                       (!unknown && json_is_true(json_object_get(ej, "afterVerify")));
         json_decref(ej);

@@ -117,6 +117,9 @@ void steps_sim_complete(struct steps_sim *s, long vi, const struct decision *dec
 long steps_sim_next(struct steps_sim *s);
 void steps_sim_free(struct steps_sim *s); /* NULL ok */
 
+/* Whether a step's error (JSON text or NULL) is an object whose code is
+ * `code`. */
+int steps_error_code_is(const char *error, const char *code);
 /* Whether a step's error (JSON text or NULL) asks the next attempt to
  * verify first. */
 int steps_error_verify_first(const char *error);
@@ -226,8 +229,16 @@ int steps_cancel(struct store_tx *tx, void *arg, struct ifl_err *e);
  * outcome, an in-progress conflict, a verify that did not settle it, or a
  * worker that died with the call on the wire or its answer in hand — not
  * followed by a verify that found it not done, nor by an operator's
- * resolve (who settled it). */
-int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex);
+ * resolve (who settled it).  resend: asked for an action that would send
+ * the call again (a retry, a start-over).  There a resolve as failed
+ * settles nothing: it records that the operator stopped the step, not what
+ * its call did, and the step stays among the dead letters, where a script
+ * retrying them would otherwise send it again blindly (found by a judge: a
+ * keyless charge resolved as failed, then retried, charged the order
+ * twice).  An operator who checked that the call did not take effect says
+ * so with sendAgain.  For a cancel, which sends nothing, every resolve
+ * settles. */
+int steps_effect_unknown(const struct store_attempt *a, size_t n, const char *vertex, int resend);
 
 /* Appends an event of execution xid inside tx; takes ownership of data.
  * preset_version > 0: the caller already set the execution's version to it
@@ -286,7 +297,8 @@ char *steps_error_json(const char *code, const char *msg);
 int steps_operator_retry(const char *outcome);
 /* The history row an operator's resolve leaves (worker "operator", at the
  * epoch the resolve gave the step, with the resolved step's error): the
- * operator settled what the call did (steps_effect_unknown). */
+ * operator settled what the call did — as completed; as failed, only for a
+ * cancel (steps_effect_unknown). */
 #define STEPS_RESOLVED "resolved"
 /* The attempt outcome of a GATEWAY call that was answered — it took effect
  * as its answer says — but whose answer would take the execution's stored

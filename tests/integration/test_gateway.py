@@ -664,6 +664,64 @@ def test_a_send_again_settles_the_call_it_sends_again(server, mock):
     assert mock.charges("uk-2") == 0
 
 
+def test_a_resolve_as_failed_does_not_license_a_blind_resend(server, mock):
+    """Found by a judge: resolving a step of unknown effect as failed, then
+    retrying it, sent the call again with nothing settled — no sendAgain
+    asked for a keyless call, no verify run where one was configured — and
+    the order was charged twice (a resolved-failed step stays among the
+    dead letters, where a retrying script finds it).  A resolve as failed
+    records that the operator stopped the step, not what its call did: a
+    retry after it is refused, or verifies first, as before the resolve,
+    and so is a start-over.  A cancel, which sends nothing, goes through."""
+    flow = charge_flow(mock)
+    del flow["vertices"]["charge"]["config"]["headers"]["Idempotency-Key"]
+    put_workflow(server, "unkeyed_rf", flow)
+    assert server.put(f"{WS}/secrets/PAY_KEY", {"value": SECRET}).status == 204
+    mock.faults("drop_after_commit:count=1")  # charged, the answer lost: parked
+    xid = pay(server, "rf-1", name="unkeyed_rf")
+    assert finished(server, xid)["status"] == "requires_reconciliation"
+    r = server.post(f"{WS}/executions/{xid}/steps/charge/resolve", {"outcome": "failed"})
+    assert r.status == 200 and r.json["status"] == "failed", r
+    before = charge_step(server, xid)
+    r = server.post(f"{WS}/executions/{xid}/retry")
+    assert r.status == 409 and r.json["type"].endswith("/step-outcome-unknown"), r
+    r = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "rf-1a"})
+    assert r.status == 409 and r.json["type"].endswith("/step-outcome-unknown"), r
+    assert "resolve it as completed" in r.json["detail"], r
+    after = charge_step(server, xid)
+    assert (after["state"], after["epoch"]) == (before["state"], before["epoch"]), after
+    assert mock.charges("rf-1") == 1
+    # the operator finds the charge: a resolve as completed settles it
+    charge = mock.call("GET", "/v1/charges?order=rf-1")["data"][0]
+    r = server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
+                    {"outcome": "completed", "output": {"status": 201, "body": charge}})
+    assert r.status == 200 and finished(server, xid)["status"] == "completed", r
+    assert mock.charges("rf-1") == 1
+
+    # with a verify: the retry after the resolve verifies first
+    put_workflow(server, "verified_rf", verify_flow(mock, max_attempts=1))
+    mock.faults("drop_after_commit:count=1")
+    xid = pay(server, "rf-2", name="verified_rf")
+    ch = steps_of(finished(server, xid))["charge"]
+    assert ch["state"] == "FAILED" and ch["error"]["verifyFirst"] is True, ch
+    assert server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
+                       {"outcome": "failed"}).status == 200
+    assert server.post(f"{WS}/executions/{xid}/retry").status == 200
+    x = finished(server, xid)
+    hist = [h["outcome"] for h in steps_of(x)["charge"]["history"]]
+    assert x["status"] == "completed" and hist[-1] == "verified", hist
+    assert mock.charges("rf-2") == 1
+
+    # a cancel sends nothing: after a resolve as failed it goes through
+    mock.faults("drop_after_commit:count=1")
+    xid = pay(server, "rf-3", name="unkeyed_rf")
+    assert finished(server, xid)["status"] == "requires_reconciliation"
+    assert server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
+                       {"outcome": "failed"}).status == 200
+    r = server.post(f"{WS}/executions/{xid}/cancel")
+    assert r.status == 200 and r.json["status"] == "cancelled", r
+    assert mock.charges("rf-3") == 1
+
 def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(server, mock):
     """libcurl re-sends a request on a fresh connection, unasked, when a
     reused one dies before any response byte — exactly what a provider
@@ -1570,8 +1628,16 @@ def test_start_over_waits_until_nothing_is_left_to_settle(server, mock):
     assert r.status == 409 and r.json["type"] == "/problems/step-needs-reconciliation", r
     assert server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
                        {"outcome": "failed"}).status == 200
-    # resolved as failed: what the call did is settled, so it may start over
+    # resolved as failed: the operator stopped it, but what the call did is
+    # still unknown, so a start-over (which sends it again) waits
     assert finished(server, xid)["status"] == "failed"
+    r = start_over(xid, "so-2a")
+    assert r.status == 409 and r.json["type"] == "/problems/step-outcome-unknown", r
+    charge = mock.call("GET", "/v1/charges?order=so-2")["data"][0]
+    assert server.post(f"{WS}/executions/{xid}/steps/charge/resolve",
+                       {"outcome": "completed", "output": {"status": 201, "body": charge}}
+                       ).status == 200
+    assert finished(server, xid)["status"] == "completed"
     r = start_over(xid, "so-2a")
     assert r.status == 201 and finished(server, r.json["executionId"])["status"] == "completed"
     # a failed call whose effect is unknown (its one attempt met a 500

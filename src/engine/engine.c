@@ -2066,7 +2066,10 @@ static int tx_start_over(struct store_tx *tx, void *arg, struct ifl_err *e)
  * sent again blindly (spec §1): an unfinished execution is cancelled first
  * (its own steps would go on), a step in REQUIRES_RECONCILIATION resolved,
  * and a FAILED GATEWAY step whose call may have taken effect retried or
- * resolved. */
+ * resolved as completed.  A cancelled execution can hold such a step too
+ * (a cancel goes through after a resolve as failed, which settles nothing
+ * for a re-send): it cannot be retried or resolved any more, so it does
+ * not start over. */
 static int start_over_allowed(struct engine *g, const struct store_execution *x,
                               struct ifl_err *refuse, struct ifl_err *e)
 {
@@ -2084,7 +2087,8 @@ static int start_over_allowed(struct engine *g, const struct store_execution *x,
         err_slug(refuse, "step-needs-reconciliation");
         return 0;
     }
-    if (strcmp(x->status, "failed") != 0)
+    int cancelled = strcmp(x->status, "cancelled") == 0;
+    if (strcmp(x->status, "failed") != 0 && !cancelled)
         return 0;
     struct store_step *rows = NULL;
     struct steps_seen *seen = NULL;
@@ -2093,12 +2097,20 @@ static int start_over_allowed(struct engine *g, const struct store_execution *x,
     for (size_t i = 0; !rc && !refuse->code && i < n_seen; i++) {
         if (!seen[i].unknown)
             continue;
-        err_set(refuse, IFL_ECONFLICT,
-                "step '%s' failed after a call whose effect is unknown (the charge may have "
-                "happened): retry it (the same key or its verify settles that; with neither, "
-                "sendAgain once you checked it did not) or resolve it as completed if it did, "
-                "then start over",
-                seen[i].vertex);
+        if (cancelled)
+            err_set(refuse, IFL_ECONFLICT,
+                    "execution %s was cancelled with step '%s' resolved as failed after a call "
+                    "whose effect is unknown (the charge may have happened): a start-over would "
+                    "send it again; check with the provider, and trigger a new execution if it "
+                    "did not take effect",
+                    x->id, seen[i].vertex);
+        else
+            err_set(refuse, IFL_ECONFLICT,
+                    "step '%s' failed after a call whose effect is unknown (the charge may have "
+                    "happened): retry it (the same key or its verify settles that; with neither, "
+                    "sendAgain once you checked it did not) or resolve it as completed if it did, "
+                    "then start over",
+                    seen[i].vertex);
         err_slug(refuse, "step-outcome-unknown");
     }
     free(seen);

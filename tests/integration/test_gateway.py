@@ -672,7 +672,8 @@ def test_a_resolve_as_failed_does_not_license_a_blind_resend(server, mock):
     dead letters, where a retrying script finds it).  A resolve as failed
     records that the operator stopped the step, not what its call did: a
     retry after it is refused, or verifies first, as before the resolve,
-    and so is a start-over.  A cancel, which sends nothing, goes through."""
+    and so is a start-over.  A cancel, which sends nothing, goes through;
+    the cancelled execution then does not start over."""
     flow = charge_flow(mock)
     del flow["vertices"]["charge"]["config"]["headers"]["Idempotency-Key"]
     put_workflow(server, "unkeyed_rf", flow)
@@ -720,6 +721,9 @@ def test_a_resolve_as_failed_does_not_license_a_blind_resend(server, mock):
                        {"outcome": "failed"}).status == 200
     r = server.post(f"{WS}/executions/{xid}/cancel")
     assert r.status == 200 and r.json["status"] == "cancelled", r
+    # ... but a start-over of the cancelled execution would send it again
+    r = server.post(f"{WS}/executions/{xid}/start-over", headers={"Idempotency-Key": "rf-3a"})
+    assert r.status == 409 and r.json["type"].endswith("/step-outcome-unknown"), r
     assert mock.charges("rf-3") == 1
 
 def test_a_drop_on_a_reused_connection_is_not_resent_when_keys_are_ignored(server, mock):

@@ -369,20 +369,33 @@ static const struct {
      * one still running: every event not yet visible belongs to a
      * transaction at or past that horizon, so none can land behind a cursor
      * (docs/postgres.md).  A bare-seq cursor (before migration 3) resumes
-     * after that event's own position. */
+     * after the position of the newest event at or below its seq — that
+     * event's own, or, when retention deleted it, the one before (found by
+     * a judge: a missing event sent the reader back to the start of the
+     * feed); one past the newest seq takes no row (then S_EVENTS_AHEAD
+     * refuses it).  A TXID-SEQ cursor's seq may be past every event's: the
+     * feed's end a subscription starts from is (xmin - 1, the largest
+     * seq). */
     [S_EVENTS] = {"ifl_events",
                   "SELECT seq, id, workspace, execution_id, aggregate_version, type, data,"
                   " created_at, e.txid::text AS txid_text FROM events e WHERE workspace = $1"
                   " AND (e.txid, seq) > (COALESCE($2::xid8, (SELECT o.txid FROM events o"
-                  " WHERE o.seq = $3::bigint), '0'::xid8), $3::bigint)"
+                  " WHERE o.seq <= $3::bigint ORDER BY o.seq DESC LIMIT 1), '0'::xid8),"
+                  " $3::bigint)"
+                  " AND ($2::xid8 IS NOT NULL"
+                  " OR $3::bigint <= (SELECT COALESCE(MAX(m.seq), 0) FROM events m))"
                   " AND e.txid < pg_snapshot_xmin(pg_current_snapshot())"
                   /* by the column, not the text output (a bare ORDER BY txid
                    * would name the output column: '10' < '9') */
                   " ORDER BY e.txid, e.seq LIMIT $4"},
-    /* A cursor whose transaction id was never handed out: no page ever
-     * gave it, and taking it would skip every event up to it. */
+    /* A cursor whose transaction id was never handed out, or a bare seq
+     * past the newest event's (retention keeps the newest, so the maximum
+     * never falls): no page ever gave it, and taking it would skip every
+     * event up to it.  $1 NULL: a bare-seq cursor. */
     [S_EVENTS_AHEAD] = {"ifl_events_ahead",
-                        "SELECT $1::xid8 >= pg_snapshot_xmax(pg_current_snapshot())"},
+                        "SELECT CASE WHEN $1::xid8 IS NULL"
+                        " THEN $2::bigint > (SELECT COALESCE(MAX(seq), 0) FROM events)"
+                        " ELSE $1::xid8 >= pg_snapshot_xmax(pg_current_snapshot()) END"},
     /* Terminates the server process of a broken connection (identified by
      * pid and start time) and reports it while it still exists. */
     [S_SETTLE] = {"ifl_settle", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -2577,10 +2590,11 @@ static int body_events(struct pgtx *t, void *arg, struct ifl_err *e)
     }
     *a->n = n;
     PQclear(r);
-    if (n || !a->after_tx || strcmp(a->after_tx, "0") == 0)
-        return 0;
+    if (n || (a->after == 0 && (!a->after_tx || strcmp(a->after_tx, "0") == 0)))
+        return 0; /* a page, or no cursor */
     struct args pa = {0};
     arg_s(&pa, a->after_tx);
+    arg_i(&pa, a->after);
     if (!(r = q(t, S_EVENTS_AHEAD, &pa, e)))
         return t->fail_rc;
     int ahead = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
@@ -2603,8 +2617,9 @@ static int op_events_list(struct store *base, const char *ws, const char *after,
         size_t tl = dash ? (size_t)(dash - after) : 0;
         errno = 0;
         seq = strtoll(num, &end, 10);
+        /* a transaction id as a page writes it: digits, no leading zero */
         if (end == num || *end || seq < 0 || errno || tl >= sizeof tx ||
-            (dash && (tl == 0 || strspn(after, "0123456789") != tl)))
+            (dash && (tl == 0 || strspn(after, "0123456789") != tl || (tl > 1 && *after == '0'))))
             return err_set(e, IFL_EINVAL, "malformed event cursor");
         if (dash) {
             memcpy(tx, after, tl);

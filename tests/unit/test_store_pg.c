@@ -1028,6 +1028,59 @@ static void test_feed_never_skips_a_late_commit(void **state)
     store_close(h2);
 }
 
+/* Found by a judge: a bare-seq cursor whose event was gone, or that named
+ * no event at all, sent the reader back to the start of the feed (every
+ * event again), where SQLite refuses a cursor past the newest event.  A
+ * bare seq resumes after the newest event at or below it; a bare seq past
+ * the newest event, and a transaction id no page would write (a leading
+ * zero), are refused. */
+static void test_feed_cursor_past_or_between_events(void **state)
+{
+    NEED_PG(state);
+    struct fixture *f = *state;
+    static const char *types[] = {"cur-a", "cur-b", "cur-c"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(store_tx_run(f->s, tx_ws_event, (void *)types[i], NULL), 0);
+    struct store_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(store_events_list(f->s, "ws", NULL, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    long long seq_b = (long long)ev[1].seq, seq_c = (long long)ev[2].seq;
+    char txid_c[32];
+    snprintf(txid_c, sizeof txid_c, "%.*s", (int)(strchr(ev[2].cursor, '-') - ev[2].cursor),
+             ev[2].cursor);
+    store_events_free(ev, n);
+    char cmd[96], cur[64];
+    snprintf(cmd, sizeof cmd, "DELETE FROM events WHERE seq = %lld", seq_b);
+    assert_int_equal(sql(f->url, cmd), 0);
+    /* b's event is gone: its bare seq resumes after a, before c */
+    snprintf(cur, sizeof cur, "%lld", seq_b);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(ev[0].type, "cur-c");
+    store_events_free(ev, n);
+    /* a bare seq past the newest event: no page gave it */
+    snprintf(cur, sizeof cur, "%lld", seq_c + 1000);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), IFL_EINVAL);
+    /* with a transaction id the seq may be past every event's (the feed's
+     * end a subscription starts from): the position is the transaction's */
+    snprintf(cur, sizeof cur, "%s-%lld", txid_c, seq_c + 1000);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    store_events_free(ev, n);
+    snprintf(cur, sizeof cur, "0%s-%lld", txid_c, seq_c);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), IFL_EINVAL);
+    /* the newest event's own cursor: an empty page, not an error */
+    snprintf(cur, sizeof cur, "%s-%lld", txid_c, seq_c);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    store_events_free(ev, n);
+    snprintf(cur, sizeof cur, "%lld", seq_c);
+    assert_int_equal(store_events_list(f->s, "ws", cur, 100, &ev, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    store_events_free(ev, n);
+}
+
 /* An event of execution `id` of type `type`. */
 static int append_to(struct store_tx *tx, const char *id, const char *type, struct ifl_err *e)
 {
@@ -1901,6 +1954,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_aggregate_versions_are_gapless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_feed_never_skips_a_late_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_feed_cursor_past_or_between_events, setup, teardown),
         cmocka_unit_test_setup_teardown(test_feed_orders_transaction_ids_as_numbers, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_feed_keeps_each_execution_in_version_order, setup,

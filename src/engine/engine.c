@@ -39,11 +39,13 @@ static unsigned hash3(const char *a, const char *b, int v)
     return (h ^ (unsigned)v) % CACHE_BUCKETS;
 }
 
-/* One workspace's sealed secrets (engine_int.h, scmu). */
+/* One workspace's sealed secrets (engine_int.h, scmu): its secrets, then
+ * its retired values (store_secret_retired) — names[i] for i >= n_now is
+ * the name a retired value was sealed under. */
 struct sealed_cache {
     char *ws;
     char **names, **sealed;
-    size_t n;
+    size_t n, n_now;
     int64_t read_ms; /* clock_mono_ms() when its read began */
     struct sealed_cache *next;
 };
@@ -89,9 +91,11 @@ static char **strv_dup(char *const *v, size_t n)
     return d;
 }
 
-/* store_secret_all through the cache (engine_int.h); `fresh`: past it. */
+/* store_secret_all and store_secret_retired, in one list (as struct
+ * sealed_cache holds them, *n_now the secrets'), through the cache
+ * (engine_int.h); `fresh`: past it. */
 static int sealed_all(struct engine *g, const char *ws, int fresh, char ***names, char ***sealed,
-                      size_t *n, struct ifl_err *e)
+                      size_t *n, size_t *n_now, struct ifl_err *e)
 {
     int64_t now = clock_mono_ms();
     pthread_mutex_lock(&g->scmu);
@@ -103,11 +107,30 @@ static int sealed_all(struct engine *g, const char *ws, int fresh, char ***names
             *names = strv_dup(c->names, c->n);
             *sealed = strv_dup(c->sealed, c->n);
             *n = c->n;
+            *n_now = c->n_now;
             pthread_mutex_unlock(&g->scmu);
             return 0;
         }
     pthread_mutex_unlock(&g->scmu);
+    char **rnames = NULL, **rsealed = NULL;
+    size_t rn = 0;
     int rc = store_secret_all(g->store, ws, names, sealed, n, e);
+    if (!rc)
+        rc = store_secret_retired(g->store, ws, &rnames, &rsealed, &rn, e);
+    if (!rc && rn) {
+        *names = xrealloc(*names, (*n + rn) * sizeof **names);
+        *sealed = xrealloc(*sealed, (*n + rn) * sizeof **sealed);
+        memcpy(*names + *n, rnames, rn * sizeof *rnames);
+        memcpy(*sealed + *n, rsealed, rn * sizeof *rsealed);
+        free(rnames);
+        free(rsealed);
+    } else {
+        store_strv_free(rnames, rn);
+        store_strv_free(rsealed, rn);
+        rn = 0;
+    }
+    *n_now = *n;
+    *n += rn;
     if (rc || g->shared_ttl_ms <= 0)
         return rc;
     pthread_mutex_lock(&g->scmu);
@@ -121,6 +144,7 @@ static int sealed_all(struct engine *g, const char *ws, int fresh, char ***names
         c->names = strv_dup(*names, *n);
         c->sealed = strv_dup(*sealed, *n);
         c->n = *n;
+        c->n_now = *n_now;
         c->read_ms = now;
         c->next = g->sc;
         g->sc = c;
@@ -362,6 +386,19 @@ static char *secret_aad(const char *ws, const char *name)
     return xasprintf("idemflow-secret/v1/%s/%s", ws, name);
 }
 
+/* Decrypts `sealed`, sealed under ws/name: 0 and *value (release with
+ * engine_secret_release), or nonzero (*value NULL). */
+static int secret_open(struct engine *g, const char *ws, const char *name, const char *sealed,
+                       char **value)
+{
+    char *aad = secret_aad(ws, name);
+    size_t n;
+    *value = NULL;
+    int rc = crypto_open(g->key, aad, sealed, value, &n);
+    free(aad);
+    return rc;
+}
+
 int engine_secret_put(struct engine *g, const char *ws, const char *name, const char *value,
                       struct ifl_err *e)
 {
@@ -382,13 +419,27 @@ int engine_secret_put(struct engine *g, const char *ws, const char *name, const 
     if (!known && n >= ENGINE_SECRETS_MAX)
         return err_setp(e, IFL_EVALIDATION, "", "a workspace holds at most %d secrets",
                         ENGINE_SECRETS_MAX);
+    /* The value it replaces is kept for the scrubs (store_secret_put),
+     * unless it is the one this PUT repeats: a PUT that changes nothing
+     * (a deploy that sets every secret again) keeps nothing. */
+    char *same = NULL, *old = NULL;
+    if (known && store_secret_get(g->store, ws, name, &same, NULL) == 0) {
+        if (secret_open(g, ws, name, same, &old) || strcmp(old, value) != 0) {
+            free(same);
+            same = NULL;
+        }
+        engine_secret_release(old);
+    }
     char *aad = secret_aad(ws, name), *sealed = NULL;
     rc = crypto_seal(g->key, aad, value, strlen(value), &sealed);
     free(aad);
-    if (rc)
+    if (rc) {
+        free(same);
         return err_set(e, rc, "cannot encrypt the secret");
-    rc = store_secret_put(g->store, ws, name, sealed, e);
+    }
+    rc = store_secret_put(g->store, ws, name, sealed, same, e);
     free(sealed);
+    free(same);
     pthread_mutex_lock(&g->scmu); /* after the commit: see sealed_all */
     g->sc_gen++;
     sealed_cache_drop(g, ws);
@@ -404,10 +455,7 @@ int engine_secret_get(struct engine *g, const char *ws, const char *name, char *
     int rc = store_secret_get(g->store, ws, name, &sealed, e);
     if (rc)
         return rc;
-    char *aad = secret_aad(ws, name);
-    size_t n;
-    rc = crypto_open(g->key, aad, sealed, value, &n);
-    free(aad);
+    rc = secret_open(g, ws, name, sealed, value);
     free(sealed);
     if (rc)
         return err_set(e, IFL_EINTERNAL, "secret '%s' cannot be decrypted with this secrets key",
@@ -432,18 +480,20 @@ static int secrets_all(struct engine *g, const char *ws, int fresh, char ***name
     *n = 0;
     if (FAULT_FAILS("secrets.read"))
         return err_set(e, IFL_ESTORE, "fault point secrets.read");
-    int rc = sealed_all(g, ws, fresh, names, &sealed, n, e);
+    size_t n_now = 0;
+    int rc = sealed_all(g, ws, fresh, names, &sealed, n, &n_now, e);
     if (rc) { /* what a failed read filled (the names go with the caller's release) */
         store_strv_free(sealed, *n);
         return rc;
     }
     *values = *n ? xcalloc(*n, sizeof **values) : NULL;
     for (size_t i = 0; i < *n; i++) {
-        char *aad = secret_aad(ws, (*names)[i]);
-        size_t len;
-        if (crypto_open(g->key, aad, sealed[i], &(*values)[i], &len))
+        if (secret_open(g, ws, (*names)[i], sealed[i], &(*values)[i]))
             (*values)[i] = NULL;
-        free(aad);
+        if (i >= n_now) { /* a retired value: scrubbed, never rendered */
+            free((*names)[i]);
+            (*names)[i] = xstrdup("");
+        }
     }
     store_strv_free(sealed, *n);
     return 0;

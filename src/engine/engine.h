@@ -100,8 +100,10 @@ int engine_secret_get(struct engine *g, const char *ws, const char *name, char *
 void engine_secret_release(char *value);
 /* Every secret of a workspace, decrypted in one read: *names (sorted) and
  * *values, n each; a value that does not decrypt with this key is NULL.
- * Through a cache (engine_opts.shared_cache_ms).  Free with
- * engine_secrets_release. */
+ * After the secrets come the values PUTs replaced (the newest
+ * STORE_SECRETS_RETIRED: store_secret_put), each named "" — no template
+ * can name one, so they are only ever scrubbed, never sent.  Through a
+ * cache (engine_opts.shared_cache_ms).  Free with engine_secrets_release. */
 int engine_secrets_all(struct engine *g, const char *ws, char ***names, char ***values, size_t *n,
                        struct ifl_err *e);
 void engine_secrets_release(char **names, char **values, size_t n);

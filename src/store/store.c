@@ -397,6 +397,25 @@ const struct store_migration store_migrations[] = {
      "CREATE INDEX executions_attention ON executions (workspace, status, created_at, id)"
      " WHERE " STORE_EXEC_RARE_OR ";",
      "SELECT 1;"},
+    /* 14: the values a secret PUT replaced (store_secret_put's `retire`),
+     * newest STORE_SECRETS_RETIRED of each workspace: what a destination
+     * answered before a rotation may hold the old value, and everything
+     * evaluated from it later is still scrubbed of it (docs/gateway.md). */
+    {14,
+     "CREATE TABLE secrets_retired ("
+     " seq INTEGER PRIMARY KEY,"
+     " workspace TEXT NOT NULL,"
+     " name TEXT NOT NULL,"
+     " sealed TEXT NOT NULL,"
+     " retired_at BIGINT NOT NULL);"
+     "CREATE INDEX secrets_retired_by_ws ON secrets_retired (workspace, seq);",
+     "CREATE TABLE secrets_retired ("
+     " seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+     " workspace TEXT COLLATE \"C\" NOT NULL,"
+     " name TEXT COLLATE \"C\" NOT NULL,"
+     " sealed TEXT NOT NULL,"
+     " retired_at BIGINT NOT NULL);"
+     "CREATE INDEX secrets_retired_by_ws ON secrets_retired (workspace, seq);"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 
@@ -518,9 +537,9 @@ int store_workflow_get(struct store *s, const char *ws, const char *wf, int vers
 }
 
 int store_secret_put(struct store *s, const char *ws, const char *name, const char *sealed,
-                     struct ifl_err *e)
+                     const char *same, struct ifl_err *e)
 {
-    return s->ops->secret_put(s, ws, name, sealed, e);
+    return s->ops->secret_put(s, ws, name, sealed, same, e);
 }
 
 int store_secret_get(struct store *s, const char *ws, const char *name, char **sealed,
@@ -544,6 +563,15 @@ int store_secret_all(struct store *s, const char *ws, char ***names, char ***sea
     *sealed = NULL;
     *n = 0;
     return s->ops->secret_list(s, ws, names, sealed, n, e);
+}
+
+int store_secret_retired(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
+                         struct ifl_err *e)
+{
+    *names = NULL;
+    *sealed = NULL;
+    *n = 0;
+    return s->ops->secret_retired(s, ws, names, sealed, n, e);
 }
 
 void store_strv_free(char **v, size_t n)

@@ -88,9 +88,15 @@ int store_workflow_get(struct store *s, const char *ws, const char *wf, int vers
 
 /* ---- secrets (values arrive already encrypted; the store never sees
  *      plaintext) ------------------------------------------------------ */
-/* `sealed` is the ciphertext in text form (see crypto_seal). */
+/* `sealed` is the ciphertext in text form (see crypto_seal).  The value
+ * it replaces, if any, is kept among the workspace's retired values (in
+ * the same transaction; the newest STORE_SECRETS_RETIRED of them stay)
+ * unless it is `sealed` itself (a repeat after an unknown commit) or
+ * `same` (NULL: none), a ciphertext the caller read and found to hold the
+ * plaintext it puts. */
+#define STORE_SECRETS_RETIRED 64
 int store_secret_put(struct store *s, const char *ws, const char *name, const char *sealed,
-                     struct ifl_err *e);
+                     const char *same, struct ifl_err *e);
 /* *sealed is a heap string the caller frees. IFL_ENOTFOUND when absent. */
 int store_secret_get(struct store *s, const char *ws, const char *name, char **sealed,
                      struct ifl_err *e);
@@ -101,6 +107,11 @@ int store_secret_list(struct store *s, const char *ws, char ***names, size_t *n,
  * with store_strv_free). */
 int store_secret_all(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
                      struct ifl_err *e);
+/* The workspace's retired values, newest first: (*names)[i] is the name
+ * the value (*sealed)[i] was sealed under (free both with store_strv_free).
+ * For scrubs only: a retired value is never rendered. */
+int store_secret_retired(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
+                         struct ifl_err *e);
 void store_strv_free(char **v, size_t n);
 
 /* ---- executions --------------------------------------------------------- */

@@ -43,12 +43,14 @@ struct store_ops {
     int (*workflow_get)(struct store *s, const char *ws, const char *wf, int version,
                         struct store_workflow *out, struct ifl_err *e);
     int (*secret_put)(struct store *s, const char *ws, const char *name, const char *sealed,
-                      struct ifl_err *e);
+                      const char *same, struct ifl_err *e);
     int (*secret_get)(struct store *s, const char *ws, const char *name, char **sealed,
                       struct ifl_err *e);
     /* sealed NULL: the names only */
     int (*secret_list)(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
                        struct ifl_err *e);
+    int (*secret_retired)(struct store *s, const char *ws, char ***names, char ***sealed, size_t *n,
+                          struct ifl_err *e);
     int (*execution_get)(struct store *s, const char *ws, const char *id,
                          struct store_execution *out, struct ifl_err *e);
     /* Optional (NULL: execution_get): store_execution_probe. */

@@ -86,9 +86,14 @@ enum stmt {
     S_WF_MARK,
     S_WF_LATEST,
     S_WF_VERSION,
-    S_SECRET_PUT,
     S_SECRET_GET,
     S_SECRET_LIST,
+    S_SECRET_LOCK,
+    S_SECRET_INSERT,
+    S_SECRET_UPDATE,
+    S_SECRET_RETIRE,
+    S_SECRET_TRIM,
+    S_SECRET_RETIRED,
     S_EXEC_GET,
     S_EXEC_GET_LOCK,
     S_EXEC_LIST,
@@ -163,14 +168,29 @@ static const struct {
                                       " ORDER BY version DESC LIMIT 1"},
     [S_WF_VERSION] = {"ifl_wf_version", "SELECT version, definition, created_at FROM workflows"
                                         " WHERE workspace = $1 AND name = $2 AND version = $3"},
-    [S_SECRET_PUT] = {"ifl_secret_put",
-                      "INSERT INTO secrets (workspace, name, sealed, updated_at)"
-                      " VALUES ($1, $2, $3, $4) ON CONFLICT (workspace, name) DO UPDATE"
-                      " SET sealed = excluded.sealed, updated_at = excluded.updated_at"},
     [S_SECRET_GET] = {"ifl_secret_get",
                       "SELECT sealed FROM secrets WHERE workspace = $1 AND name = $2"},
     [S_SECRET_LIST] = {"ifl_secret_list",
                        "SELECT name, sealed FROM secrets WHERE workspace = $1 ORDER BY name"},
+    /* body_secret_put: the value a PUT replaces, locked, so a concurrent
+     * PUT of the same name retires this one's value, not the one before */
+    [S_SECRET_LOCK] = {"ifl_secret_lock", "SELECT sealed FROM secrets"
+                                          " WHERE workspace = $1 AND name = $2 FOR UPDATE"},
+    [S_SECRET_INSERT] = {"ifl_secret_insert",
+                         "INSERT INTO secrets (workspace, name, sealed, updated_at)"
+                         " VALUES ($1, $2, $3, $4) ON CONFLICT (workspace, name) DO NOTHING"
+                         " RETURNING 1"},
+    [S_SECRET_UPDATE] = {"ifl_secret_update", "UPDATE secrets SET sealed = $3, updated_at = $4"
+                                              " WHERE workspace = $1 AND name = $2"},
+    [S_SECRET_RETIRE] = {"ifl_secret_retire",
+                         "INSERT INTO secrets_retired (workspace, name, sealed, retired_at)"
+                         " VALUES ($1, $2, $3, $4)"},
+    [S_SECRET_TRIM] = {"ifl_secret_trim",
+                       "DELETE FROM secrets_retired WHERE workspace = $1 AND seq <="
+                       " (SELECT seq FROM secrets_retired WHERE workspace = $1"
+                       " ORDER BY seq DESC LIMIT 1 OFFSET $2)"},
+    [S_SECRET_RETIRED] = {"ifl_secret_retired", "SELECT name, sealed FROM secrets_retired"
+                                                " WHERE workspace = $1 ORDER BY seq DESC"},
     [S_EXEC_GET] = {"ifl_exec_get",
                     "SELECT " EXEC_COLS " FROM executions WHERE id = $1 AND workspace = $2"},
     /* `behind` (column 14): an event of this execution was written by a
@@ -1414,29 +1434,58 @@ static int op_workflow_get(struct store *base, const char *ws, const char *wf, i
 }
 
 struct secret_put {
-    const char *ws, *name, *sealed;
+    const char *ws, *name, *sealed, *same;
 };
 
-/* An upsert: running it again after an unknown commit is harmless. */
+/* The value it replaces is read locked (S_SECRET_LOCK) and retired unless
+ * it is this same ciphertext — so running it again after an unknown commit
+ * retires nothing — or the caller's `same`.  A first PUT that meets a concurrent one's row (the
+ * insert did nothing) goes round once more to retire that row's value. */
 static int body_secret_put(struct pgtx *t, void *arg, struct ifl_err *e)
 {
     struct secret_put *a = arg;
-    struct args p = {0};
-    arg_s(&p, a->ws);
-    arg_s(&p, a->name);
-    arg_s(&p, a->sealed);
-    arg_i(&p, clock_now_ms());
-    PGresult *r = q(t, S_SECRET_PUT, &p, e);
-    if (!r)
-        return t->fail_rc;
-    PQclear(r);
-    return 0;
+    int64_t now = clock_now_ms();
+    for (int round = 0; round < 2; round++) {
+        struct args p = {0};
+        arg_s(&p, a->ws);
+        arg_s(&p, a->name);
+        PGresult *r = q(t, S_SECRET_LOCK, &p, e);
+        if (!r)
+            return t->fail_rc;
+        char *old = PQntuples(r) == 1 ? col_str(r, 0, 0) : NULL;
+        PQclear(r);
+        arg_s(&p, a->sealed);
+        arg_i(&p, now);
+        if (!old) {
+            if (!(r = q(t, S_SECRET_INSERT, &p, e)))
+                return t->fail_rc;
+            int inserted = PQntuples(r) == 1;
+            PQclear(r);
+            if (inserted)
+                return 0;
+            continue;
+        }
+        int rc = 0;
+        if (strcmp(old, a->sealed) != 0 && !(a->same && strcmp(old, a->same) == 0)) {
+            struct args rp = {0}, tp = {0};
+            arg_s(&rp, a->ws);
+            arg_s(&rp, a->name);
+            arg_s(&rp, old);
+            arg_i(&rp, now);
+            arg_s(&tp, a->ws);
+            arg_i(&tp, STORE_SECRETS_RETIRED);
+            rc = qd(t, S_SECRET_RETIRE, &rp, e) || qd(t, S_SECRET_TRIM, &tp, e);
+        }
+        free(old);
+        return rc ? t->fail_rc : qd(t, S_SECRET_UPDATE, &p, e) ? t->fail_rc : 0;
+    }
+    return err_set(e, IFL_ESTORE, "secret '%s' kept changing under this PUT", a->name);
 }
 
 static int op_secret_put(struct store *base, const char *ws, const char *name, const char *sealed,
-                         struct ifl_err *e)
+                         const char *same, struct ifl_err *e)
 {
-    struct secret_put a = {ws, name, sealed};
+    struct secret_put a = {ws, name, sealed, same};
     return run((struct pg *)base, body_secret_put, &a, M_WRITE, e);
 }
 
@@ -1474,6 +1523,7 @@ struct secret_list {
     const char *ws;
     char ***names, ***sealed;
     size_t *n;
+    int retired; /* secrets_retired, newest first */
 };
 
 static int body_secret_list(struct pgtx *t, void *arg, struct ifl_err *e)
@@ -1481,7 +1531,7 @@ static int body_secret_list(struct pgtx *t, void *arg, struct ifl_err *e)
     struct secret_list *a = arg;
     struct args p = {0};
     arg_s(&p, a->ws);
-    PGresult *r = q(t, S_SECRET_LIST, &p, e);
+    PGresult *r = q(t, a->retired ? S_SECRET_RETIRED : S_SECRET_LIST, &p, e);
     if (!r)
         return t->fail_rc;
     size_t n = (size_t)PQntuples(r);
@@ -1501,7 +1551,14 @@ static int body_secret_list(struct pgtx *t, void *arg, struct ifl_err *e)
 static int op_secret_list(struct store *base, const char *ws, char ***names, char ***sealed,
                           size_t *n, struct ifl_err *e)
 {
-    struct secret_list a = {ws, names, sealed, n};
+    struct secret_list a = {ws, names, sealed, n, 0};
+    return run((struct pg *)base, body_secret_list, &a, M_READ, e);
+}
+
+static int op_secret_retired(struct store *base, const char *ws, char ***names, char ***sealed,
+                             size_t *n, struct ifl_err *e)
+{
+    struct secret_list a = {ws, names, sealed, n, 1};
     return run((struct pg *)base, body_secret_list, &a, M_READ, e);
 }
 
@@ -2841,6 +2898,7 @@ static const struct store_ops pg_ops = {
     .secret_put = op_secret_put,
     .secret_get = op_secret_get,
     .secret_list = op_secret_list,
+    .secret_retired = op_secret_retired,
     .execution_get = op_execution_get,
     .execution_probe = op_execution_probe,
     .execution_list = op_execution_list,

@@ -860,32 +860,61 @@ out:
 /* ---- secrets ---------------------------------------------------------------------- */
 
 struct secret_put {
-    const char *ws, *name, *sealed;
+    const char *ws, *name, *sealed, *same;
 };
 
+/* One writer: the value replaced is the one the retire reads. */
 static int job_secret_put(struct conn *c, void *arg, struct ifl_err *e)
 {
     struct secret_put *a = arg;
-    static const char sql[] =
+    static const char retire[] =
+        "INSERT INTO secrets_retired (workspace, name, sealed, retired_at)"
+        " SELECT workspace, name, sealed, ?3 FROM secrets"
+        " WHERE workspace = ?1 AND name = ?2 AND sealed <> ?4 AND sealed IS NOT ?5";
+    static const char trim[] = "DELETE FROM secrets_retired WHERE workspace = ?1 AND seq <="
+                               " (SELECT seq FROM secrets_retired WHERE workspace = ?1"
+                               " ORDER BY seq DESC LIMIT 1 OFFSET ?2)";
+    static const char put[] =
         "INSERT INTO secrets (workspace, name, sealed, updated_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (workspace, name) DO UPDATE SET sealed = excluded.sealed,"
         " updated_at = excluded.updated_at";
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st)
+    int64_t now = clock_now_ms();
+    sqlite3_stmt *st;
+    int rc = 0;
+    if (!(st = stmt(c, retire, e)))
+        return IFL_ESTORE;
+    bind_text(st, 1, a->ws);
+    bind_text(st, 2, a->name);
+    sqlite3_bind_int64(st, 3, now);
+    bind_text(st, 4, a->sealed);
+    bind_text(st, 5, a->same);
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "secret_retire");
+    done_stmt(st);
+    if (!rc && sqlite3_changes(c->db) > 0) {
+        if (!(st = stmt(c, trim, e)))
+            return IFL_ESTORE;
+        bind_text(st, 1, a->ws);
+        sqlite3_bind_int(st, 2, STORE_SECRETS_RETIRED);
+        rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "secret_trim");
+        done_stmt(st);
+    }
+    if (rc)
+        return rc;
+    if (!(st = stmt(c, put, e)))
         return IFL_ESTORE;
     bind_text(st, 1, a->ws);
     bind_text(st, 2, a->name);
     bind_text(st, 3, a->sealed);
-    sqlite3_bind_int64(st, 4, clock_now_ms());
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "secret_put");
+    sqlite3_bind_int64(st, 4, now);
+    rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(c, e, "secret_put");
     done_stmt(st);
     return rc;
 }
 
 static int op_secret_put(struct store *base, const char *ws, const char *name, const char *sealed,
-                         struct ifl_err *e)
+                         const char *same, struct ifl_err *e)
 {
-    struct secret_put a = {ws, name, sealed};
+    struct secret_put a = {ws, name, sealed, same};
     return write_job((struct sq *)base, job_secret_put, &a, e);
 }
 
@@ -917,11 +946,10 @@ static int op_secret_get(struct store *base, const char *ws, const char *name, c
     return rc;
 }
 
-static int op_secret_list(struct store *base, const char *ws, char ***names, char ***sealed,
-                          size_t *n, struct ifl_err *e)
+static int secret_rows(struct store *base, const char *sql, const char *ws, char ***names,
+                       char ***sealed, size_t *n, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
-    static const char sql[] = "SELECT name, sealed FROM secrets WHERE workspace = ? ORDER BY name";
     struct conn *c;
     sqlite3_stmt *st = read_begin(s, sql, &c, e);
     if (!st)
@@ -940,6 +968,22 @@ static int op_secret_list(struct store *base, const char *ws, char ***names, cha
     int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "secret_list");
     read_end(s, c, st);
     return rc;
+}
+
+static int op_secret_list(struct store *base, const char *ws, char ***names, char ***sealed,
+                          size_t *n, struct ifl_err *e)
+{
+    return secret_rows(base, "SELECT name, sealed FROM secrets WHERE workspace = ? ORDER BY name",
+                       ws, names, sealed, n, e);
+}
+
+static int op_secret_retired(struct store *base, const char *ws, char ***names, char ***sealed,
+                             size_t *n, struct ifl_err *e)
+{
+    return secret_rows(base,
+                       "SELECT name, sealed FROM secrets_retired WHERE workspace = ?"
+                       " ORDER BY seq DESC",
+                       ws, names, sealed, n, e);
 }
 
 /* ---- executions -------------------------------------------------------------------- */
@@ -2332,6 +2376,7 @@ static const struct store_ops sqlite_ops = {
     .secret_put = op_secret_put,
     .secret_get = op_secret_get,
     .secret_list = op_secret_list,
+    .secret_retired = op_secret_retired,
     .steps_get = op_steps_get,
     .execution_load = op_execution_load,
     .attempts_get = op_attempts_get,

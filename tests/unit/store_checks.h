@@ -2,8 +2,8 @@
  * store_checks.h — checks of the store through its public interface that
  * both backends must pass: the Idempotency-Key records of spec §7, the
  * ordering keys of spec §8, the schedule ticks of spec §9 and the
- * subscriptions and deliveries of outgoing webhooks (spec §7), and what migration 12
- * fills in for earlier start-overs.  Included by test_store.c (SQLite) and
+ * subscriptions and deliveries of outgoing webhooks (spec §7), what migration 12
+ * fills in for earlier start-overs, and the secret values PUTs replaced.  Included by test_store.c (SQLite) and
  * test_store_pg.c (PostgreSQL).
  */
 #ifndef IFL_TESTS_STORE_CHECKS_H
@@ -569,6 +569,58 @@ static void started_over_check(struct store *s, char ids[4][65])
             assert_string_equal(r.to, ids[want[i]]);
         free(r.to);
     }
+}
+
+/* A PUT keeps the value it replaces (store_secret_put), but not when it is
+ * the same ciphertext (a repeat after an unknown commit) or the caller's
+ * `same`; the newest STORE_SECRETS_RETIRED stay, per workspace. */
+static void check_retired(struct store *s)
+{
+    int created;
+    char **names, **sealed;
+    size_t n;
+    store_workspace_put(s, "wr", "{}", &created, NULL);
+    store_workspace_put(s, "wo", "{}", &created, NULL);
+    assert_int_equal(store_secret_put(s, "wr", "K", "v1:k1", NULL, NULL), 0);
+    assert_int_equal(store_secret_retired(s, "wr", &names, &sealed, &n, NULL), 0);
+    assert_int_equal(n, 0); /* a first PUT replaces nothing */
+    assert_int_equal(store_secret_put(s, "wr", "K", "v1:k2", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "wr", "K", "v1:k2", NULL, NULL), 0);    /* a repeat */
+    assert_int_equal(store_secret_put(s, "wr", "K", "v1:k3", "v1:k2", NULL), 0); /* same value */
+    assert_int_equal(store_secret_put(s, "wr", "J", "v1:j1", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "wr", "J", "v1:j2", "v1:other", NULL), 0);
+    assert_int_equal(store_secret_put(s, "wo", "K", "v1:o1", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "wo", "K", "v1:o2", NULL, NULL), 0);
+    assert_int_equal(store_secret_retired(s, "wr", &names, &sealed, &n, NULL), 0);
+    assert_int_equal(n, 2); /* newest first, this workspace's only */
+    assert_string_equal(names[0], "J");
+    assert_string_equal(sealed[0], "v1:j1");
+    assert_string_equal(names[1], "K");
+    assert_string_equal(sealed[1], "v1:k1");
+    store_strv_free(names, n);
+    store_strv_free(sealed, n);
+    char *now;
+    assert_int_equal(store_secret_get(s, "wr", "K", &now, NULL), 0);
+    assert_string_equal(now, "v1:k3");
+    free(now);
+    char buf[32];
+    for (int i = 0; i < STORE_SECRETS_RETIRED + 5; i++) {
+        snprintf(buf, sizeof buf, "v1:r%d", i);
+        assert_int_equal(store_secret_put(s, "wr", "R", buf, NULL, NULL), 0);
+    }
+    assert_int_equal(store_secret_retired(s, "wr", &names, &sealed, &n, NULL), 0);
+    assert_int_equal(n, STORE_SECRETS_RETIRED);
+    snprintf(buf, sizeof buf, "v1:r%d", STORE_SECRETS_RETIRED + 3); /* the last one replaced */
+    assert_string_equal(sealed[0], buf);
+    snprintf(buf, sizeof buf, "v1:r%d", 4);
+    assert_string_equal(sealed[n - 1], buf);
+    store_strv_free(names, n);
+    store_strv_free(sealed, n);
+    assert_int_equal(store_secret_retired(s, "wo", &names, &sealed, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(sealed[0], "v1:o1");
+    store_strv_free(names, n);
+    store_strv_free(sealed, n);
 }
 
 #endif

@@ -111,10 +111,10 @@ static void test_secrets(void **state)
     struct store *s = *state;
     int created;
     store_workspace_put(s, "ws", "{}", &created, NULL);
-    assert_int_equal(store_secret_put(s, "ws", "B", "v1:bbb", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aaa", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aa2", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ghost", "A", "x", NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_secret_put(s, "ws", "B", "v1:bbb", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aaa", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aa2", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ghost", "A", "x", NULL, NULL), IFL_ENOTFOUND);
     char **names;
     size_t n;
     assert_int_equal(store_secret_list(s, "ws", &names, &n, NULL), 0);
@@ -126,6 +126,7 @@ static void test_secrets(void **state)
     assert_int_equal(store_secret_get(s, "ws", "A", &sealed, NULL), 0);
     assert_string_equal(sealed, "v1:aa2");
     free(sealed);
+    check_retired(s);
 }
 
 static void fill(struct store_execution *x, const char *id, const char *payload)

@@ -243,11 +243,11 @@ static void test_secrets(void **state)
     struct store *s = S(state);
     int created;
     store_workspace_put(s, "ws", "{}", &created, NULL);
-    assert_int_equal(store_secret_put(s, "ws", "b", "v1:bbb", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ws", "B", "v1:BBB", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aaa", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aa2", NULL), 0);
-    assert_int_equal(store_secret_put(s, "ghost", "A", "x", NULL), IFL_ENOTFOUND);
+    assert_int_equal(store_secret_put(s, "ws", "b", "v1:bbb", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "B", "v1:BBB", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aaa", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ws", "A", "v1:aa2", NULL, NULL), 0);
+    assert_int_equal(store_secret_put(s, "ghost", "A", "x", NULL, NULL), IFL_ENOTFOUND);
     char **names;
     size_t n;
     assert_int_equal(store_secret_list(s, "ws", &names, &n, NULL), 0);
@@ -262,6 +262,7 @@ static void test_secrets(void **state)
     assert_string_equal(sealed, "v1:aa2");
     free(sealed);
     assert_int_equal(store_secret_get(s, "ws", "Z", &sealed, NULL), IFL_ENOTFOUND);
+    check_retired(s);
 }
 
 static void fill(struct store_execution *x, const char *id, const char *payload)

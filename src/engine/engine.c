@@ -690,6 +690,12 @@ static void inline_initial(struct engine *g, const struct wf *w, struct store_ex
             return;
         }
         struct decision *d = engine_decide_edges(w, vi, ctx, out);
+        if (expr_deadline_hit()) { /* a condition cut short: a worker decides it */
+            engine_decisions_free(d, w->v[vi].n_out);
+            json_decref(out);
+            free(out_text);
+            return;
+        }
         /* as every error an evaluation writes (the context holds no GATEWAY
          * answer yet, but the rule has no exceptions) */
         engine_errors_scrub(g, nx->workspace, NULL, NULL, d, w->v[vi].n_out, NULL);
@@ -829,9 +835,15 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
                   &ca->nrows, &ca->status);
     engine_decisions_free(d, w->v[entry].n_out);
     ca->worker = g->worker_prefix;
+    /* What follows is work a worker would do otherwise: on this thread
+     * (an HTTP thread, serving every workspace's requests) it gets
+     * ENGINE_INLINE_MS in all, and what does not fit is left to a worker,
+     * which evaluates it with an expression's whole time limit. */
+    expr_deadline_set(ENGINE_INLINE_MS);
     if (!g->run.no_inline)
         inline_initial(g, w, nx, ctx, ca);
     claim_early(g, w, nx, payload_is_text ? payload : NULL, ca);
+    expr_deadline_set(0);
     json_decref(ctx);
     ca->status = steps_status(ca->rows, ca->nrows);
     nx->status = (char *)ca->status;

@@ -254,6 +254,10 @@ void engine_gw_budget(const struct store_attempt *a, size_t n, const char *verte
  * steps_apply applies them only while every row of the execution is as the
  * worker read it; otherwise they stay DISPATCHED for a worker to claim. */
 #define INLINE_MAX 16
+/* The time a trigger's inline work (its TRANSFORMs and their conditions,
+ * the render of a call it claims) may take on the HTTP thread, in all: past
+ * it that work is left to a worker (expr_deadline_set). */
+#define ENGINE_INLINE_MS 10
 struct inline_item {
     long vi;
     char *output;

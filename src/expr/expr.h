@@ -69,6 +69,16 @@ const char *expr_uses_variable(const struct expr *x, const char *const *names);
 int expr_eval(const struct expr *x, json_t *input, json_t *bindings, const struct expr_limits *lim,
               json_t **out, struct expr_error *err);
 
+/* A deadline, on top of each evaluation's own max_time_ms, for every
+ * evaluation the calling thread runs until it is set again: `ms` from now
+ * (0: none).  For work a thread may leave to another when it takes too
+ * long (an HTTP thread's inline steps: engine.c).  Past it an evaluation
+ * ends with U1001, as at its own limit, and expr_deadline_hit() turns 1. */
+void expr_deadline_set(long ms);
+/* 1 when an evaluation on this thread ended at that deadline since it was
+ * set. */
+int expr_deadline_hit(void);
+
 /* `idemflow eval EXPR [--data FILE] [--bindings JSON]`; argv[0] is "eval".
  * Prints the result as JSON on stdout (nothing when undefined) and returns
  * 0; on error prints "CODE: message" on stderr and returns 1 (2 on usage

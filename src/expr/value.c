@@ -37,16 +37,43 @@ static double elapsed_ms(const struct timespec *a)
     return (double)(b.tv_sec - a->tv_sec) * 1e3 + (double)(b.tv_nsec - a->tv_nsec) / 1e6;
 }
 
+/* expr_deadline_set's, per thread: 0 = none */
+static _Thread_local struct timespec deadline;
+static _Thread_local int deadline_hit;
+
+void expr_deadline_set(long ms)
+{
+    deadline_hit = 0;
+    if (ms <= 0) {
+        deadline = (struct timespec){0};
+        return;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+}
+
+int expr_deadline_hit(void)
+{
+    return deadline_hit;
+}
+
 static void check_clock(struct ctx *c)
 {
-    if (c->start.tv_sec == 0 && c->start.tv_nsec == 0) {
+    if (c->start.tv_sec == 0 && c->start.tv_nsec == 0)
         /* the clock starts at the first check: short evaluations never
          * pay for reading it */
         clock_gettime(CLOCK_MONOTONIC, &c->start);
-        return;
-    }
-    if (c->max_ms > 0 && elapsed_ms(&c->start) > (double)c->max_ms)
+    else if (c->max_ms > 0 && elapsed_ms(&c->start) > (double)c->max_ms)
         ethrow(c, "U1001", -1, NULL, "Expression evaluation timeout: Check for infinite loop");
+    if (deadline.tv_sec && elapsed_ms(&deadline) >= 0) {
+        deadline_hit = 1;
+        ethrow(c, "U1001", -1, NULL, "Expression evaluation timeout: Check for infinite loop");
+    }
 }
 
 void cx_tick(struct ctx *c)

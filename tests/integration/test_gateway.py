@@ -137,6 +137,25 @@ def test_the_trigger_claims_the_first_call_and_commits_the_claim_before_sending(
     assert mock.charges("early-1") == 1
 
 
+def test_a_call_whose_render_is_slow_is_left_to_a_worker(server, mock):
+    """A call the trigger would claim and send itself is rendered on the
+    HTTP thread within the trigger's 10 ms of inline work; one whose
+    request takes longer to render (a slow expression in its body) is left
+    to a worker, which renders it with an expression's whole limit and
+    sends it: one charge, not a render error."""
+    from test_engine import SLOW_EXPR
+    setup_pay(server, mock, body={"order": "= payload.order.id",
+                                  "amount": "= payload.order.amount + " + SLOW_EXPR})
+    early = 'idemflow_steps_total{event="claimed_at_trigger"}'
+    before = metric(server, early)
+    x = finished(server, pay(server, "slow-render-1"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and ch["state"] == "COMPLETED", ch
+    assert not ch["history"][0]["worker"].endswith("/t"), ch
+    assert metric(server, early) == before
+    assert mock.charges("slow-render-1") == 1
+
+
 def test_two_parallel_calls_claimed_by_the_trigger_then_joined(server, mock):
     """Both GATEWAY successors of the entry are claimed by the trigger and
     called at once; each call finishes on its own context (two workers may

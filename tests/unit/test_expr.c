@@ -214,6 +214,34 @@ static void t_builtin_loops_keep_the_time_limit(void **s)
     }
 }
 
+/* expr_deadline_set bounds every evaluation of the thread on top of its own
+ * limit, says when it ended one (expr_deadline_hit), and goes with a set
+ * of 0; an evaluation that ends at its own limit does not count as hit. */
+static void t_a_thread_deadline_bounds_every_evaluation(void **s)
+{
+    (void)s;
+    const char *slow = "$count($match($pad('', 40, 'a') & 'b', /(a+)+$/))";
+    struct expr_limits quick = {0, 20, 0};
+    expr_deadline_set(20);
+    char *r = run("1 + 1", NULL, NULL, NULL);
+    assert_string_equal(r, "2");
+    free(r);
+    assert_int_equal(expr_deadline_hit(), 0);
+    r = run(slow, NULL, NULL, NULL); /* its own limit is 1 s */
+    assert_string_equal(r, "ERR:U1001");
+    free(r);
+    assert_int_equal(expr_deadline_hit(), 1);
+    r = run("1 + 1", NULL, NULL, NULL); /* past the deadline: a short one still ends */
+    assert_string_equal(r, "2");
+    free(r);
+    expr_deadline_set(0);
+    assert_int_equal(expr_deadline_hit(), 0);
+    r = run(slow, NULL, NULL, &quick);
+    assert_string_equal(r, "ERR:U1001");
+    free(r);
+    assert_int_equal(expr_deadline_hit(), 0); /* its own limit, not the deadline */
+}
+
 /* A result that shares its parts converts to one copy per reference: it is
  * refused (U1002) when the copies would take more than 4 × the memory cap,
  * before any is made — 2^21 leaves, 2^18 references to a 100 KB string
@@ -549,6 +577,7 @@ int main(void)
         cmocka_unit_test(t_distinct_and_search_scale),
         cmocka_unit_test(t_a_shared_result_is_bounded_as_copies),
         cmocka_unit_test(t_regex_errors_name_their_cause),
+        cmocka_unit_test(t_a_thread_deadline_bounds_every_evaluation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -588,6 +588,21 @@ static int wire_check(const struct gw_request *r, struct ifl_err *e)
     return 0;
 }
 
+/* A header value loses the spaces and tabs around it: they are not part
+ * of a field's value on the wire (RFC 9110 §5.5), so what is kept, checked
+ * and compared is what the destination reads — and a value of nothing but
+ * them is empty (libcurl would not send it at all). */
+static void ows_trim(char *s)
+{
+    size_t n = strlen(s), b = 0;
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        n--;
+    while (b < n && (s[b] == ' ' || s[b] == '\t'))
+        b++;
+    memmove(s, s + b, n - b);
+    s[n - b] = '\0';
+}
+
 int gw_request_build(const char *method, json_t *rendered, struct gw_request *out,
                      struct ifl_err *e)
 {
@@ -648,6 +663,7 @@ int gw_request_build(const char *method, json_t *rendered, struct gw_request *ou
                                      "was sent",
                            k);
         }
+        ows_trim(val);
         if (strcasecmp(k, "Content-Type") == 0)
             has_ct = 1;
         if (strcasecmp(k, "Idempotency-Key") == 0)
@@ -697,6 +713,14 @@ json_t *gw_request_masked(const struct gw_request *r)
     return m;
 }
 
+int gw_request_has_key(const struct gw_request *r)
+{
+    for (size_t i = 0; i < r->nheaders; i++)
+        if (strcasecmp(r->headers[i].name, "Idempotency-Key") == 0 && *r->headers[i].value)
+            return 1;
+    return 0;
+}
+
 int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct ifl_err *e)
 {
     int rc = 0;
@@ -716,6 +740,7 @@ int gw_request_unseal(struct gw_request *r, gw_secret_fn fn, void *ctx, struct i
             if (!(s = replace_sentinels(r->headers[i].value, fn, ctx, &rc, r, ENC_RAW, 0)))
                 return err_set(e, rc, "a secret in header %s cannot be resolved",
                                r->headers[i].name);
+            ows_trim(s);
             free(r->headers[i].sealed);
             r->headers[i].sealed = r->headers[i].value;
             r->headers[i].value = s;

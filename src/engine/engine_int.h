@@ -233,6 +233,12 @@ void engine_gw_discard(struct gw_job *j);
 size_t engine_gw_drain(struct engine *g);
 /* Extends the leases of every call in flight. */
 void engine_gw_renew_leases(struct engine *g);
+/* When this process owns its database (SQLite) and holds the call of step
+ * (id, vertex) at `epoch` — in flight, or answered and waiting for its
+ * outcome's commit — extends its lease even if it lapsed (fenced by the
+ * epoch), as engine_gw_renew_leases does, and returns 1 if that took;
+ * else 0. */
+int engine_gw_keep(struct engine *g, const char *id, const char *vertex, int64_t epoch);
 /* The wait before the verify of a call that may still be in the provider's
  * hands: at least `after` (verify.afterMs from now, or more: a recovery's)
  * and `base` (the backoff, Retry-After), but when only the default afterMs
@@ -280,7 +286,10 @@ struct inline_plan {
  * always when vi is on its second attempt or later (`attempts` > 1): had an
  * inline evaluation stopped the process, the step that ran it would be
  * blamed for every lease expiry, so its successors then go through claims,
- * where each is recovered (and, crashing every time, failed) on its own. */
+ * where each is recovered (and, crashing every time, failed) on its own.
+ * The plan's evaluations get ENGINE_INLINE_MS in all (expr_deadline_set,
+ * reset when it returns: not for a caller under a deadline of its own);
+ * what does not fit is left to a claim. */
 void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, long vi, int attempts,
                         const struct decision *dec, json_t *ctx, const struct store_step *rows,
                         size_t n, const struct gw_request *scrub, struct inline_plan *p);

@@ -410,6 +410,10 @@ void engine_gw_renew_leases(struct engine *g)
         int ok = 0;
         struct ifl_err e = {0};
         int64_t now = clock_now_ms(), until = now + g->run.lease_ms;
+        if (FAULT_FAILS("gateway.lease_renew")) { /* as a sweep that came too late */
+            free(r[i].vertex);
+            continue;
+        }
         if (store_lease_renew(g->store, r[i].id, r[i].vertex, r[i].epoch, now, until, &ok, &e)) {
             log_warn("step.lease_renew_failed", "%s/%s: %s", r[i].id, r[i].vertex, e.msg);
         } else if (ok) {
@@ -427,6 +431,29 @@ void engine_gw_renew_leases(struct engine *g)
         free(r[i].vertex);
     }
     free(r);
+}
+
+int engine_gw_keep(struct engine *g, const char *id, const char *vertex, int64_t epoch)
+{
+    int held = 0;
+    pthread_mutex_lock(&g->gmu);
+    for (struct gw_job *j = g->gw_inflight; j && !held; j = j->inext)
+        held =
+            j->epoch == epoch && strcmp(j->execution_id, id) == 0 && strcmp(j->vertex, vertex) == 0;
+    pthread_mutex_unlock(&g->gmu);
+    /* Only where this process is the database's one owner (SQLite): a
+     * lapsed lease is revived (store_lease_renew at 0), since nobody else
+     * lists it as expired.  With a shared database another process may be
+     * recovering it right now, and its recovery is fenced by the epoch
+     * only: there the lapse stands. */
+    if (!held || strcmp(store_backend(g->store), "sqlite") != 0)
+        return 0;
+    int ok = 0;
+    int64_t now = clock_now_ms(), until = now + g->run.lease_ms;
+    if (store_lease_renew(g->store, id, vertex, epoch, 0, until, &ok, NULL) || !ok)
+        return 0;
+    send_by_set(g, id, vertex, epoch, send_by_of(g, until));
+    return 1;
 }
 
 /* ---- starting a call ------------------------------------------------------------ */

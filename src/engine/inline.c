@@ -12,6 +12,7 @@
 #include "base/mem.h"
 #include "crypto/crypto.h"
 #include "engine/engine_int.h"
+#include "expr/expr.h"
 #include "gateway/gateway.h"
 #include "expr/template.h"
 #include "json/json.h"
@@ -283,6 +284,12 @@ void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, lo
     struct steps_sim *s = steps_sim_new(w, rows, n);
     steps_sim_complete(s, vi, dec);
     long t;
+    /* ENGINE_INLINE_MS in all, as at a trigger: past it a TRANSFORM is
+     * left to a claim, with an expression's whole limit — the outcome this
+     * plan rides with (a finished call's, whose lease is running out) is
+     * not held up behind slow successors (found by a judge: a busy worker
+     * pool parked an answered call), nor is a stop that drains them. */
+    expr_deadline_set(ENGINE_INLINE_MS);
     while (p->n < INLINE_MAX && (t = steps_sim_next(s)) >= 0) {
         if (w->v[t].type != WF_TRANSFORM)
             continue;
@@ -293,12 +300,19 @@ void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, lo
             free(err_text); /* a worker that claims it fails it, with its events */
             break;
         }
+        struct decision *d = engine_decide_edges(w, t, ctx, out);
+        json_decref(out);
+        if (expr_deadline_hit()) { /* a condition cut short: a claim decides it */
+            json_object_del(json_object_get(ctx, "steps"), w->v[t].id);
+            engine_decisions_free(d, w->v[t].n_out);
+            free(out_text);
+            break;
+        }
         struct inline_item *it = &p->it[p->n];
         it->vi = t;
         it->output = out_text;
         it->nd = w->v[t].n_out;
-        it->dec = engine_decide_edges(w, t, ctx, out);
-        json_decref(out);
+        it->dec = d;
         it->epoch = -1;
         for (size_t r = 0; r < n; r++)
             if (strcmp(rows[r].vertex, w->v[t].id) == 0)
@@ -307,6 +321,7 @@ void engine_inline_plan(struct engine *g, const char *ws, const struct wf *w, lo
         p->n++;
         steps_sim_complete(s, t, it->dec);
     }
+    expr_deadline_set(0);
     steps_sim_free(s);
     if (!p->n)
         return;

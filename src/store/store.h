@@ -282,7 +282,8 @@ int store_claim_noted(struct store *s, const char *worker, int limit, int64_t no
 /* Extends a lease to `until`; *ok = 0 when the step is no longer ours
  * (fenced) or its lease had already run out at `now`: a lapsed lease is not
  * revived, since another process may be recovering the step (it listed it
- * as expired) while this one would go on and send its call. */
+ * as expired) while this one would go on and send its call.  (now = 0
+ * revives one: only for a database this process owns alone.) */
 int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
                       int64_t now, int64_t until, int *ok, struct ifl_err *e);
 /* Steps left EXECUTING whose lease expired before `now` (all EXECUTING

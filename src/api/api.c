@@ -1957,7 +1957,11 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
         if (!ok)
             continue;
         path_matched = 1;
-        if (strcmp(r->method, req->method) == 0) {
+        /* the probes take HEAD as GET (RFC 9110 §9.3.2; load balancers
+         * probe with it): libmicrohttpd sends the head without the body */
+        int head =
+            r->any_query && strcmp(req->method, "HEAD") == 0 && strcmp(r->method, "GET") == 0;
+        if (head || strcmp(r->method, req->method) == 0) {
             if (!r->any_query && !query_known(&c, r->params)) {
                 if (r->params == q_trigger) /* a trigger refused, as trigger() counts them */
                     atomic_fetch_add(&a->triggers_rejected, 1);
@@ -1966,7 +1970,8 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
             r->fn(&c);
             goto done;
         }
-        buf_printf(&allow, "%s%s", allow.len ? ", " : "", r->method);
+        buf_printf(&allow, "%s%s%s", allow.len ? ", " : "", r->method,
+                   r->any_query && strcmp(r->method, "GET") == 0 ? ", HEAD" : "");
     }
     if (path_matched) {
         api_problem(res, 405, "method-not-allowed", "this resource does not accept that method",

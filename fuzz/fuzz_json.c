@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct json_limits lim = {1 << 20, 0};
+    struct json_limits lim = {.max_bytes = 1 << 20, .max_depth = 0};
     json_t *v = NULL, *w = NULL;
     struct ifl_err e;
     struct buf a, b;

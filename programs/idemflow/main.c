@@ -145,7 +145,9 @@ static int cmd_id(int argc, char **argv)
         if (k == in.len)
             payload = json_null();
         else
-            rc = json_parse(in.p, in.len, &(struct json_limits){.max_depth = 1000}, &payload, &e);
+            rc = json_parse(in.p, in.len,
+                            &(struct json_limits){.max_depth = 1000, .exact_numbers = 1}, &payload,
+                            &e);
         buf_free(&in);
         if (rc) {
             fprintf(stderr, "idemflow id: %s\n", e.msg);

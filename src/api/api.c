@@ -165,7 +165,8 @@ static json_t *body_json_of(struct call *c, json_t *empty_as, int sensitive)
         api_problem(c->res, 400, "invalid-json", "a JSON body is required", "");
         return NULL;
     }
-    struct json_limits lim = {.max_bytes = c->a->o.max_body, .max_depth = c->a->o.max_depth};
+    struct json_limits lim = {
+        .max_bytes = c->a->o.max_body, .max_depth = c->a->o.max_depth, .exact_numbers = 1};
     struct ifl_err e = {0};
     json_t *v = NULL;
     if (json_parse(r->body, r->body_len, &lim, &v, &e)) {

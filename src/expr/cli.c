@@ -79,14 +79,14 @@ int expr_cli_main(int argc, char **argv)
         }
     }
     if (in.len && !only_space(in.p, in.len)) {
-        struct json_limits lim = {CLI_MAX_INPUT, 512};
+        struct json_limits lim = {.max_bytes = CLI_MAX_INPUT, .max_depth = 512};
         if (json_parse(in.p, in.len, &lim, &input, &je)) {
             fprintf(stderr, "EINVAL: input is not JSON: %s\n", je.msg);
             goto done;
         }
     }
     if (bind) {
-        struct json_limits lim = {CLI_MAX_INPUT, 512};
+        struct json_limits lim = {.max_bytes = CLI_MAX_INPUT, .max_depth = 512};
         if (json_parse(bind, strlen(bind), &lim, &bindings, &je) || !json_is_object(bindings)) {
             fprintf(stderr, "EINVAL: --bindings must be a JSON object\n");
             goto done;

@@ -55,6 +55,62 @@ static int scan_depth(const char *s, size_t len, int max, size_t *where)
     return 0;
 }
 
+/* The first number token of s[0..len) that a double cannot keep as
+ * written (json_limits.exact_numbers): its offset, or -1.  s is valid
+ * JSON (jansson read it). */
+static long inexact_number(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < len && s[i] != '"'; i++)
+                if (s[i] == '\\')
+                    i++;
+            continue;
+        }
+        if (!(c == '-' || (c >= '0' && c <= '9')))
+            continue;
+        size_t b = i, digits = 0;
+        int integer = 1, nonzero = 0, lead = 1;
+        for (; i < len && strchr("+-0123456789.eE", s[i]); i++) {
+            if (s[i] == '.' || s[i] == 'e' || s[i] == 'E')
+                integer = 0;
+            if (s[i] >= '1' && s[i] <= '9' && integer)
+                nonzero = 1;
+            if (s[i] >= '0' && s[i] <= '9' && integer && !(lead && s[i] == '0')) {
+                lead = 0;
+                digits++;
+            }
+        }
+        char tok[400];
+        size_t n = i - b;
+        i--; /* the loop's i++ moves past the token */
+        if (n >= sizeof tok)
+            return (long)b; /* 400 characters of one number: no double keeps that */
+        memcpy(tok, s + b, n);
+        tok[n] = '\0';
+        double d = strtod(tok, NULL);
+        if (!integer) {
+            int any = 0; /* a non-zero digit before the exponent */
+            for (size_t k = 0; k < n && tok[k] != 'e' && tok[k] != 'E'; k++)
+                any |= tok[k] >= '1' && tok[k] <= '9';
+            if (any && d == 0.0)
+                return (long)b;
+            continue;
+        }
+        if (!nonzero || digits <= 15)
+            continue; /* 15 digits always fit */
+        char back[400];
+        snprintf(back, sizeof back, "%.0f", fabs(d));
+        const char *lit = tok + (tok[0] == '-');
+        while (*lit == '0' && lit[1])
+            lit++;
+        if (strcmp(back, lit) != 0)
+            return (long)b;
+    }
+    return -1;
+}
+
 const struct json_limits json_stored_limits = {.max_depth = JSON_STORED_MAX_DEPTH};
 
 json_t *json_stored_value(const char *text)
@@ -169,6 +225,15 @@ int json_parse(const char *text, size_t len, const struct json_limits *lim, json
     if (!v)
         return err_set(e, IFL_EINVAL, "invalid JSON at line %d, column %d: %s", je.line, je.column,
                        je.text);
+    long at = lim && lim->exact_numbers ? inexact_number(text, len) : -1;
+    if (at >= 0) {
+        json_decref(v);
+        return err_set(e, IFL_EINVAL,
+                       "invalid JSON at byte offset %ld: a number a double cannot keep as written "
+                       "(an integer beyond 2^53 that would round, or one that would read as 0): "
+                       "send it as a string",
+                       at);
+    }
     *out = v;
     return 0;
 }

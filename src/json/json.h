@@ -23,6 +23,12 @@
 struct json_limits {
     size_t max_bytes; /* 0 = no cap                               */
     int max_depth;    /* nesting of arrays/objects; 0 = default 64 */
+    /* Refuse a number a double cannot keep as written: an integer beyond
+     * 2^53 that would round (9007199254740993 reads as …992), a non-zero
+     * number that would read as 0 (1e-400).  Every number is a double
+     * (RFC 8785), so two such payloads would be one execution, and the
+     * stored one another number than the caller sent. */
+    int exact_numbers;
 };
 
 #define JSON_DEFAULT_MAX_DEPTH 64

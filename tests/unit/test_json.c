@@ -421,7 +421,7 @@ static void test_parse_depth(void **state)
 
     /* brackets inside strings (with escaped quotes) do not count */
     const char *str = "[\"[[[[\\\"[[[{{{{\", \"\\\\\", \"]]]\"]";
-    struct json_limits lim = {0, 1};
+    struct json_limits lim = {.max_bytes = 0, .max_depth = 1};
     assert_int_equal(parse_rc(str, strlen(str), &lim, &e), 0);
     assert_int_equal(parse_rc("[[1]]", 5, &lim, &e), IFL_EINVAL);
     assert_non_null(strstr(e.msg, "byte offset 1"));
@@ -448,7 +448,7 @@ static void test_parse_too_big(void **state)
 {
     (void)state;
     struct ifl_err e;
-    struct json_limits lim = {7, 0};
+    struct json_limits lim = {.max_bytes = 7, .max_depth = 0};
     assert_int_equal(parse_rc("[1,2,3]", 7, &lim, &e), 0);
     assert_int_equal(parse_rc("[1,2,3] ", 8, &lim, &e), IFL_ETOOBIG);
     assert_int_equal(e.code, IFL_ETOOBIG);
@@ -620,6 +620,52 @@ static void test_string_lossy(void **state)
     json_decref(v);
 }
 
+/* json_limits.exact_numbers: an integer a double would round, or a
+ * non-zero number it would read as 0, is refused (with its offset); what a
+ * double holds is taken, and strings and the default limits are not
+ * looked at. */
+static void test_exact_numbers(void **state)
+{
+    (void)state;
+    struct ifl_err e = {0};
+    struct json_limits x = {.exact_numbers = 1};
+    const char *bad[] = {"9007199254740993",
+                         "[1, -9007199254740993]",
+                         "99999999999999999",
+                         "123456789012345678901234567890",
+                         "1e-400",
+                         "{\"a\": 0.5e-330}",
+                         "-2.5E-999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (parse_rc(bad[i], strlen(bad[i]), &x, &e) != IFL_EINVAL)
+            fail_msg("%s was taken", bad[i]);
+        assert_non_null(strstr(e.msg, "send it as a string"));
+    }
+    assert_int_equal(parse_rc("[1, -9007199254740993]", 22, &x, &e), IFL_EINVAL);
+    assert_non_null(strstr(e.msg, "byte offset 4"));
+    const char *good[] = {"9007199254740992",
+                          "9007199254740994",
+                          "12345678901234567168",
+                          "-1234567890123456",
+                          "0.1",
+                          "5e-324",
+                          "0e-999",
+                          "-0.0",
+                          "1e300",
+                          "\"9007199254740993\"",
+                          "[\"1e-400\", 100000000000000000000]",
+                          "000",
+                          "0"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        int rc = parse_rc(good[i], strlen(good[i]), &x, &e);
+        if (strcmp(good[i], "000") == 0)
+            assert_int_equal(rc, IFL_EINVAL); /* not JSON at all */
+        else if (rc)
+            fail_msg("%s was refused: %s", good[i], e.msg);
+    }
+    assert_int_equal(parse_rc("9007199254740993", 16, NULL, &e), 0); /* not asked for */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_escaping),        cmocka_unit_test(test_utf16_order),
         cmocka_unit_test(test_write_order),     cmocka_unit_test(test_buffer_cap),
         cmocka_unit_test(test_pointer_and_num), cmocka_unit_test(test_string_lossy),
+        cmocka_unit_test(test_exact_numbers),
     };
     return cmocka_run_group_tests_name("json", tests, NULL, NULL);
 }

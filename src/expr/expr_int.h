@@ -388,6 +388,11 @@ struct expr {
     size_t len;
     struct arena *a;
     struct node *root;
+    /* Interned (eval.c): one compiled expression per source text, shared
+     * by every holder — immutable once compiled, so safe to share. */
+    unsigned refs;      /* under the intern table's mutex */
+    uint64_t hash;      /* of src */
+    struct expr *inext; /* the intern table's chain */
 };
 int parse_expr(const char *src, size_t len, struct arena *a, struct node **out,
                struct expr_error *err);

@@ -214,6 +214,37 @@ static void t_builtin_loops_keep_the_time_limit(void **s)
     }
 }
 
+/* One compiled expression per source text (eval.c's intern table): a
+ * second compile of the same text shares the first, each holder frees its
+ * own reference, and the last free ends it — a text compiled after that is
+ * compiled anew and still evaluates. */
+static void t_the_same_text_compiles_once(void **s)
+{
+    (void)s;
+    struct expr *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    assert_int_equal(expr_compile("payload.a & 'x'", 15, &a, NULL), 0);
+    assert_int_equal(expr_compile("payload.a & 'x'", 15, &b, NULL), 0);
+    assert_int_equal(expr_compile("payload.a & 'y'", 15, &c, NULL), 0);
+    assert_ptr_equal(a, b);
+    assert_ptr_not_equal(a, c);
+    expr_free(a);
+    json_t *in = json_pack("{s:{s:s}}", "payload", "a", "v"), *out = NULL;
+    assert_int_equal(expr_eval(b, in, NULL, NULL, &out, NULL), 0); /* b still holds it */
+    assert_string_equal(json_string_value(out), "vx");
+    json_decref(out);
+    expr_free(b);
+    assert_int_equal(expr_compile("payload.a & 'x'", 15, &d, NULL), 0);
+    assert_int_equal(expr_eval(d, in, NULL, NULL, &out, NULL), 0);
+    assert_string_equal(json_string_value(out), "vx");
+    json_decref(out);
+    json_decref(in);
+    expr_free(c);
+    expr_free(d);
+    struct expr *bad = (struct expr *)1;
+    assert_int_not_equal(expr_compile("payload.(", 9, &bad, NULL), 0);
+    assert_null(bad);
+}
+
 /* expr_deadline_set bounds every evaluation of the thread on top of its own
  * limit, says when it ended one (expr_deadline_hit), and goes with a set
  * of 0; an evaluation that ends at its own limit does not count as hit. */
@@ -578,6 +609,7 @@ int main(void)
         cmocka_unit_test(t_a_shared_result_is_bounded_as_copies),
         cmocka_unit_test(t_regex_errors_name_their_cause),
         cmocka_unit_test(t_a_thread_deadline_bounds_every_evaluation),
+        cmocka_unit_test(t_the_same_text_compiles_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,8 +41,8 @@ static const struct {
     {"S0302", "No terminating / in regular expression"},
     /* Ours: the reference leaves these to JavaScript's RegExp */
     {"S0303", "Invalid regular expression"},
-    {"S0304", "Regular expression too large to compile (a repetition count above 1000, nesting "
-              "deeper than 1000 or a program of more than 20000 instructions)"},
+    {"S0304", "Regular expression too large to compile (a repetition count above 1000, groups "
+              "nested deeper than 200 or a program of more than 20000 instructions)"},
     {"S0402", "Choice groups containing parameterized types are not supported"},
     {"S0401", "Type parameters can only be applied to functions and arrays"},
     {"S0500", "Attempted to evaluate an expression containing syntax error(s)"},

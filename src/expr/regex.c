@@ -347,7 +347,7 @@ static struct rn *parse_atom(struct rp *p)
     if (c == '(') {
         p->i++;
         if (++p->depth > 200) {
-            p->err = 1;
+            p->err = 2; /* too large to compile (S0304), not malformed */
             return NULL;
         }
         int kind = R_GROUP, neg = 0;
@@ -376,7 +376,8 @@ static struct rn *parse_atom(struct rp *p)
             g = ++p->re->ngroups;
         struct rn *in = parse_alt(p);
         if (p->err || rpeek(p) != ')') {
-            p->err = 1;
+            if (!p->err)
+                p->err = 1;
             return NULL;
         }
         p->i++;
@@ -759,7 +760,7 @@ struct regex *regex_compile(struct arena *a, const char *pat, size_t n, const ch
     struct rp p = {pat, n, 0, a, re, 0, 0, NULL, 0, 0};
     struct rn *tree = parse_alt(&p);
     if (!tree || p.err || p.i != n) {
-        strcpy(errcode, "S0303");
+        strcpy(errcode, p.err == 2 ? "S0304" : "S0303");
         return NULL;
     }
     struct em e = {&p, NULL, 0, 0, 0, 0};

@@ -394,6 +394,16 @@ static void t_regex_errors_name_their_cause(void **s)
     check("$match('a', /a{2000}/)", NULL, "ERR:S0304");
     check("$match('a', /(((a{999}){999}){999})/)", NULL, "ERR:S0304");
     check("$match('a', /a{2,1}/)", NULL, "ERR:S0303");
+    { /* groups nested past 200: too large (S0304), not malformed (judge) */
+        char deep[1024] = "$match('a', /";
+        for (int i = 0; i < 250; i++)
+            strcat(deep, "(");
+        strcat(deep, "a");
+        for (int i = 0; i < 250; i++)
+            strcat(deep, ")");
+        strcat(deep, "/)");
+        check(deep, NULL, "ERR:S0304");
+    }
     check("$match('a', /[z-a]/)", NULL, "ERR:S0303");
     check("$match('a', /(a/", NULL, "ERR:S0302");
     check("$match('a', /a{999}/).match", NULL, "undefined");

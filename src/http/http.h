@@ -108,7 +108,9 @@ unsigned http_server_connections(const struct http_server *s);
 /* Stops accepting, waits for in-flight requests (deferred ones until they
  * are resumed and answered), frees. NULL ok. */
 void http_server_stop(struct http_server *s);
-/* Stops accepting new connections only (graceful drain begins). */
+/* Stops accepting new connections only (graceful drain begins) — with a
+ * thread per connection; on the event loops it does nothing (see
+ * server.c): the stop answers new requests 503 instead. */
 void http_server_quiesce(struct http_server *s);
 
 /* Deferred answers (event-driven model only).  In a handler, http_defer

@@ -3,7 +3,9 @@
  *
  * Parses arbitrary bytes with the default limits; when the parse succeeds,
  * writes the RFC 8785 form, parses that back and requires its canonical form
- * to be byte-identical (JCS is idempotent), and exercises json_write too.
+ * to be byte-identical (JCS is idempotent) and its numbers to pass the
+ * exact-numbers check (what the engine writes, a client may send back), and
+ * exercises json_write too.
  * Any mismatch aborts, which libFuzzer reports as a crash.
  */
 #include <stdint.h>
@@ -36,6 +38,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fprintf(stderr, "JCS not idempotent:\n%s\n%s\n", a.p, b.p ? b.p : "");
         abort();
     }
+    /* what the engine writes, a request may send back: every number of a
+     * canonical form is one a double keeps as written (exact_numbers) */
+    json_t *x = NULL;
+    struct json_limits exact = {.max_bytes = 0, .max_depth = 1000, .exact_numbers = 1};
+    if (json_parse(a.p, a.len, &exact, &x, &e) != 0) {
+        fprintf(stderr, "JCS output refused as inexact: %s\n%s\n", e.msg, a.p);
+        abort();
+    }
+    json_decref(x);
+    x = NULL; /* and the raw input, parsed so, never crashes */
+    if (json_parse((const char *)data, size, &exact, &x, &e) == 0)
+        json_decref(x);
     char *s = json_to_string(v);
     if (!s)
         abort();

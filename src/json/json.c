@@ -55,6 +55,39 @@ static int scan_depth(const char *s, size_t len, int max, size_t *where)
     return 0;
 }
 
+int json_format_number(double d, char out[32]); /* below */
+
+/* Is the integer literal lit (digits, no sign, no leading zero) the
+ * shortest decimal that reads back as d, with its trailing zeros written
+ * out — as this engine itself writes such a number (12345678901234567000
+ * for the double 12345678901234567168, 1e+23 as 1 and 23 zeros)?  Then
+ * it names d as well as its exact value does. */
+static int shortest_form(double d, const char *lit)
+{
+    char f[32];
+    if (json_format_number(d, f) < 0)
+        return 0;
+    char dig[32];
+    int k = 0, point = -1, exp = 0;
+    const char *c = f;
+    for (; *c && *c != 'e'; c++) {
+        if (*c == '.')
+            point = k;
+        else if (k < (int)sizeof dig - 1)
+            dig[k++] = *c;
+    }
+    if (*c == 'e')
+        exp = atoi(c + 1);
+    /* the exponent of the first digit */
+    exp += (point < 0 ? k : point) - 1;
+    while (k > 1 && dig[k - 1] == '0')
+        k--;
+    size_t n = strlen(lit), m = n;
+    while (m > 1 && lit[m - 1] == '0')
+        m--;
+    return (int)n - 1 == exp && (size_t)k == m && memcmp(dig, lit, m) == 0;
+}
+
 /* The first number token of s[0..len) that a double cannot keep as
  * written (json_limits.exact_numbers): its offset, or -1.  s is valid
  * JSON (jansson read it). */
@@ -100,12 +133,12 @@ static long inexact_number(const char *s, size_t len)
         }
         if (!nonzero || digits <= 15)
             continue; /* 15 digits always fit */
-        char back[400];
-        snprintf(back, sizeof back, "%.0f", fabs(d));
         const char *lit = tok + (tok[0] == '-');
         while (*lit == '0' && lit[1])
             lit++;
-        if (strcmp(back, lit) != 0)
+        char back[400];
+        snprintf(back, sizeof back, "%.0f", fabs(d));
+        if (strcmp(back, lit) != 0 && !shortest_form(fabs(d), lit))
             return (long)b;
     }
     return -1;

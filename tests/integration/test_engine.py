@@ -251,9 +251,27 @@ def test_a_batch_of_slow_steps_commits_in_slices_within_their_leases(make_server
     first one's outcome past its lease — the sweeper recovered it, the late
     outcome was fenced, the step ran twice — and every finished call of
     any workspace waited behind them.  A batch now commits in slices of a
-    quarter of a second."""
-    slow = '$count($match($pad("", 22, "a") & "b", /(a+)+$/))'  # about 0.3 s
-    s = make_server(extra=["--workers", "1", "--lease-ms", "3000"])
+    quarter of a second.  The step's cost is measured first with this
+    binary (a sanitizer build is several times slower), and the lease set
+    to six of it: sixteen in one batch outlive it, one in a slice does not."""
+    import subprocess
+    import time as _t
+    from conftest import BIN
+
+    def cost(n):
+        expr = f'$count($match($pad("", {n}, "a") & "b", /(a+)+$/))'
+        t0 = _t.monotonic()
+        subprocess.run([BIN, "eval", expr], capture_output=True, check=True)
+        return expr, _t.monotonic() - t0
+    base = min(cost(1)[1] for _ in range(3))  # the process's own start
+    n, (slow, took) = 14, cost(14)
+    while took - base < 0.1 and n < 30:
+        n += 1
+        slow, took = cost(n)
+    step = max(took - base, 0.05)
+    assert step < 0.5, step  # inside an expression's 1 s with room
+    lease = max(int(step * 6000), 600)
+    s = make_server(extra=["--workers", "1", "--lease-ms", str(lease)])
     s.start()
     put_workflow(s, "slow", {
         "vertices": {"start": {"type": "ENTRY_POINT"},

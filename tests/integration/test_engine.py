@@ -202,9 +202,33 @@ def test_inline_transforms_match_claimed_ones(make_server, workdir):
     assert a["big"]["history"][0]["worker"] == a["price"]["history"][0]["worker"]
 
 
-# about 0.08 s of backtracking (an expression's limit is 1 s; a trigger's
-# inline work gets 10 ms in all)
-SLOW_EXPR = '$count($match($pad("", 20, "a") & "b", /(a+)+$/))'
+_SLOW = {}
+
+
+def slow_expr(lo=0.05):
+    """An expression (backtracking, its result 0) that takes this binary at
+    least `lo` seconds and well under an expression's 1 s limit — measured
+    with the binary under test, since a sanitizer build is several times
+    slower — and that cost; a trigger's inline work gets 10 ms in all."""
+    if lo not in _SLOW:
+        import subprocess
+        import time as _t
+        from conftest import BIN
+
+        def cost(n):
+            expr = f'$count($match($pad("", {n}, "a") & "b", /(a+)+$/))'
+            t0 = _t.monotonic()
+            subprocess.run([BIN, "eval", expr], capture_output=True, check=True)
+            return expr, _t.monotonic() - t0
+        base = min(cost(1)[1] for _ in range(3))  # the process's own start
+        n, (expr, took) = 12, cost(12)
+        while took - base < lo and n < 30:
+            n += 1
+            expr, took = cost(n)
+        step = max(took - base, lo)
+        assert step < 0.4, step  # inside the 1 s limit with room
+        _SLOW[lo] = (expr, step)
+    return _SLOW[lo]
 
 
 def test_a_trigger_leaves_slow_inline_work_to_a_worker(server):
@@ -218,14 +242,14 @@ def test_a_trigger_leaves_slow_inline_work_to_a_worker(server):
     put_workflow(server, "slowout", {
         "vertices": {"start": {"type": "ENTRY_POINT"},
                      "fast": {"type": "TRANSFORM", "config": {"output": "= payload.n + 1"}},
-                     "slow": {"type": "TRANSFORM", "config": {"output": "= " + SLOW_EXPR}}},
+                     "slow": {"type": "TRANSFORM", "config": {"output": "= " + slow_expr()[0]}}},
         "edges": [{"from": "start", "to": "fast"}, {"from": "fast", "to": "slow"}]})
     put_workflow(server, "slowcond", {
         "vertices": {"start": {"type": "ENTRY_POINT"},
                      "fast": {"type": "TRANSFORM", "config": {"output": "= payload.n + 1"}},
                      "after": {"type": "TRANSFORM", "config": {"output": "reached"}}},
         "edges": [{"from": "start", "to": "fast"},
-                  {"from": "fast", "to": "after", "condition": "= " + SLOW_EXPR + " = 0"}]})
+                  {"from": "fast", "to": "after", "condition": "= " + slow_expr()[0] + " = 0"}]})
     inlined = 'idemflow_steps_total{event="inlined"}'
     before = metric(server, inlined)
     x = finished(server, run(server, "slowout", {"n": 1}))
@@ -253,24 +277,9 @@ def test_a_batch_of_slow_steps_commits_in_slices_within_their_leases(make_server
     any workspace waited behind them.  A batch now commits in slices of a
     quarter of a second.  The step's cost is measured first with this
     binary (a sanitizer build is several times slower), and the lease set
-    to six of it: sixteen in one batch outlive it, one in a slice does not."""
-    import subprocess
-    import time as _t
-    from conftest import BIN
-
-    def cost(n):
-        expr = f'$count($match($pad("", {n}, "a") & "b", /(a+)+$/))'
-        t0 = _t.monotonic()
-        subprocess.run([BIN, "eval", expr], capture_output=True, check=True)
-        return expr, _t.monotonic() - t0
-    base = min(cost(1)[1] for _ in range(3))  # the process's own start
-    n, (slow, took) = 14, cost(14)
-    while took - base < 0.1 and n < 30:
-        n += 1
-        slow, took = cost(n)
-    step = max(took - base, 0.05)
-    assert step < 0.5, step  # inside an expression's 1 s with room
-    lease = max(int(step * 6000), 600)
+    to four of it: a batch of more outlives it, one in a slice does not."""
+    slow, step = slow_expr(0.1)
+    lease = max(int(step * 4000), 400)
     s = make_server(extra=["--workers", "1", "--lease-ms", str(lease)])
     s.start()
     put_workflow(s, "slow", {

@@ -143,9 +143,9 @@ def test_a_call_whose_render_is_slow_is_left_to_a_worker(server, mock):
     request takes longer to render (a slow expression in its body) is left
     to a worker, which renders it with an expression's whole limit and
     sends it: one charge, not a render error."""
-    from test_engine import SLOW_EXPR
+    from test_engine import slow_expr
     setup_pay(server, mock, body={"order": "= payload.order.id",
-                                  "amount": "= payload.order.amount + " + SLOW_EXPR})
+                                  "amount": "= payload.order.amount + " + slow_expr()[0]})
     early = 'idemflow_steps_total{event="claimed_at_trigger"}'
     before = metric(server, early)
     x = finished(server, pay(server, "slow-render-1"))

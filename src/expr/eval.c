@@ -1424,6 +1424,13 @@ static void intern_add(struct expr *x)
     intern_n++;
 }
 
+static void expr_destroy(struct expr *x)
+{
+    arena_free(x->a);
+    free(x->src);
+    free(x);
+}
+
 static int compile_new(const char *src, size_t len, struct expr **out, struct expr_error *err)
 {
     struct expr *x = xcalloc(1, sizeof *x);
@@ -1431,9 +1438,7 @@ static int compile_new(const char *src, size_t len, struct expr **out, struct ex
     x->len = len;
     x->a = arena_new(4096);
     if (parse_expr(x->src, len, x->a, &x->root, err)) {
-        arena_free(x->a);
-        free(x->src);
-        free(x);
+        expr_destroy(x);
         return IFL_EEXPR;
     }
     /* Its tree is parsed again into one chunk of exactly its size (the
@@ -1487,9 +1492,7 @@ int expr_compile(const char *src, size_t len, struct expr **out, struct expr_err
         intern_add(x);
     pthread_mutex_unlock(&intern_mu);
     if (won) {
-        arena_free(x->a);
-        free(x->src);
-        free(x);
+        expr_destroy(x);
         x = won;
     }
     *out = x;
@@ -1510,11 +1513,8 @@ void expr_free(struct expr *x)
         intern_n--;
     }
     pthread_mutex_unlock(&intern_mu);
-    if (!last)
-        return;
-    arena_free(x->a);
-    free(x->src);
-    free(x);
+    if (last)
+        expr_destroy(x);
 }
 
 const char *expr_source(const struct expr *x)

@@ -34,15 +34,23 @@
 /* Scans for [ and { outside strings.  Returns 0, or -1 with *where set to the
  * byte offset of the bracket that exceeds max.  Unbalanced or otherwise
  * malformed text is left for jansson to reject. */
+/* The offset of the quote that ends the string whose opening quote is at
+ * s[i] (len when it does not end). */
+static size_t string_end(const char *s, size_t len, size_t i)
+{
+    for (i++; i < len && s[i] != '"'; i++)
+        if (s[i] == '\\')
+            i++;
+    return i;
+}
+
 static int scan_depth(const char *s, size_t len, int max, size_t *where)
 {
     int depth = 0;
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (c == '"') {
-            for (i++; i < len && s[i] != '"'; i++)
-                if (s[i] == '\\')
-                    i++;
+            i = string_end(s, len, i);
         } else if (c == '[' || c == '{') {
             if (++depth > max) {
                 *where = i;
@@ -96,9 +104,7 @@ static long inexact_number(const char *s, size_t len)
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (c == '"') {
-            for (i++; i < len && s[i] != '"'; i++)
-                if (s[i] == '\\')
-                    i++;
+            i = string_end(s, len, i);
             continue;
         }
         if (!(c == '-' || (c >= '0' && c <= '9')))

@@ -830,17 +830,20 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
                          struct create_args *ca)
 {
     json_t *ctx = context_of(nx, payload, NULL, NULL, 0);
+    /* This thread (an HTTP thread, serving every workspace's requests)
+     * gives the trigger's own work ENGINE_INLINE_MS in all, and leaves what
+     * does not fit to a worker, which evaluates it with an expression's
+     * whole time limit: first the entry's edge conditions (cut short, the
+     * entry itself is left DISPATCHED and a worker decides them — the same
+     * context, so the same decisions), then work a worker would do anyway. */
+    expr_deadline_set(ENGINE_INLINE_MS);
     struct decision *d = engine_decide_edges(w, (long)entry, ctx, payload);
-    steps_initial(w, entry, nx->id, nx->workspace, nx->payload, d, clock_now_ms(), &ca->rows,
-                  &ca->nrows, &ca->status);
+    int deferred = expr_deadline_hit();
+    steps_initial(w, entry, nx->id, nx->workspace, nx->payload, deferred ? NULL : d, clock_now_ms(),
+                  &ca->rows, &ca->nrows, &ca->status);
     engine_decisions_free(d, w->v[entry].n_out);
     ca->worker = g->worker_prefix;
-    /* What follows is work a worker would do otherwise: on this thread
-     * (an HTTP thread, serving every workspace's requests) it gets
-     * ENGINE_INLINE_MS in all, and what does not fit is left to a worker,
-     * which evaluates it with an expression's whole time limit. */
-    expr_deadline_set(ENGINE_INLINE_MS);
-    if (!g->run.no_inline)
+    if (!g->run.no_inline && !deferred)
         inline_initial(g, w, nx, ctx, ca);
     claim_early(g, w, nx, payload_is_text ? payload : NULL, ca);
     expr_deadline_set(0);

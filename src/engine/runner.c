@@ -210,6 +210,13 @@ static void execute(struct engine *g, struct pending *p, const char *worker)
             run_at = again_at;
             unclaim = 1;
         }
+    } else if (w->v[vi].type == WF_ENTRY_POINT) {
+        /* left by its trigger, whose time ran out deciding its edges
+         * (prepare_steps): its output is the payload, as at a trigger */
+        p->ctx = engine_context(&p->x, p->rows, p->n);
+        p->out = json_incref(json_object_get(p->ctx, "payload"));
+        p->out_text = xstrdup(p->x.payload);
+        to = STEP_COMPLETED;
     } else if (w->v[vi].type == WF_TRANSFORM) {
         p->ctx = engine_context(&p->x, p->rows, p->n);
         if (engine_transform_eval(g, c->workspace, w, vi, p->ctx, NULL, &p->out, &p->out_text,

@@ -182,7 +182,9 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
         r[i].kind = xstrdup(wf_type_name(w->v[i].type));
         r[i].state = STEP_PENDING;
         r[i].next_run_at = now;
-        if (i == entry) {
+        if (i == entry && !dec) {
+            r[i].state = STEP_DISPATCHED;
+        } else if (i == entry) {
             r[i].state = STEP_COMPLETED;
             r[i].output = xstrdup(payload);
         } else if (w->v[i].type == WF_ENTRY_POINT) {
@@ -191,7 +193,8 @@ void steps_initial(const struct wf *w, size_t entry, const char *execution_id, c
     }
     struct view v;
     view_init(&v, w, r, w->nv, now);
-    decide_out(&v, (long)entry, dec);
+    if (dec)
+        decide_out(&v, (long)entry, dec);
     for (size_t i = 0; i < w->nv; i++)
         if (i != entry && w->v[i].type == WF_ENTRY_POINT)
             skip_out(&v, i);

@@ -33,8 +33,10 @@ struct decision {
 /* Builds every step row of a new execution started at vertex `entry`:
  * the entry COMPLETED with output = payload, other entry points SKIPPED,
  * the rest PENDING, then the entry's edge decisions (dec[k] for
- * w->v[entry].out[k]) and the skips applied.  *status receives the
- * execution's status.  rows: heap array (store_steps_free). */
+ * w->v[entry].out[k]) and the skips applied.  dec NULL: the entry's edges
+ * are not decided yet — the entry is left DISPATCHED, for a worker to
+ * complete it (its output the payload) and decide them.  *status receives
+ * the execution's status.  rows: heap array (store_steps_free). */
 void steps_initial(const struct wf *w, size_t entry, const char *execution_id, const char *ws,
                    const char *payload, const struct decision *dec, int64_t now,
                    struct store_step **rows, size_t *n, const char **status);

@@ -269,6 +269,32 @@ def test_a_trigger_leaves_slow_inline_work_to_a_worker(server):
     assert worker != trigger and st["after"]["history"][0]["worker"] == worker, st
 
 
+def test_a_trigger_leaves_its_entrys_slow_edge_conditions_to_a_worker(server):
+    """Found by a judge: even with its inline work bounded, a trigger still
+    decided its entry point's own edges on the HTTP thread with an
+    expression's whole second.  Those conditions now get the same 10 ms:
+    past them the entry is left DISPATCHED and a worker completes it (its
+    output the payload) and decides its edges with the whole limit — the
+    same decisions, taken and not taken, as a trigger would make."""
+    slow = slow_expr()[0]
+    put_workflow(server, "slowentry", {
+        "vertices": {"start": {"type": "ENTRY_POINT"},
+                     "yes": {"type": "TRANSFORM", "config": {"output": "= payload.n + 1"}},
+                     "no": {"type": "TRANSFORM", "config": {"output": "never"}}},
+        "edges": [{"from": "start", "to": "yes", "condition": "= " + slow + " = 0"},
+                  {"from": "start", "to": "no", "condition": "= " + slow + " = 1"}]})
+    r = server.post(f"{WS}/workflows/slowentry/entry-points/start/trigger", {"n": 1})
+    assert r.status == 201 and r.json["status"] == "running", r
+    x = finished(server, r.json["executionId"])
+    st = steps_of(x)
+    assert x["status"] == "completed", x
+    assert st["yes"]["output"] == 2 and st["no"]["state"] == "SKIPPED", st
+    h = st["start"]["history"]
+    assert st["start"]["state"] == "COMPLETED" and st["start"]["output"] == {"n": 1}, st
+    # a worker's attempt: a trigger's entry has none
+    assert [a["outcome"] for a in h] == ["completed"] and h[0]["worker"], st
+
+
 def test_a_batch_of_slow_steps_commits_in_slices_within_their_leases(make_server):
     """Found by a judge: a worker ran its whole batch (up to 16 steps)
     before committing any outcome, so sixteen slow TRANSFORMs held the

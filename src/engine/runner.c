@@ -307,6 +307,22 @@ static const char *outcome_key(const void *arg)
  * outputs held half a gigabyte (found by a judge). */
 #define SLICE_BYTES ((size_t)32 << 20)
 
+/* How many steps a worker claims next, after a batch of n took `took` ms:
+ * a claimed step waits for those before it in its batch, so while steps
+ * are slow a worker claims about a slice's worth (at least one) and leaves
+ * the rest claimable by the others — with the claim's turns across
+ * workspaces (store_claim), one workspace's queue of slow steps then
+ * delays another's step by about a step, not by a batch.  Fast batches
+ * double it back to the configured size. */
+static int next_cap(const struct engine *g, int cap, size_t n, int64_t took)
+{
+    if (took > SLICE_MS) {
+        int64_t fit = SLICE_MS * (int64_t)n / took;
+        return fit < 1 ? 1 : (int)fit;
+    }
+    return cap * 2 < g->run.batch ? cap * 2 : g->run.batch;
+}
+
 /* The stored text a pending step read (its execution's payload and rows). */
 static size_t pending_bytes(const struct pending *p)
 {
@@ -434,6 +450,7 @@ static void *worker_main(void *arg)
      * wake-ups for finished calls (engine_wake_drain) do not. */
     unsigned long empty_work = 0;
     int64_t empty_until = INT64_MIN;
+    int cap = g->run.batch; /* next_cap */
     for (;;) {
         pthread_mutex_lock(&g->wmu);
         int stop = g->stopping;
@@ -444,7 +461,7 @@ static void *worker_main(void *arg)
             break;
         engine_gw_drain(g);
         int room = g->run.max_calls - engine_gw_inflight(g);
-        int limit = room < g->run.batch ? room : g->run.batch;
+        int limit = room < cap ? room : cap;
         struct store_claim *cl = NULL;
         size_t n = 0;
         struct ifl_err e = {0};
@@ -476,7 +493,9 @@ static void *worker_main(void *arg)
         }
         empty_until = INT64_MIN;
         atomic_fetch_add(&g->m.steps_claimed, n);
+        int64_t t0 = clock_mono_ms();
         run_batch(g, cl, n, now, name);
+        cap = next_cap(g, cap, n, clock_mono_ms() - t0);
         store_claims_free(cl, n);
     }
     crashmark_thread_done();

@@ -416,6 +416,11 @@ const struct store_migration store_migrations[] = {
      " sealed TEXT NOT NULL,"
      " retired_at BIGINT NOT NULL);"
      "CREATE INDEX secrets_retired_by_ws ON secrets_retired (workspace, seq);"},
+    /* 15: workspaces take turns at claims (store.h, store_claim): the
+     * claim walks the workspaces that have due steps and takes each one's
+     * oldest, every look an index seek. */
+    {15, "CREATE INDEX steps_due_ws ON steps (workspace, next_run_at) WHERE state = 'DISPATCHED';",
+     "CREATE INDEX steps_due_ws ON steps (workspace, next_run_at) WHERE state = 'DISPATCHED';"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

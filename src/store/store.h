@@ -267,7 +267,18 @@ void store_claims_free(struct store_claim *v, size_t n);
  * to EXECUTING (one winner per step), increments each epoch and attempts,
  * sets the lease (owner `worker`, expiry now+lease_ms) and records an
  * attempt row — all in one transaction.  Never hands one step to two
- * claimants.  *items is a heap array (store_claims_free). */
+ * claimants.  *items is a heap array (store_claims_free).
+ *
+ * Workspaces take turns: the workspaces with DISPATCHED steps are walked
+ * in name order from the one after the last a claim of this store handle
+ * looked at (wrapping), until `limit` of them have due steps or
+ * STORE_CLAIM_WALK were looked at, and the claim takes the oldest due step
+ * of each in that order, then the second of each, and so on — so one
+ * workspace's backlog delays another's step by at most a turn, not by the
+ * backlog.  Within a workspace, oldest due first.  limit is capped at
+ * STORE_CLAIM_MAX. */
+#define STORE_CLAIM_MAX 64
+#define STORE_CLAIM_WALK 64
 int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                 struct store_claim **items, size_t *n, struct ifl_err *e);
 /* The same; a GATEWAY step claimed for its second attempt or later, or

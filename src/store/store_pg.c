@@ -44,6 +44,7 @@
 #include "base/mem.h"
 #include "crypto/crypto.h"
 #include "store/idset.h"
+#include "json/json.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -127,6 +128,7 @@ enum stmt {
     S_ORDERING_DELETE,
     S_IDEM_EXPIRE,
     S_ATTEMPTS_OF,
+    S_CLAIM_WALK,
     S_CLAIM,
     S_CLAIM_MARK,
     S_RENEW,
@@ -346,24 +348,50 @@ static const struct {
                        " outcome, error FROM step_attempts"
                        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
                        " ORDER BY vertex, epoch"},
-    /* The claim in one statement: pick due rows, skipping any another
-     * claimant holds, flip them, and record the attempts. */
+    /* The claim's walk (store.h, store_claim): from the workspace after $1,
+     * the next workspace with DISPATCHED steps (an index seek on
+     * steps_due_ws) and whether it has one due (another), until $4 had one
+     * or $3 were looked at; found counts those with one so far. */
+    [S_CLAIM_WALK] = {"ifl_claim_walk",
+                      "WITH RECURSIVE walk(ws, n, found) AS (SELECT $1::text COLLATE \"C\", 0, 0"
+                      " UNION ALL SELECT nx.ws, walk.n + 1, walk.found + nx.due FROM walk,"
+                      " LATERAL (SELECT w.workspace AS ws, (EXISTS (SELECT 1 FROM steps d"
+                      " WHERE d.state = 'DISPATCHED' AND d.workspace = w.workspace"
+                      " AND d.next_run_at <= $2::bigint))::int AS due FROM (SELECT workspace"
+                      " FROM steps WHERE state = 'DISPATCHED' AND workspace > walk.ws"
+                      " ORDER BY workspace LIMIT 1) w) nx"
+                      " WHERE walk.n < $3::int AND walk.found < $4::int)"
+                      " SELECT ws, found FROM walk WHERE n > 0 ORDER BY n"},
+    /* The claim: the oldest due steps of each workspace the walk found
+     * ($6, a JSON array, in the walk's order), skipping any another
+     * claimant holds, taken in turn — the first of each, then the second,
+     * … —, flipped, their attempts recorded, and handed back in that
+     * order.  (With one workspace, as the plain oldest-first claim: what
+     * it locks it takes; with several, rows locked and not taken are
+     * released at the commit, a moment later.) */
     [S_CLAIM] = {"ifl_claim",
-                 "WITH picked AS MATERIALIZED (SELECT execution_seq, vertex FROM steps"
-                 " WHERE state = 'DISPATCHED' AND next_run_at <= $3::bigint"
-                 " ORDER BY next_run_at LIMIT $4 FOR UPDATE SKIP LOCKED),"
+                 "WITH cand AS (SELECT s.execution_seq, s.vertex, w.ord, row_number() OVER"
+                 " (PARTITION BY w.ord ORDER BY s.next_run_at, s.execution_seq, s.vertex) AS rn"
+                 " FROM json_array_elements_text($6::json) WITH ORDINALITY AS w(ws, ord),"
+                 " LATERAL (SELECT execution_seq, vertex, next_run_at FROM steps"
+                 " WHERE state = 'DISPATCHED' AND workspace = w.ws COLLATE \"C\""
+                 " AND next_run_at <= $3::bigint ORDER BY next_run_at LIMIT $4"
+                 " FOR UPDATE SKIP LOCKED) s),"
+                 " picked AS MATERIALIZED (SELECT execution_seq, vertex, rn, ord FROM cand"
+                 " ORDER BY rn, ord LIMIT $4),"
                  " claimed AS (UPDATE steps s SET state = 'EXECUTING', epoch = s.epoch + 1,"
                  " attempts = s.attempts + 1, lease_owner = $1::text, lease_expires_at = $2,"
                  " updated_at = $3::bigint FROM picked"
                  " WHERE s.execution_seq = picked.execution_seq AND s.vertex = picked.vertex"
                  " RETURNING s.execution_id, s.vertex, s.workspace, s.kind, s.epoch,"
-                 " s.attempts, s.execution_seq),"
+                 " s.attempts, s.execution_seq, picked.rn, picked.ord),"
                  " history AS (INSERT INTO step_attempts (execution_id, vertex, epoch, worker,"
                  " started_at, execution_seq, outcome) SELECT execution_id, vertex, epoch,"
                  " $1::text, $3::bigint, execution_seq, CASE WHEN kind = 'GATEWAY'"
                  " AND (attempts > 1 OR epoch > attempts) THEN $5::text END"
                  " FROM claimed)" /* STORE_CLAIM_NOTED */
-                 " SELECT * FROM claimed"},
+                 " SELECT execution_id, vertex, workspace, kind, epoch, attempts, execution_seq"
+                 " FROM claimed ORDER BY rn, ord"},
     [S_CLAIM_MARK] = {"ifl_claim_mark",
                       "SELECT 1 FROM step_attempts WHERE execution_seq = $1 AND vertex = $2"
                       " AND epoch = $3 AND worker = $4"},
@@ -486,6 +514,7 @@ struct pg {
      * Another process's executions are not in it, so a repeat of one of
      * them goes to the insert, whose conflict reads the row instead. */
     struct idset *seen;
+    char *claim_after; /* the last workspace a claim looked at (under mu; NULL: none) */
 };
 
 static void sleep_ms(int64_t ms)
@@ -2470,9 +2499,55 @@ struct claim_args {
     int limit;
     int64_t now, lease_ms;
     const char *retry_note;
+    struct pg *pg; /* its claim_after */
     struct store_claim *items;
     size_t n;
 };
+
+/* One leg of the claim's walk: from `from`, at most `budget` workspaces;
+ * appends those with due steps to *list (a JSON array's items) and counts
+ * them in *found, stopping at one past `upto` (NULL: none); *last is the
+ * last looked at (owned), *looked how many; *ended 1 when it looked at the
+ * last workspace there is (or past `upto`). */
+static int walk_leg(struct pgtx *t, const struct claim_args *a, const char *from, const char *upto,
+                    int budget, struct buf *list, int *found, char **last, int *looked, int *ended,
+                    struct ifl_err *e)
+{
+    *looked = 0;
+    *ended = 1;
+    if (budget <= 0)
+        return 0;
+    struct args p = {0};
+    arg_s(&p, from);
+    arg_i(&p, a->now);
+    arg_i(&p, budget);
+    arg_i(&p, a->limit - *found);
+    PGresult *r = q(t, S_CLAIM_WALK, &p, e);
+    if (!r)
+        return t->fail_rc;
+    int64_t before = 0;
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *ws = PQgetvalue(r, i, 0);
+        if (upto && strcmp(ws, upto) > 0)
+            break; /* back where the first leg began */
+        int64_t f = col_i64(r, i, 1);
+        if (f > before) {
+            if (*found)
+                buf_putc(list, ',');
+            json_write_string(ws, list);
+            (*found)++;
+        }
+        before = f;
+        (*looked)++;
+        free(*last);
+        *last = xstrdup(ws);
+    }
+    int n = PQntuples(r);
+    PQclear(r);
+    /* cut by the budget, or by `limit` found: there may be more */
+    *ended = *looked < n || (n < budget && *found < a->limit);
+    return 0;
+}
 
 static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
 {
@@ -2480,15 +2555,34 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
     store_claims_free(a->items, a->n);
     a->items = NULL;
     a->n = 0;
+    pthread_mutex_lock(&a->pg->mu);
+    char *start = a->pg->claim_after ? xstrdup(a->pg->claim_after) : NULL;
+    pthread_mutex_unlock(&a->pg->mu);
+    struct buf list;
+    buf_init(&list, 0);
+    buf_putc(&list, '[');
+    int found = 0, looked = 0, more = 0, ended = 0;
+    char *last = NULL;
+    int rc = walk_leg(t, a, start ? start : "", NULL, STORE_CLAIM_WALK, &list, &found, &last,
+                      &looked, &ended, e);
+    if (!rc && ended && start) /* wrap: from the first, up to where it began */
+        rc = walk_leg(t, a, "", start, STORE_CLAIM_WALK - looked, &list, &found, &last, &more,
+                      &ended, e);
+    buf_putc(&list, ']');
+    if (rc || !found)
+        goto out;
     struct args p = {0};
     arg_s(&p, a->worker);
     arg_i(&p, a->now + a->lease_ms);
     arg_i(&p, a->now);
     arg_i(&p, a->limit);
     arg_s(&p, a->retry_note);
+    arg_s(&p, list.p);
     PGresult *r = q(t, S_CLAIM, &p, e);
-    if (!r)
-        return t->fail_rc;
+    if (!r) {
+        rc = t->fail_rc;
+        goto out;
+    }
     size_t n = (size_t)PQntuples(r);
     a->items = n ? xcalloc(n, sizeof *a->items) : NULL;
     for (size_t i = 0; i < n; i++) {
@@ -2513,14 +2607,31 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
         arg_s(&t->mark_args, a->worker);
     }
     PQclear(r);
-    return 0;
+out:
+    if (!rc && last) { /* the next claim walks on from here */
+        pthread_mutex_lock(&a->pg->mu);
+        free(a->pg->claim_after);
+        a->pg->claim_after = last;
+        last = NULL;
+        pthread_mutex_unlock(&a->pg->mu);
+    }
+    free(last);
+    free(start);
+    buf_free(&list);
+    return rc;
 }
 
 static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
                     int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
                     struct ifl_err *e)
 {
-    struct claim_args a = {worker, limit, now, lease_ms, retry_note, NULL, 0};
+    *items = NULL;
+    *n = 0;
+    if (limit <= 0)
+        return 0;
+    if (limit > STORE_CLAIM_MAX)
+        limit = STORE_CLAIM_MAX;
+    struct claim_args a = {worker, limit, now, lease_ms, retry_note, (struct pg *)base, NULL, 0};
     int rc = run((struct pg *)base, body_claim, &a, M_TX, e);
     if (rc) {
         store_claims_free(a.items, a.n);
@@ -2800,6 +2911,7 @@ static void pg_free(struct pg *s)
     pthread_mutex_destroy(&s->lmu);
     pthread_cond_destroy(&s->lcv);
     idset_free(s->seen);
+    free(s->claim_after);
     free(s->conninfo);
     free(s);
 }

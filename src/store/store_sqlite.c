@@ -100,6 +100,7 @@ struct sq {
     atomic_int ids_stop;
     pthread_t ids_thread;
     int ids_running;
+    char *claim_after; /* the last workspace a claim looked at (writer only; NULL: none) */
 };
 
 /* ---- connections and statements ------------------------------------------ */
@@ -2034,9 +2035,90 @@ struct claim_args {
     int limit;
     int64_t now, lease_ms;
     const char *retry_note;
+    char **after; /* struct sq's claim_after */
     struct store_claim *items;
     size_t n;
 };
+
+/* One workspace's oldest due steps, as the claim's walk found them. */
+struct claim_due {
+    int64_t seq[STORE_CLAIM_MAX];
+    char *vertex[STORE_CLAIM_MAX];
+    int n;
+};
+
+/* The claim's walk (store.h, store_claim): the workspaces with DISPATCHED
+ * steps in name order, from the one after *after, wrapping once, until
+ * `limit` of them have due steps or STORE_CLAIM_WALK were looked at; each
+ * found with its oldest due steps (up to limit).  Every look is an index
+ * seek (steps_due_ws): a workspace whose steps all wait (a backoff) costs
+ * two, however many it has.  *after becomes the last looked at. */
+static int claim_walk(struct conn *c, struct claim_args *a, struct claim_due *due, int *nd,
+                      struct ifl_err *e)
+{
+    static const char next_ws[] = "SELECT workspace FROM steps WHERE state = 'DISPATCHED'"
+                                  " AND workspace > ?1 ORDER BY workspace LIMIT 1";
+    static const char due_of[] = "SELECT execution_seq, vertex FROM steps"
+                                 " WHERE state = 'DISPATCHED' AND workspace = ?1"
+                                 " AND next_run_at <= ?2 ORDER BY next_run_at LIMIT ?3";
+    char *start = *a->after ? xstrdup(*a->after) : NULL, *at = start ? xstrdup(start) : xstrdup("");
+    int wrapped = 0, rc = 0;
+    *nd = 0;
+    for (int looked = 0; looked < STORE_CLAIM_WALK && *nd < a->limit;) {
+        sqlite3_stmt *st = stmt(c, next_ws, e);
+        if (!st) {
+            rc = IFL_ESTORE;
+            break;
+        }
+        bind_text(st, 1, at);
+        int r = sqlite3_step(st);
+        char *ws = r == SQLITE_ROW ? col_str(st, 0) : NULL;
+        done_stmt(st);
+        if (r != SQLITE_ROW && r != SQLITE_DONE) {
+            rc = db_err(c, e, "claim_walk");
+            break;
+        }
+        if (!ws || (wrapped && strcmp(ws, start) > 0)) { /* the end; or back where it began */
+            free(ws);
+            if (wrapped || !start)
+                break;
+            wrapped = 1;
+            free(at);
+            at = xstrdup("");
+            continue;
+        }
+        looked++;
+        free(at);
+        at = ws;
+        if (!(st = stmt(c, due_of, e))) {
+            rc = IFL_ESTORE;
+            break;
+        }
+        bind_text(st, 1, ws);
+        sqlite3_bind_int64(st, 2, a->now);
+        sqlite3_bind_int(st, 3, a->limit);
+        struct claim_due *d = &due[*nd];
+        d->n = 0;
+        while ((r = sqlite3_step(st)) == SQLITE_ROW && d->n < a->limit) {
+            d->seq[d->n] = sqlite3_column_int64(st, 0);
+            d->vertex[d->n++] = col_str(st, 1);
+        }
+        done_stmt(st);
+        if (r != SQLITE_ROW && r != SQLITE_DONE) {
+            rc = db_err(c, e, "claim_due"); /* its vertices are freed by the caller */
+            break;
+        }
+        *nd += d->n > 0;
+    }
+    if (!rc && strcmp(at, "") != 0) {
+        free(*a->after);
+        *a->after = at;
+        at = NULL;
+    }
+    free(at);
+    free(start);
+    return rc;
+}
 
 static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
 {
@@ -2044,49 +2126,65 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
     store_claims_free(a->items, a->n); /* a batch may run a job twice */
     a->items = NULL;
     a->n = 0;
-    /* One statement picks and flips the rows: the single writer makes the
-     * claim atomic; RETURNING hands back exactly the rows this call won. */
-    static const char sql[] =
+    struct claim_due *due = xcalloc((size_t)a->limit, sizeof *due);
+    int nd = 0;
+    int rc = claim_walk(c, a, due, &nd, e);
+    /* In turn: the oldest due step of each workspace (in the walk's order),
+     * then the second of each, …; the single writer makes each flip final
+     * (state is checked all the same); RETURNING hands back the row. */
+    static const char take[] =
         "UPDATE steps SET state = 'EXECUTING', epoch = epoch + 1, attempts = attempts + 1,"
         " lease_owner = ?1, lease_expires_at = ?2, updated_at = ?3"
-        " WHERE (execution_seq, vertex) IN (SELECT execution_seq, vertex FROM steps"
-        " WHERE state = 'DISPATCHED'"
-        " AND next_run_at <= ?3 ORDER BY next_run_at LIMIT ?4)"
+        " WHERE execution_seq = ?4 AND vertex = ?5 AND state = 'DISPATCHED'"
         " RETURNING execution_id, vertex, workspace, kind, epoch, attempts, execution_seq";
     static const char hist[] =
         "INSERT INTO step_attempts (execution_id, vertex, epoch, worker, started_at,"
         " execution_seq, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)";
-    sqlite3_stmt *st = stmt(c, sql, e);
-    if (!st)
-        return IFL_ESTORE;
-    bind_text(st, 1, a->worker);
-    sqlite3_bind_int64(st, 2, a->now + a->lease_ms);
-    sqlite3_bind_int64(st, 3, a->now);
-    sqlite3_bind_int(st, 4, a->limit);
-    size_t cap = 0;
-    int64_t *seqs = NULL;
-    int r;
-    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (a->n == cap) {
-            cap = cap ? cap * 2 : 16;
-            a->items = xrealloc(a->items, cap * sizeof *a->items);
+    a->items = xcalloc((size_t)a->limit, sizeof *a->items);
+    int64_t *seqs = xcalloc((size_t)a->limit, sizeof *seqs);
+    for (int turn = 0; !rc && turn < a->limit && (int)a->n < a->limit; turn++) {
+        int any = 0;
+        for (int k = 0; !rc && k < nd && (int)a->n < a->limit; k++) {
+            if (turn >= due[k].n)
+                continue;
+            any = 1;
+            sqlite3_stmt *st = stmt(c, take, e);
+            if (!st) {
+                rc = IFL_ESTORE;
+                break;
+            }
+            bind_text(st, 1, a->worker);
+            sqlite3_bind_int64(st, 2, a->now + a->lease_ms);
+            sqlite3_bind_int64(st, 3, a->now);
+            sqlite3_bind_int64(st, 4, due[k].seq[turn]);
+            bind_text(st, 5, due[k].vertex[turn]);
+            int r = sqlite3_step(st);
+            if (r == SQLITE_ROW) {
+                struct store_claim *cl = &a->items[a->n];
+                col_copy(st, 0, cl->execution_id, sizeof cl->execution_id);
+                cl->vertex = col_str(st, 1);
+                cl->workspace = col_str(st, 2);
+                cl->kind = col_str(st, 3);
+                cl->epoch = sqlite3_column_int64(st, 4);
+                cl->attempts = sqlite3_column_int(st, 5);
+                seqs[a->n++] = sqlite3_column_int64(st, 6);
+                r = sqlite3_step(st);
+            }
+            rc = r == SQLITE_DONE ? 0 : db_err(c, e, "claim");
+            done_stmt(st);
         }
-        struct store_claim *cl = &a->items[a->n++];
-        col_copy(st, 0, cl->execution_id, sizeof cl->execution_id);
-        cl->vertex = col_str(st, 1);
-        cl->workspace = col_str(st, 2);
-        cl->kind = col_str(st, 3);
-        cl->epoch = sqlite3_column_int64(st, 4);
-        cl->attempts = sqlite3_column_int(st, 5);
-        seqs = xrealloc(seqs, cap * sizeof *seqs);
-        seqs[a->n - 1] = sqlite3_column_int64(st, 6);
+        if (!any)
+            break;
     }
-    int rc = r == SQLITE_DONE ? 0 : db_err(c, e, "claim");
-    done_stmt(st);
+    for (int k = 0; k < a->limit; k++) /* an entry's n counts what it holds */
+        for (int i = 0; i < due[k].n; i++)
+            free(due[k].vertex[i]);
+    free(due);
     for (size_t i = 0; !rc && i < a->n; i++) {
-        if (!(st = stmt(c, hist, e))) {
-            free(seqs);
-            return IFL_ESTORE;
+        sqlite3_stmt *st = stmt(c, hist, e);
+        if (!st) {
+            rc = IFL_ESTORE;
+            break;
         }
         bind_text(st, 1, a->items[i].execution_id);
         bind_text(st, 2, a->items[i].vertex);
@@ -2107,8 +2205,15 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
                     int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
                     struct ifl_err *e)
 {
-    struct claim_args a = {worker, limit, now, lease_ms, retry_note, NULL, 0};
-    int rc = write_job((struct sq *)base, job_claim, &a, e);
+    struct sq *s = (struct sq *)base;
+    *items = NULL;
+    *n = 0;
+    if (limit <= 0)
+        return 0;
+    if (limit > STORE_CLAIM_MAX)
+        limit = STORE_CLAIM_MAX;
+    struct claim_args a = {worker, limit, now, lease_ms, retry_note, &s->claim_after, NULL, 0};
+    int rc = write_job(s, job_claim, &a, e);
     if (rc) {
         store_claims_free(a.items, a.n);
         return rc;
@@ -2308,6 +2413,7 @@ static void op_close(struct store *base)
     pthread_cond_destroy(&s->ccv);
     pthread_cond_destroy(&s->ccv_idle);
     idset_free(s->ids);
+    free(s->claim_after);
     free(s->path);
     free(s);
 }

@@ -3,13 +3,15 @@
  * both backends must pass: the Idempotency-Key records of spec §7, the
  * ordering keys of spec §8, the schedule ticks of spec §9 and the
  * subscriptions and deliveries of outgoing webhooks (spec §7), what migration 12
- * fills in for earlier start-overs, and the secret values PUTs replaced.  Included by test_store.c (SQLite) and
+ * fills in for earlier start-overs, the secret values PUTs replaced, and
+ * the claim's turns across workspaces.  Included by test_store.c (SQLite) and
  * test_store_pg.c (PostgreSQL).
  */
 #ifndef IFL_TESTS_STORE_CHECKS_H
 #define IFL_TESTS_STORE_CHECKS_H
 
 #include "store/store.h"
+#include "step_seed.h"
 
 struct idem_op {
     const char *key;
@@ -621,6 +623,82 @@ static void check_retired(struct store *s)
     assert_string_equal(sealed[0], "v1:o1");
     store_strv_free(names, n);
     store_strv_free(sealed, n);
+}
+
+/* ---- claims take turns across workspaces (store.h, store_claim) ---------------------- */
+
+/* Workspace ta has 40 due steps, older than tb's 3 and td's 3; tc has 30
+ * that are not due.  The claim takes the oldest of each workspace with
+ * due steps before a second of any; single claims then rotate through
+ * them; and draining gives every due step once, each workspace's oldest
+ * first, and none of tc's.  On a fresh store (a claim of another test's
+ * steps would disturb it). */
+static void check_claim_turns(struct store *s)
+{
+    enum { NOW = 100000 };
+    char ids[4][65];
+    for (int k = 0; k < 4; k++) {
+        memset(ids[k], 'a' + k, 64);
+        ids[k][64] = '\0';
+    }
+    struct step_seed seeds[] = {{"ta", ids[0], 40, STEP_DISPATCHED, 'a', 1000},
+                                {"tb", ids[1], 3, STEP_DISPATCHED, 'b', 5000},
+                                {"tc", ids[2], 30, STEP_DISPATCHED, 'c', NOW + 3600000},
+                                {"td", ids[3], 3, STEP_DISPATCHED, 'd', 6000}};
+    int created;
+    for (size_t k = 0; k < 4; k++) {
+        assert_int_equal(store_workspace_put(s, seeds[k].ws, "{}", &created, NULL), 0);
+        assert_int_equal(store_tx_run(s, step_seed_tx, &seeds[k], NULL), 0);
+    }
+    int next[4] = {0}; /* each workspace's next expected step: its oldest first */
+    int total = 0;
+    struct store_claim *c = NULL;
+    size_t n = 0;
+    assert_int_equal(store_claim(s, "w", 4, NOW, 60000, &c, &n, NULL), 0);
+    assert_int_equal(n, 4);
+    int seen[4] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int k = c[i].workspace[1] - 'a';
+        assert_true(k >= 0 && k < 4 && k != 2);
+        assert_int_equal(atoi(c[i].vertex + 1), next[k]++);
+        if (i < 3)
+            assert_int_equal(seen[k]++, 0); /* the first of each before a second of any */
+        total++;
+    }
+    store_claims_free(c, n);
+    /* every workspace still has a due step: three single claims, three workspaces */
+    int turn[4] = {0};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(store_claim(s, "w", 1, NOW, 60000, &c, &n, NULL), 0);
+        assert_int_equal(n, 1);
+        int k = c[0].workspace[1] - 'a';
+        assert_true(k >= 0 && k < 4 && k != 2);
+        assert_int_equal(turn[k]++, 0);
+        assert_int_equal(atoi(c[0].vertex + 1), next[k]++);
+        total++;
+        store_claims_free(c, n);
+    }
+    for (;;) {
+        assert_int_equal(store_claim(s, "w", 16, NOW, 60000, &c, &n, NULL), 0);
+        if (!n)
+            break;
+        for (size_t i = 0; i < n; i++) {
+            int k = c[i].workspace[1] - 'a';
+            assert_true(k >= 0 && k < 4 && k != 2);
+            assert_int_equal(atoi(c[i].vertex + 1), next[k]++);
+            total++;
+        }
+        store_claims_free(c, n);
+    }
+    store_claims_free(c, n);
+    assert_int_equal(total, 46);
+    assert_int_equal(next[0], 40);
+    assert_int_equal(next[1], 3);
+    assert_int_equal(next[3], 3);
+    /* tc's steps come when they are due */
+    assert_int_equal(store_claim(s, "w", 64, NOW + 3600000 + 29, 60000, &c, &n, NULL), 0);
+    assert_int_equal(n, 30);
+    store_claims_free(c, n);
 }
 
 #endif

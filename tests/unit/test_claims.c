@@ -18,43 +18,12 @@
 #include "base/clock.h"
 #include "base/mem.h"
 #include "store/store.h"
+#include "step_seed.h"
 
 #define STEPS 1000
 static const char XID[] = "1111111111111111111111111111111111111111111111111111111111111111";
 
 static char dir[64];
-
-struct seed {
-    int n;
-};
-
-static int tx_seed(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    struct seed *sd = arg;
-    struct store_execution x = {0};
-    snprintf(x.id, sizeof x.id, "%s", XID);
-    x.workspace = "ws";
-    x.workflow = "wf";
-    x.workflow_version = 1;
-    x.entry_point = "start";
-    x.identity = "{}";
-    x.payload = "null";
-    x.status = "running";
-    int created;
-    int rc = store_tx_execution_insert(tx, &x, &created, e);
-    for (int i = 0; !rc && i < sd->n; i++) {
-        struct store_step st = {0};
-        snprintf(st.execution_id, sizeof st.execution_id, "%s", XID);
-        char name[16];
-        snprintf(name, sizeof name, "v%04d", i);
-        st.vertex = name;
-        st.workspace = "ws";
-        st.kind = "TRANSFORM";
-        st.state = STEP_DISPATCHED;
-        rc = store_tx_step_insert(tx, &st, e);
-    }
-    return rc;
-}
 
 static int setup(void **state)
 {
@@ -66,8 +35,8 @@ static int setup(void **state)
     assert_int_equal(store_open(url, &s, NULL), 0);
     int created;
     assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
-    struct seed sd = {STEPS};
-    assert_int_equal(store_tx_run(s, tx_seed, &sd, NULL), 0);
+    struct step_seed sd = {"ws", XID, STEPS, STEP_DISPATCHED, 'v', 0};
+    assert_int_equal(store_tx_run(s, step_seed_tx, &sd, NULL), 0);
     *state = s;
     return 0;
 }

@@ -652,45 +652,12 @@ static void test_concurrent_migrations(void **state)
 
 #define STEPS 1000
 
-struct seed {
-    int n;
-    enum step_state state;
-};
-
-static int tx_seed(struct store_tx *tx, void *arg, struct ifl_err *e)
-{
-    struct seed *sd = arg;
-    struct store_execution x = {0};
-    snprintf(x.id, sizeof x.id, "%s", XID);
-    x.workspace = "ws";
-    x.workflow = "wf";
-    x.workflow_version = 1;
-    x.entry_point = "start";
-    x.identity = "{}";
-    x.payload = "null";
-    x.status = "running";
-    int created;
-    int rc = store_tx_execution_insert(tx, &x, &created, e);
-    for (int i = 0; !rc && i < sd->n; i++) {
-        struct store_step st = {0};
-        snprintf(st.execution_id, sizeof st.execution_id, "%s", XID);
-        char name[16];
-        snprintf(name, sizeof name, "v%04d", i);
-        st.vertex = name;
-        st.workspace = "ws";
-        st.kind = "TRANSFORM";
-        st.state = sd->state;
-        rc = store_tx_step_insert(tx, &st, e);
-    }
-    return rc;
-}
-
 static void seed(struct store *s, int n, enum step_state state)
 {
     int created;
     assert_int_equal(store_workspace_put(s, "ws", "{}", &created, NULL), 0);
-    struct seed sd = {n, state};
-    assert_int_equal(store_tx_run(s, tx_seed, &sd, NULL), 0);
+    struct step_seed sd = {"ws", XID, n, state, 'v', 0};
+    assert_int_equal(store_tx_run(s, step_seed_tx, &sd, NULL), 0);
 }
 
 struct claimer {
@@ -1636,6 +1603,12 @@ static void test_ordering_keys(void **state)
     check_ordering_keys(S(state));
 }
 
+static void test_claims_take_turns_across_workspaces(void **state)
+{
+    NEED_PG(state);
+    check_claim_turns(S(state));
+}
+
 static void test_idempotency_records(void **state)
 {
     NEED_PG(state);
@@ -1939,6 +1912,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_key_in_flight_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_claims_take_turns_across_workspaces, setup, teardown),
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_execution_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),

@@ -438,7 +438,7 @@ static enum MHD_Result refuse_framing(struct http_server *s, struct MHD_Connecti
     struct http_res res = {0};
     int both = strstr(field, " and ") != NULL, plain = strchr(field, ' ') != NULL;
     http_res_body(&res, 400, "application/problem+json",
-                  xasprintf("{\"type\":\"/problems/bad-request\",\"title\":\"Bad Request\","
+                  xasprintf("{\"type\":\"/problems/bad-request\",\"title\":\"Bad request\","
                             "\"status\":400,\"detail\":\"%s%s%s (RFC 9112)\"}",
                             both    ? "the request has both "
                             : plain ? "the request has "
@@ -534,8 +534,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pthread_mutex_unlock(&s->mu);
         if (late) {
             http_res_body(&res, 503, "application/problem+json",
-                          xstrdup("{\"type\":\"/problems/shutting-down\",\"title\":\"Service "
-                                  "Unavailable\",\"status\":503,\"detail\":\"this engine "
+                          xstrdup("{\"type\":\"/problems/shutting-down\",\"title\":\"Shutting "
+                                  "down\",\"status\":503,\"detail\":\"this engine "
                                   "process is stopping; send the request again (to another "
                                   "process, or once it is back)\"}"));
             http_res_header(&res, "Connection", "close");

@@ -2273,6 +2273,7 @@ def test_a_shutdown_waits_for_a_handler_that_outlasts_its_drain(make_server, moc
         r = keep.getresponse()
         body = r.read()
         return r.status == 503 and b"/problems/shutting-down" in body and \
+            json.loads(body)["title"] == "Shutting down" and \
             r.getheader("Connection") == "close"
     wait_for(refused)
     answer = b""

@@ -289,6 +289,7 @@ def test_a_request_framed_two_ways_is_refused_and_changes_nothing(server, fields
     assert b"application/problem+json" in head and b"connection: close" in head.lower(), head
     doc = json.loads(body)
     assert doc["status"] == 400 and doc["type"] == "/problems/bad-request", doc
+    assert doc["title"] == "Bad request", doc  # as every title: its type's slug, in words
     assert "RFC 9112" in doc["detail"], doc
     assert server.get("/v1/workspaces/frm/executions").json["items"] == []
     # one of each is served as before

@@ -308,19 +308,20 @@ static const char *outcome_key(const void *arg)
 #define SLICE_BYTES ((size_t)32 << 20)
 
 /* How many steps a worker claims next, after a batch of n took `took` ms:
- * a claimed step waits for those before it in its batch, so while steps
- * are slow a worker claims about a slice's worth (at least one) and leaves
- * the rest claimable by the others — with the claim's turns across
- * workspaces (store_claim), one workspace's queue of slow steps then
- * delays another's step by about a step, not by a batch.  Fast batches
- * double it back to the configured size. */
+ * a claimed step waits for those before it in its batch, so a worker
+ * claims about a slice's worth (at least one) and leaves the rest
+ * claimable by the others — with the claim's turns across workspaces
+ * (store_claim), one workspace's queue of slow steps then delays
+ * another's step by about a step, not by a batch.  It starts at one (and
+ * again after a claim that found nothing: the next steps may be slow) and
+ * at most doubles a batch, up to the configured size. */
 static int next_cap(const struct engine *g, int cap, size_t n, int64_t took)
 {
-    if (took > SLICE_MS) {
-        int64_t fit = SLICE_MS * (int64_t)n / took;
-        return fit < 1 ? 1 : (int)fit;
-    }
-    return cap * 2 < g->run.batch ? cap * 2 : g->run.batch;
+    int64_t fit = took > 0 ? SLICE_MS * (int64_t)n / took : INT64_MAX;
+    int64_t next = cap * 2 < g->run.batch ? cap * 2 : g->run.batch;
+    if (fit < next)
+        next = fit;
+    return next < 1 ? 1 : (int)next;
 }
 
 /* The stored text a pending step read (its execution's payload and rows). */
@@ -450,7 +451,7 @@ static void *worker_main(void *arg)
      * wake-ups for finished calls (engine_wake_drain) do not. */
     unsigned long empty_work = 0;
     int64_t empty_until = INT64_MIN;
-    int cap = g->run.batch; /* next_cap */
+    int cap = 1; /* next_cap; after an empty claim, 1 again */
     for (;;) {
         pthread_mutex_lock(&g->wmu);
         int stop = g->stopping;
@@ -474,13 +475,17 @@ static void *worker_main(void *arg)
             idle_wait(g, seen, empty_until); /* nothing new to claim */
             continue;
         }
+        int more = 0;
         if (store_claim_noted(g->store, name, limit, now, g->run.lease_ms, STEPS_RENDERING, &cl, &n,
-                              &e)) {
+                              &more, &e)) {
             log_error("worker.claim_failed", "%s", e.msg);
             idle_wait(g, seen, now + 500);
             continue;
         }
+        if (n == 0 && more)
+            continue; /* the walk goes on where it stopped */
         if (n == 0) {
+            cap = 1;
             int64_t due = INT64_MAX;
             store_next_due(g->store, &due, NULL);
             int64_t until = now + 1000;

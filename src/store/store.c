@@ -432,6 +432,35 @@ void *store_grow(void *items, size_t n, size_t *cap, size_t size)
     return xrealloc(items, *cap * size);
 }
 
+/* x lies in what a walk from a (exclusive) to b (inclusive) looked at;
+ * "" is the place before the first workspace. */
+static int walked_past(const char *x, const char *a, const char *b, int wrapped)
+{
+    if (!wrapped)
+        return strcmp(x, a) > 0 && strcmp(x, b) <= 0;
+    return strcmp(x, a) > 0 || strcmp(x, b) <= 0 || !*x;
+}
+
+int store_claim_lap(char **empty_since, const char *start, const char *last, int wrapped, int found,
+                    int cut)
+{
+    if (found || !cut || !last) {
+        free(*empty_since);
+        *empty_since = NULL;
+        return 0;
+    }
+    if (!*empty_since) {
+        *empty_since = xstrdup(start ? start : "");
+        return 1;
+    }
+    if (walked_past(*empty_since, start ? start : "", last, wrapped)) {
+        free(*empty_since);
+        *empty_since = NULL;
+        return 0;
+    }
+    return 1;
+}
+
 int store_url_is_sqlite(const char *url)
 {
     return !(strncmp(url, "postgres://", 11) == 0 || strncmp(url, "postgresql://", 13) == 0 ||
@@ -857,15 +886,17 @@ int store_claim(struct store *s, const char *worker, int limit, int64_t now, int
                 struct store_claim **items, size_t *n, struct ifl_err *e)
 {
     ZERO_OUT(items, n);
-    return s->ops->claim(s, worker, limit, now, lease_ms, NULL, items, n, e);
+    int more;
+    return s->ops->claim(s, worker, limit, now, lease_ms, NULL, items, n, &more, e);
 }
 
 int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
-                      const char *retry_note, struct store_claim **items, size_t *n,
+                      const char *retry_note, struct store_claim **items, size_t *n, int *more,
                       struct ifl_err *e)
 {
     ZERO_OUT(items, n);
-    return s->ops->claim(s, worker, limit, now, lease_ms, retry_note, items, n, e);
+    *more = 0;
+    return s->ops->claim(s, worker, limit, now, lease_ms, retry_note, items, n, more, e);
 }
 
 int store_lease_renew(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,

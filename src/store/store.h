@@ -275,10 +275,12 @@ void store_claims_free(struct store_claim *v, size_t n);
  * STORE_CLAIM_WALK were looked at, and the claim takes the oldest due step
  * of each in that order, then the second of each, and so on — so one
  * workspace's backlog delays another's step by at most a turn, not by the
- * backlog.  Within a workspace, oldest due first.  limit is capped at
- * STORE_CLAIM_MAX. */
+ * backlog.  Within a workspace, oldest due first.  Each look is one index
+ * seek (steps_due_ws gives a workspace's earliest step first: due or not
+ * is read from it), so workspaces whose steps all wait (a backoff) cost a
+ * seek each.  limit is capped at STORE_CLAIM_MAX. */
 #define STORE_CLAIM_MAX 64
-#define STORE_CLAIM_WALK 64
+#define STORE_CLAIM_WALK 256
 int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                 struct store_claim **items, size_t *n, struct ifl_err *e);
 /* The same; a GATEWAY step claimed for its second attempt or later, or
@@ -287,8 +289,12 @@ int store_claim(struct store *s, const char *worker, int limit, int64_t now, int
  * row whose outcome is already retry_note (a note on the running attempt,
  * as store_tx_attempt_note writes) in the claim's own transaction. */
 #define STORE_CLAIM_NOTED(c) ((c)->attempts > 1 || (c)->epoch > (c)->attempts)
+/* *more: 1 when the walk stopped at STORE_CLAIM_WALK looks with
+ * workspaces left to look at — what is due there is claimable at once by
+ * a claim that walks on (many workspaces' steps waiting out a backoff
+ * must not make a worker nap between every 256 of them). */
 int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
-                      const char *retry_note, struct store_claim **items, size_t *n,
+                      const char *retry_note, struct store_claim **items, size_t *n, int *more,
                       struct ifl_err *e);
 /* Extends a lease to `until`; *ok = 0 when the step is no longer ours
  * (fenced) or its lease had already run out at `now`: a lapsed lease is not

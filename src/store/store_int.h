@@ -27,6 +27,16 @@ typedef int (*store_row_fn)(void *arg, const char *const *cols, int ncols);
 #define STORE_MAX_COLS 24
 /* Makes room for one more element in a doubling heap array (store.c). */
 void *store_grow(void *items, size_t n, size_t *cap, size_t size);
+
+/* The claim walk's laps (store.h, store_claim_noted's *more): a walk from
+ * `start` (NULL: the first workspace) that looked up to `last`, wrapping
+ * past the last workspace if `wrapped`, found `found` workspaces with due
+ * steps and was `cut` short by its budget.  A walk that found none and was
+ * cut asks for another at once (returns 1) — until the walks since the
+ * first of them have looked at every workspace once: *empty_since (owned;
+ * NULL while walks find work) is where that first one began. */
+int store_claim_lap(char **empty_since, const char *start, const char *last, int wrapped, int found,
+                    int cut);
 /* A store_row_fn that counts rows into the int at arg (subs.c). */
 int store_row_count(void *arg, const char *const *cols, int nc);
 
@@ -69,7 +79,8 @@ struct store_ops {
     int (*attempts_get)(struct store *s, const char *execution_id, struct store_attempt **items,
                         size_t *n, struct ifl_err *e);
     int (*claim)(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
-                 const char *retry_note, struct store_claim **items, size_t *n, struct ifl_err *e);
+                 const char *retry_note, struct store_claim **items, size_t *n, int *more,
+                 struct ifl_err *e);
     int (*lease_renew)(struct store *s, const char *execution_id, const char *vertex, int64_t epoch,
                        int64_t now, int64_t until, int *ok, struct ifl_err *e);
     int (*expired)(struct store *s, int64_t now, int limit, struct store_step **items, size_t *n,

@@ -349,17 +349,16 @@ static const struct {
                        " WHERE execution_seq = (SELECT seq FROM executions WHERE id = $1)"
                        " ORDER BY vertex, epoch"},
     /* The claim's walk (store.h, store_claim): from the workspace after $1,
-     * the next workspace with DISPATCHED steps (an index seek on
-     * steps_due_ws) and whether it has one due (another), until $4 had one
-     * or $3 were looked at; found counts those with one so far. */
+     * the next workspace with DISPATCHED steps and its earliest step (one
+     * index seek on steps_due_ws), due or not, until $4 had one due or $3
+     * were looked at; found counts those with one so far. */
     [S_CLAIM_WALK] = {"ifl_claim_walk",
                       "WITH RECURSIVE walk(ws, n, found) AS (SELECT $1::text COLLATE \"C\", 0, 0"
-                      " UNION ALL SELECT nx.ws, walk.n + 1, walk.found + nx.due FROM walk,"
-                      " LATERAL (SELECT w.workspace AS ws, (EXISTS (SELECT 1 FROM steps d"
-                      " WHERE d.state = 'DISPATCHED' AND d.workspace = w.workspace"
-                      " AND d.next_run_at <= $2::bigint))::int AS due FROM (SELECT workspace"
-                      " FROM steps WHERE state = 'DISPATCHED' AND workspace > walk.ws"
-                      " ORDER BY workspace LIMIT 1) w) nx"
+                      " UNION ALL SELECT nx.workspace, walk.n + 1,"
+                      " walk.found + (nx.next_run_at <= $2::bigint)::int FROM walk,"
+                      " LATERAL (SELECT workspace, next_run_at FROM steps"
+                      " WHERE state = 'DISPATCHED' AND workspace > walk.ws"
+                      " ORDER BY workspace, next_run_at LIMIT 1) nx"
                       " WHERE walk.n < $3::int AND walk.found < $4::int)"
                       " SELECT ws, found FROM walk WHERE n > 0 ORDER BY n"},
     /* The claim: the oldest due steps of each workspace the walk found
@@ -514,7 +513,8 @@ struct pg {
      * Another process's executions are not in it, so a repeat of one of
      * them goes to the insert, whose conflict reads the row instead. */
     struct idset *seen;
-    char *claim_after; /* the last workspace a claim looked at (under mu; NULL: none) */
+    char *claim_after;       /* the last workspace a claim looked at (under mu; NULL: none) */
+    char *claim_empty_since; /* store_claim_lap's (under mu) */
 };
 
 static void sleep_ms(int64_t ms)
@@ -2502,6 +2502,7 @@ struct claim_args {
     struct pg *pg; /* its claim_after */
     struct store_claim *items;
     size_t n;
+    int more; /* store_claim_noted's */
 };
 
 /* One leg of the claim's walk: from `from`, at most `budget` workspaces;
@@ -2565,9 +2566,16 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
     char *last = NULL;
     int rc = walk_leg(t, a, start ? start : "", NULL, STORE_CLAIM_WALK, &list, &found, &last,
                       &looked, &ended, e);
-    if (!rc && ended && start) /* wrap: from the first, up to where it began */
+    int wrapped = !rc && ended && start;
+    if (wrapped) /* from the first, up to where it began */
         rc = walk_leg(t, a, "", start, STORE_CLAIM_WALK - looked, &list, &found, &last, &more,
                       &ended, e);
+    if (!rc) {
+        pthread_mutex_lock(&a->pg->mu);
+        a->more = store_claim_lap(&a->pg->claim_empty_since, start, last, wrapped, found,
+                                  !ended && found < a->limit);
+        pthread_mutex_unlock(&a->pg->mu);
+    }
     buf_putc(&list, ']');
     if (rc || !found)
         goto out;
@@ -2623,7 +2631,7 @@ out:
 
 static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
                     int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
-                    struct ifl_err *e)
+                    int *more, struct ifl_err *e)
 {
     *items = NULL;
     *n = 0;
@@ -2631,8 +2639,9 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
         return 0;
     if (limit > STORE_CLAIM_MAX)
         limit = STORE_CLAIM_MAX;
-    struct claim_args a = {worker, limit, now, lease_ms, retry_note, (struct pg *)base, NULL, 0};
+    struct claim_args a = {worker, limit, now, lease_ms, retry_note, (struct pg *)base, NULL, 0, 0};
     int rc = run((struct pg *)base, body_claim, &a, M_TX, e);
+    *more = a.more;
     if (rc) {
         store_claims_free(a.items, a.n);
         return rc;
@@ -2912,6 +2921,7 @@ static void pg_free(struct pg *s)
     pthread_cond_destroy(&s->lcv);
     idset_free(s->seen);
     free(s->claim_after);
+    free(s->claim_empty_since);
     free(s->conninfo);
     free(s);
 }

@@ -100,7 +100,8 @@ struct sq {
     atomic_int ids_stop;
     pthread_t ids_thread;
     int ids_running;
-    char *claim_after; /* the last workspace a claim looked at (writer only; NULL: none) */
+    char *claim_after;       /* the last workspace a claim looked at (writer only; NULL: none) */
+    char *claim_empty_since; /* store_claim_lap's (writer only) */
 };
 
 /* ---- connections and statements ------------------------------------------ */
@@ -2035,9 +2036,10 @@ struct claim_args {
     int limit;
     int64_t now, lease_ms;
     const char *retry_note;
-    char **after; /* struct sq's claim_after */
+    char **after, **empty_since; /* struct sq's claim_after, claim_empty_since */
     struct store_claim *items;
     size_t n;
+    int more; /* store_claim_noted's */
 };
 
 /* One workspace's oldest due steps, as the claim's walk found them. */
@@ -2050,21 +2052,23 @@ struct claim_due {
 /* The claim's walk (store.h, store_claim): the workspaces with DISPATCHED
  * steps in name order, from the one after *after, wrapping once, until
  * `limit` of them have due steps or STORE_CLAIM_WALK were looked at; each
- * found with its oldest due steps (up to limit).  Every look is an index
- * seek (steps_due_ws): a workspace whose steps all wait (a backoff) costs
- * two, however many it has.  *after becomes the last looked at. */
+ * found with its oldest due steps (up to limit).  A look is one index seek
+ * (steps_due_ws): the next workspace's earliest step, which says whether
+ * it has one due; a workspace whose steps all wait (a backoff) costs that
+ * seek, however many it has.  *after becomes the last looked at. */
 static int claim_walk(struct conn *c, struct claim_args *a, struct claim_due *due, int *nd,
                       struct ifl_err *e)
 {
-    static const char next_ws[] = "SELECT workspace FROM steps WHERE state = 'DISPATCHED'"
-                                  " AND workspace > ?1 ORDER BY workspace LIMIT 1";
+    static const char next_ws[] = "SELECT workspace, next_run_at FROM steps"
+                                  " WHERE state = 'DISPATCHED' AND workspace > ?1"
+                                  " ORDER BY workspace, next_run_at LIMIT 1";
     static const char due_of[] = "SELECT execution_seq, vertex FROM steps"
                                  " WHERE state = 'DISPATCHED' AND workspace = ?1"
                                  " AND next_run_at <= ?2 ORDER BY next_run_at LIMIT ?3";
     char *start = *a->after ? xstrdup(*a->after) : NULL, *at = start ? xstrdup(start) : xstrdup("");
-    int wrapped = 0, rc = 0;
+    int wrapped = 0, rc = 0, looked = 0;
     *nd = 0;
-    for (int looked = 0; looked < STORE_CLAIM_WALK && *nd < a->limit;) {
+    for (; looked < STORE_CLAIM_WALK && *nd < a->limit;) {
         sqlite3_stmt *st = stmt(c, next_ws, e);
         if (!st) {
             rc = IFL_ESTORE;
@@ -2073,6 +2077,7 @@ static int claim_walk(struct conn *c, struct claim_args *a, struct claim_due *du
         bind_text(st, 1, at);
         int r = sqlite3_step(st);
         char *ws = r == SQLITE_ROW ? col_str(st, 0) : NULL;
+        int64_t first = r == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
         done_stmt(st);
         if (r != SQLITE_ROW && r != SQLITE_DONE) {
             rc = db_err(c, e, "claim_walk");
@@ -2090,6 +2095,8 @@ static int claim_walk(struct conn *c, struct claim_args *a, struct claim_due *du
         looked++;
         free(at);
         at = ws;
+        if (first > a->now) /* nothing of it is due yet */
+            continue;
         if (!(st = stmt(c, due_of, e))) {
             rc = IFL_ESTORE;
             break;
@@ -2110,6 +2117,9 @@ static int claim_walk(struct conn *c, struct claim_args *a, struct claim_due *du
         }
         *nd += d->n > 0;
     }
+    if (!rc)
+        a->more = store_claim_lap(a->empty_since, start, looked ? at : NULL, wrapped, *nd,
+                                  looked == STORE_CLAIM_WALK && *nd < a->limit);
     if (!rc && strcmp(at, "") != 0) {
         free(*a->after);
         *a->after = at;
@@ -2203,7 +2213,7 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
 
 static int op_claim(struct store *base, const char *worker, int limit, int64_t now,
                     int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
-                    struct ifl_err *e)
+                    int *more, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
     *items = NULL;
@@ -2212,8 +2222,11 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
         return 0;
     if (limit > STORE_CLAIM_MAX)
         limit = STORE_CLAIM_MAX;
-    struct claim_args a = {worker, limit, now, lease_ms, retry_note, &s->claim_after, NULL, 0};
+    struct claim_args a = {
+        worker, limit, now, lease_ms, retry_note, &s->claim_after, &s->claim_empty_since,
+        NULL,   0,     0};
     int rc = write_job(s, job_claim, &a, e);
+    *more = a.more;
     if (rc) {
         store_claims_free(a.items, a.n);
         return rc;
@@ -2414,6 +2427,7 @@ static void op_close(struct store *base)
     pthread_cond_destroy(&s->ccv_idle);
     idset_free(s->ids);
     free(s->claim_after);
+    free(s->claim_empty_since);
     free(s->path);
     free(s);
 }

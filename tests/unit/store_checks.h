@@ -701,4 +701,54 @@ static void check_claim_turns(struct store *s)
     store_claims_free(c, n);
 }
 
+/* Found by a judge: workspaces whose steps all wait (a provider's outage
+ * puts every tenant's calls in backoff) used up a claim's walk, so a
+ * worker napped between every few of them and a busy workspace got one
+ * claim a lap.  A look costs a seek, and a claim whose walk stopped at its
+ * budget says so (*more): claiming on at once reaches the due steps past
+ * them, within a lap. */
+static void check_claim_walks_past_waiting_workspaces(struct store *s)
+{
+    enum { NOW = 100000, WAITING = STORE_CLAIM_WALK + 44 };
+    int created;
+    char ws[16], id[65];
+    for (int k = 0; k <= WAITING; k++) { /* "wq" sorts after every "w0…" */
+        snprintf(ws, sizeof ws, k < WAITING ? "w%04d" : "wq", k);
+        memset(id, 'a', 64);
+        snprintf(id + 56, 9, "%08d", k);
+        struct step_seed sd = {ws, id, k < WAITING ? 1 : 3, STEP_DISPATCHED, 'v',
+                               k < WAITING ? NOW + 3600000 : 0};
+        assert_int_equal(store_workspace_put(s, ws, "{}", &created, NULL), 0);
+        assert_int_equal(store_tx_run(s, step_seed_tx, &sd, NULL), 0);
+    }
+    int claims = 0, more = 1, got = 0;
+    while (got < 3 && claims < 4) {
+        struct store_claim *c = NULL;
+        size_t n = 0;
+        assert_int_equal(store_claim_noted(s, "w", 16, NOW, 60000, NULL, &c, &n, &more, NULL), 0);
+        claims++;
+        for (size_t i = 0; i < n; i++)
+            assert_string_equal(c[i].workspace, "wq");
+        got += (int)n;
+        store_claims_free(c, n);
+        if (!n)
+            assert_true(more); /* nothing found: only because the walk stopped early */
+    }
+    assert_int_equal(got, 3);
+    assert_true(claims <= 2); /* one claim walks 256 workspaces; the next reaches it */
+    /* nothing due any more: claims walk on until they have looked at every
+     * workspace once since the first that found nothing, then say so */
+    int empty = 0;
+    do {
+        struct store_claim *c = NULL;
+        size_t n = 0;
+        assert_int_equal(store_claim_noted(s, "w", 16, NOW, 60000, NULL, &c, &n, &more, NULL), 0);
+        assert_int_equal(n, 0);
+        store_claims_free(c, n);
+        empty++;
+    } while (more && empty < 10);
+    assert_false(more);
+    assert_true(empty >= 2 && empty <= 3); /* 300 workspaces, 256 looks a claim */
+}
+
 #endif

@@ -869,6 +869,11 @@ static void test_claims_take_turns_across_workspaces(void **state)
     check_claim_turns(*state);
 }
 
+static void test_a_claim_walks_past_waiting_workspaces(void **state)
+{
+    check_claim_walks_past_waiting_workspaces(*state);
+}
+
 static void test_idempotency_records(void **state)
 {
     check_idem_records(*state);
@@ -897,6 +902,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idempotency_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_claims_take_turns_across_workspaces, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_claim_walks_past_waiting_workspaces, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_execution_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),

@@ -1609,6 +1609,12 @@ static void test_claims_take_turns_across_workspaces(void **state)
     check_claim_turns(S(state));
 }
 
+static void test_a_claim_walks_past_waiting_workspaces(void **state)
+{
+    NEED_PG(state);
+    check_claim_walks_past_waiting_workspaces(S(state));
+}
+
 static void test_idempotency_records(void **state)
 {
     NEED_PG(state);
@@ -1913,6 +1919,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_key_in_flight_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_claims_take_turns_across_workspaces, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_claim_walks_past_waiting_workspaces, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_subscriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_execution_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schedule_records, setup, teardown),

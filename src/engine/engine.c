@@ -620,6 +620,7 @@ void engine_decide(const struct expr *cond, json_t *ctx, struct decision *d)
 #define EARLY_MAX 8
 struct create_args {
     const struct store_execution *x;
+    const struct wf *w; /* rows[i] is the step of w->v[i] (steps_initial) */
     struct store_step *rows;
     size_t nrows;
     const char *status;
@@ -841,6 +842,7 @@ static int prepare_steps(struct engine *g, const struct wf *w, size_t entry,
     int deferred = expr_deadline_hit();
     steps_initial(w, entry, nx->id, nx->workspace, nx->payload, deferred ? NULL : d, clock_now_ms(),
                   &ca->rows, &ca->nrows, &ca->status);
+    ca->w = w;
     engine_decisions_free(d, w->v[entry].n_out);
     ca->worker = g->worker_prefix;
     if (!g->run.no_inline && !deferred)
@@ -960,8 +962,9 @@ static int tx_create_execution(struct store_tx *tx, void *arg, struct ifl_err *e
     int64_t v = 1;
     if ((rc = steps_event(tx, x->workspace, x->id, "execution.created", created_data(a), v, e)))
         return rc;
-    for (size_t i = 0; !rc && i < a->nrows; i++) {
-        const struct store_step *r = &a->rows[i];
+    /* in the order they ran: a step after those it follows */
+    for (size_t t = 0; !rc && t < a->nrows; t++) {
+        const struct store_step *r = &a->rows[a->w->topo[t]];
         if (inlined_row(r)) {
             rc = store_tx_attempt_record(tx, x->id, r->vertex, r->epoch, a->worker, "completed", e);
             if (!rc)

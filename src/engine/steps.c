@@ -357,37 +357,72 @@ static const char *step_event_type(enum step_state s)
     }
 }
 
-/* Writes every dirty row guarded by its loaded state; events for terminal
- * transitions; then the execution status (and its event) when it moved.
- * Skips row `except` (already written by the caller). */
+/* The rows in the workflow's topological order (a step after those it
+ * follows: the order they ran), then any row of no vertex: a heap array of
+ * v->n row indexes. */
+static size_t *rows_in_order(const struct view *v)
+{
+    size_t *order = xcalloc(v->n ? v->n : 1, sizeof *order);
+    char *taken = xcalloc(v->n ? v->n : 1, 1);
+    size_t k = 0;
+    for (size_t t = 0; t < v->w->nv; t++) {
+        long r = v->row_of[v->w->topo[t]];
+        if (r >= 0 && !taken[r]) {
+            taken[r] = 1;
+            order[k++] = (size_t)r;
+        }
+    }
+    for (size_t r = 0; r < v->n; r++)
+        if (!taken[r])
+            order[k++] = r;
+    free(taken);
+    return order;
+}
+
+/* Writes every dirty row guarded by its loaded state, and an event for
+ * each terminal transition, in the order the steps ran (rows_in_order). */
+static int flush_rows(struct store_tx *tx, struct view *v, const char *ws, const char *xid,
+                      long except, struct ifl_err *e)
+{
+    size_t *order = rows_in_order(v);
+    int rc = 0;
+    for (size_t k = 0; !rc && k < v->n; k++) {
+        size_t r = order[k];
+        if (!v->dirty[r] || (long)r == except)
+            continue;
+        int changed = 0;
+        if ((rc = store_tx_step_update(tx, &v->rows[r], v->was[r], -1, &changed, e)))
+            break;
+        if (!changed) {
+            rc = err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
+            break;
+        }
+        enum step_state now_state = v->rows[r].state;
+        if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING)
+            rc = steps_event_text(tx, ws, xid, step_event_type(v->rows[r].state),
+                                  steps_event_data_text(&v->rows[r]), ++v->ver, e);
+    }
+    free(order);
+    return rc;
+}
+
+/* Writes the dirty rows and their events (flush_rows), skipping row
+ * `except` (already written by the caller); then the execution status
+ * (and its event) when it moved. */
 static int flush(struct store_tx *tx, struct view *v, const char *ws, const char *xid,
                  const char *old_status, int64_t ver0, long except, char status_out[32],
                  struct ifl_err *e)
 {
-    for (size_t r = 0; r < v->n; r++) {
-        if (!v->dirty[r] || (long)r == except)
-            continue;
-        int changed = 0;
-        int rc = store_tx_step_update(tx, &v->rows[r], v->was[r], -1, &changed, e);
-        if (rc)
-            return rc;
-        if (!changed)
-            return err_set(e, IFL_ECONFLICT, "step %s changed concurrently", v->rows[r].vertex);
-        enum step_state now_state = v->rows[r].state;
-        if (now_state != v->was[r] && now_state != STEP_DISPATCHED && now_state != STEP_PENDING) {
-            rc = steps_event_text(tx, ws, xid, step_event_type(v->rows[r].state),
-                                  steps_event_data_text(&v->rows[r]), ++v->ver, e);
-            if (rc)
-                return rc;
-        }
-    }
+    int rc = flush_rows(tx, v, ws, xid, except, e);
+    if (rc)
+        return rc;
     const char *status = steps_status(v->rows, v->n);
     snprintf(status_out, 32, "%s", status);
     int moved = strcmp(status, old_status) != 0;
     if (moved) {
         char type[64];
         snprintf(type, sizeof type, "execution.%s", status);
-        int rc = steps_event_text(tx, ws, xid, type, steps_status_data_text(status), ++v->ver, e);
+        rc = steps_event_text(tx, ws, xid, type, steps_status_data_text(status), ++v->ver, e);
         if (rc)
             return rc;
     }
@@ -826,7 +861,9 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
         json_object_set_new(d, "retriedSteps", json_integer(a->retried));
         rc = steps_event(tx, a->workspace, a->execution_id, "execution.retried", d, ver, e);
     }
-    for (size_t i = 0; !rc && i < n; i++) {
+    size_t *order = rows_in_order(&v); /* the skips' events after what they follow */
+    for (size_t k = 0; !rc && k < n; k++) {
+        size_t i = order[k];
         if (!v.dirty[i])
             continue;
         int changed = 0;
@@ -841,6 +878,7 @@ int steps_retry(struct store_tx *tx, void *arg, struct ifl_err *e)
             rc = steps_event_text(tx, a->workspace, a->execution_id, "step.skipped",
                                   steps_event_data_text(&rows[i]), ++ver, e);
     }
+    free(order);
     /* Nothing retried: the execution keeps its status (a stale one has no
      * steps to derive one from). */
     const char *status = a->retried ? steps_status(rows, n) : x.status;

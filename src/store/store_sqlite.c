@@ -2208,6 +2208,10 @@ static int job_claim(struct conn *c, void *arg, struct ifl_err *e)
         done_stmt(st);
     }
     free(seqs);
+    if (!a->n) { /* nothing claimed: no array, as the caller expects */
+        free(a->items);
+        a->items = NULL;
+    }
     return rc;
 }
 

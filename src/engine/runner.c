@@ -482,8 +482,6 @@ static void *worker_main(void *arg)
             idle_wait(g, seen, now + 500);
             continue;
         }
-        if (n == 0)
-            store_claims_free(cl, n);
         if (n == 0 && more)
             continue; /* the walk goes on where it stopped */
         if (n == 0) {

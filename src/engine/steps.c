@@ -363,19 +363,13 @@ static const char *step_event_type(enum step_state s)
 static size_t *rows_in_order(const struct view *v)
 {
     size_t *order = xcalloc(v->n ? v->n : 1, sizeof *order);
-    char *taken = xcalloc(v->n ? v->n : 1, 1);
     size_t k = 0;
-    for (size_t t = 0; t < v->w->nv; t++) {
-        long r = v->row_of[v->w->topo[t]];
-        if (r >= 0 && !taken[r]) {
-            taken[r] = 1;
-            order[k++] = (size_t)r;
-        }
-    }
-    for (size_t r = 0; r < v->n; r++)
-        if (!taken[r])
+    for (size_t t = 0; t < v->w->nv; t++)
+        if (v->row_of[v->w->topo[t]] >= 0)
+            order[k++] = (size_t)v->row_of[v->w->topo[t]];
+    for (size_t r = 0; k < v->n && r < v->n; r++) /* rows of no vertex of w: none, in practice */
+        if (wf_vertex_index(v->w, v->rows[r].vertex) < 0)
             order[k++] = r;
-    free(taken);
     return order;
 }
 

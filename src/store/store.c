@@ -885,9 +885,8 @@ int store_attempts_get(struct store *s, const char *execution_id, struct store_a
 int store_claim(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                 struct store_claim **items, size_t *n, struct ifl_err *e)
 {
-    ZERO_OUT(items, n);
     int more;
-    return s->ops->claim(s, worker, limit, now, lease_ms, NULL, items, n, &more, e);
+    return store_claim_noted(s, worker, limit, now, lease_ms, NULL, items, n, &more, e);
 }
 
 int store_claim_noted(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
@@ -896,6 +895,10 @@ int store_claim_noted(struct store *s, const char *worker, int limit, int64_t no
 {
     ZERO_OUT(items, n);
     *more = 0;
+    if (limit <= 0)
+        return 0;
+    if (limit > STORE_CLAIM_MAX)
+        limit = STORE_CLAIM_MAX;
     return s->ops->claim(s, worker, limit, now, lease_ms, retry_note, items, n, more, e);
 }
 

@@ -267,7 +267,8 @@ void store_claims_free(struct store_claim *v, size_t n);
  * to EXECUTING (one winner per step), increments each epoch and attempts,
  * sets the lease (owner `worker`, expiry now+lease_ms) and records an
  * attempt row — all in one transaction.  Never hands one step to two
- * claimants.  *items is a heap array (store_claims_free).
+ * claimants.  *items is a heap array (store_claims_free), NULL when
+ * nothing was claimed.
  *
  * Workspaces take turns: the workspaces with DISPATCHED steps are walked
  * in name order from the one after the last a claim of this store handle

@@ -78,6 +78,8 @@ struct store_ops {
                      size_t *n, struct ifl_err *e);
     int (*attempts_get)(struct store *s, const char *execution_id, struct store_attempt **items,
                         size_t *n, struct ifl_err *e);
+    /* store_claim_noted: limit 1 … STORE_CLAIM_MAX, *items NULL and *n 0
+     * on entry; *items stays NULL when nothing is claimed */
     int (*claim)(struct store *s, const char *worker, int limit, int64_t now, int64_t lease_ms,
                  const char *retry_note, struct store_claim **items, size_t *n, int *more,
                  struct ifl_err *e);

@@ -2508,13 +2508,12 @@ struct claim_args {
 /* One leg of the claim's walk: from `from`, at most `budget` workspaces;
  * appends those with due steps to *list (a JSON array's items) and counts
  * them in *found, stopping at one past `upto` (NULL: none); *last is the
- * last looked at (owned), *looked how many; *ended 1 when it looked at the
- * last workspace there is (or past `upto`). */
+ * last looked at (owned), and *looked grows by how many; *ended 1 when it
+ * looked at the last workspace there is (or past `upto`). */
 static int walk_leg(struct pgtx *t, const struct claim_args *a, const char *from, const char *upto,
                     int budget, struct buf *list, int *found, char **last, int *looked, int *ended,
                     struct ifl_err *e)
 {
-    *looked = 0;
     *ended = 1;
     if (budget <= 0)
         return 0;
@@ -2527,6 +2526,7 @@ static int walk_leg(struct pgtx *t, const struct claim_args *a, const char *from
     if (!r)
         return t->fail_rc;
     int64_t before = 0;
+    int leg = 0;
     for (int i = 0; i < PQntuples(r); i++) {
         const char *ws = PQgetvalue(r, i, 0);
         if (upto && strcmp(ws, upto) > 0)
@@ -2539,14 +2539,15 @@ static int walk_leg(struct pgtx *t, const struct claim_args *a, const char *from
             (*found)++;
         }
         before = f;
-        (*looked)++;
+        leg++;
         free(*last);
         *last = xstrdup(ws);
     }
     int n = PQntuples(r);
     PQclear(r);
+    *looked += leg;
     /* cut by the budget, or by `limit` found: there may be more */
-    *ended = *looked < n || (n < budget && *found < a->limit);
+    *ended = leg < n || (n < budget && *found < a->limit);
     return 0;
 }
 
@@ -2562,20 +2563,14 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
     struct buf list;
     buf_init(&list, 0);
     buf_putc(&list, '[');
-    int found = 0, looked = 0, more = 0, ended = 0;
+    int found = 0, looked = 0, ended = 0;
     char *last = NULL;
     int rc = walk_leg(t, a, start ? start : "", NULL, STORE_CLAIM_WALK, &list, &found, &last,
                       &looked, &ended, e);
     int wrapped = !rc && ended && start;
     if (wrapped) /* from the first, up to where it began */
-        rc = walk_leg(t, a, "", start, STORE_CLAIM_WALK - looked, &list, &found, &last, &more,
+        rc = walk_leg(t, a, "", start, STORE_CLAIM_WALK - looked, &list, &found, &last, &looked,
                       &ended, e);
-    if (!rc) {
-        pthread_mutex_lock(&a->pg->mu);
-        a->more = store_claim_lap(&a->pg->claim_empty_since, start, last, wrapped, found,
-                                  !ended && found < a->limit);
-        pthread_mutex_unlock(&a->pg->mu);
-    }
     buf_putc(&list, ']');
     if (rc || !found)
         goto out;
@@ -2616,11 +2611,15 @@ static int body_claim(struct pgtx *t, void *arg, struct ifl_err *e)
     }
     PQclear(r);
 out:
-    if (!rc && last) { /* the next claim walks on from here */
+    if (!rc) { /* the next claim walks on from here */
         pthread_mutex_lock(&a->pg->mu);
-        free(a->pg->claim_after);
-        a->pg->claim_after = last;
-        last = NULL;
+        a->more = store_claim_lap(&a->pg->claim_empty_since, start, last, wrapped, found,
+                                  !ended && found < a->limit);
+        if (last) {
+            free(a->pg->claim_after);
+            a->pg->claim_after = last;
+            last = NULL;
+        }
         pthread_mutex_unlock(&a->pg->mu);
     }
     free(last);
@@ -2633,12 +2632,6 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
                     int64_t lease_ms, const char *retry_note, struct store_claim **items, size_t *n,
                     int *more, struct ifl_err *e)
 {
-    *items = NULL;
-    *n = 0;
-    if (limit <= 0)
-        return 0;
-    if (limit > STORE_CLAIM_MAX)
-        limit = STORE_CLAIM_MAX;
     struct claim_args a = {worker, limit, now, lease_ms, retry_note, (struct pg *)base, NULL, 0, 0};
     int rc = run((struct pg *)base, body_claim, &a, M_TX, e);
     *more = a.more;

@@ -2220,12 +2220,6 @@ static int op_claim(struct store *base, const char *worker, int limit, int64_t n
                     int *more, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
-    *items = NULL;
-    *n = 0;
-    if (limit <= 0)
-        return 0;
-    if (limit > STORE_CLAIM_MAX)
-        limit = STORE_CLAIM_MAX;
     struct claim_args a = {
         worker, limit, now, lease_ms, retry_note, &s->claim_after, &s->claim_empty_since,
         NULL,   0,     0};

@@ -48,11 +48,11 @@ def run(s, wf, payload, entry="start", query=""):
     return r.json["executionId"]
 
 
-def finished(s, xid):
+def finished(s, xid, ws=WS, timeout=20):
     def check():
-        x = s.get(f"{WS}/executions/{xid}").json
+        x = s.get(f"{ws}/executions/{xid}").json
         return x if x["status"] != "running" else None
-    return wait_for(check)
+    return wait_for(check, timeout=timeout)
 
 
 def steps_of(x):
@@ -356,8 +356,7 @@ def test_a_workspaces_queue_of_slow_steps_does_not_hold_back_anothers(make_serve
     r = s.post(f"{other}/workflows/quick/entry-points/start/trigger", {"n": 7})
     assert r.status == 201, r
     quick = r.json["executionId"]
-    x = wait_for(lambda: (lambda x: x if x["status"] != "running" else None)(
-        s.get(f"{other}/executions/{quick}").json), timeout=60)
+    x = finished(s, quick, ws=other, timeout=60)
     assert x["status"] == "completed" and steps_of(x)["t"]["output"] == 7, x
     waiting = sum(s.get(f"{WS}/executions/{xid}").json["status"] == "running" for xid in queued)
     assert waiting >= 10, waiting  # oldest first across workspaces: 0
@@ -376,8 +375,7 @@ def test_a_workspaces_queue_of_slow_steps_does_not_hold_back_anothers(make_serve
     r = s.post(f"{other}/workflows/quick/entry-points/start/trigger", {"n": 8})
     assert r.status == 201, r
     quick = r.json["executionId"]
-    x = wait_for(lambda: (lambda x: x if x["status"] != "running" else None)(
-        s.get(f"{other}/executions/{quick}").json), timeout=60)
+    x = finished(s, quick, ws=other, timeout=60)
     assert x["status"] == "completed", x
     left = [st for st in s.get(f"{WS}/executions/{fan}").json["steps"]
             if st["state"] == "DISPATCHED"]

@@ -50,7 +50,8 @@ static void usage(FILE *f)
           "                 [--ca-file PEM]\n"
           "                 [--max-connections N] [--max-connections-per-ip N]\n"
           "                 [--max-calls N] [--max-calls-per-destination N]\n"
-          "                 [--shared-cache-ms MS] [--test-clock] [--core-dumps]\n"
+          "                 [--shared-cache-ms MS] [--workflow-cache-kb KB]\n"
+          "                 [--test-clock] [--core-dumps]\n"
           "  idemflow id WS WF VERTEX [--fields PATHS | --client-id K | --webhook-id ID]\n"
           "              < payload.json\n"
           "  IDEMFLOW_WEBHOOK_SECRET=whsec_... idemflow sign-webhook ID [--timestamp T] < body\n"
@@ -253,6 +254,7 @@ struct serve_opts {
     unsigned max_conns, max_conns_ip; /* --max-connections[-per-ip]; 0: the defaults */
     int http_threads;                 /* -1: the default for the store */
     int64_t shared_cache_ms;          /* --shared-cache-ms (engine_opts) */
+    size_t workflow_cache_bytes;      /* --workflow-cache-kb (engine_opts); 0: the default */
     struct engine_run_opts run;
 };
 
@@ -650,6 +652,14 @@ static int cmd_serve(int argc, char **argv)
             }
             o.shared_cache_ms = n;
             i++;
+        } else if (strcmp(a, "--workflow-cache-kb") == 0 && v) {
+            long long n = flag_int(v, 1, 16LL << 20);
+            if (n < 0) {
+                fputs("idemflow serve: --workflow-cache-kb must be 1..16777216\n", stderr);
+                return 2;
+            }
+            o.workflow_cache_bytes = (size_t)n << 10;
+            i++;
         } else if (strcmp(a, "--lease-ms") == 0 && v) {
             long long n = flag_int(v, 50, 3600000);
             if (n < 0) {
@@ -706,7 +716,8 @@ static int cmd_serve(int argc, char **argv)
     struct engine *g = NULL;
     struct api *api = NULL;
     struct http_server *srv = NULL;
-    struct engine_opts eo = {.shared_cache_ms = o.shared_cache_ms};
+    struct engine_opts eo = {.shared_cache_ms = o.shared_cache_ms,
+                             .workflow_cache_bytes = o.workflow_cache_bytes};
     char *cdir = NULL;
     int rc = 1;
     if (store_open(o.db, &st, &e)) {

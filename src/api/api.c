@@ -1481,6 +1481,22 @@ static void h_metrics(struct call *c)
                "idemflow_gateway_response_seconds_count %llu\n",
                (double)atomic_load(&m->gw_duration_sum_ms) / 1000.0,
                cum); /* the +Inf bucket's count, as the format wants */
+    buf_printf(&b,
+               "# HELP idemflow_workflow_versions_compiled Workflow versions kept compiled in "
+               "memory.\n"
+               "# TYPE idemflow_workflow_versions_compiled gauge\n"
+               "idemflow_workflow_versions_compiled %llu\n"
+               "# HELP idemflow_workflow_versions_compiled_bytes Their definitions' text, against "
+               "serve --workflow-cache-kb.\n"
+               "# TYPE idemflow_workflow_versions_compiled_bytes gauge\n"
+               "idemflow_workflow_versions_compiled_bytes %llu\n"
+               "# HELP idemflow_workflow_versions_evicted_total Compiled versions dropped past the "
+               "budget (not their workflow's latest; compiled again when next used).\n"
+               "# TYPE idemflow_workflow_versions_evicted_total counter\n"
+               "idemflow_workflow_versions_evicted_total %llu\n",
+               (unsigned long long)atomic_load(&m->wf_compiled),
+               (unsigned long long)atomic_load(&m->wf_compiled_bytes),
+               (unsigned long long)atomic_load(&m->wf_evicted));
     const struct http_server *srv = atomic_load(&a->srv);
     if (srv)
         buf_printf(&b,

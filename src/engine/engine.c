@@ -39,6 +39,8 @@ static unsigned hash3(const char *a, const char *b, int v)
     return (h ^ (unsigned)v) % CACHE_BUCKETS;
 }
 
+static void cache_drop(struct cached *c);
+
 /* One workspace's sealed secrets (engine_int.h, scmu): its secrets, then
  * its retired values (store_secret_retired) — names[i] for i >= n_now is
  * the name a retired value was sealed under. */
@@ -165,6 +167,7 @@ int engine_new(struct store *s, const struct engine_opts *o, struct engine **out
     g->shared_ttl_ms = strcmp(store_backend(s), "sqlite") == 0 ? INT64_MAX
                        : o->shared_cache_ms > 0                ? o->shared_cache_ms
                                                                : 0;
+    g->wf_bytes_max = o->workflow_cache_bytes ? o->workflow_cache_bytes : ENGINE_WF_CACHE_DEFAULT;
     pthread_mutex_init(&g->wmu, NULL);
     pthread_mutex_init(&g->gmu, NULL);
     pthread_mutex_init(&g->kmu, NULL);
@@ -202,15 +205,7 @@ void engine_free(struct engine *g)
             free(l);
             l = n;
         }
-        struct cached *c = g->buckets[i];
-        while (c) {
-            struct cached *n = c->next;
-            free(c->ws);
-            free(c->wf);
-            wf_free(c->w);
-            free(c);
-            c = n;
-        }
+        cache_drop(g->buckets[i]);
     }
     pthread_rwlock_destroy(&g->lock);
     crypto_wipe(g->key, sizeof g->key);
@@ -222,41 +217,134 @@ struct store *engine_store(struct engine *g)
     return g->store;
 }
 
+/* A reference to the cached version, or NULL. */
 static const struct wf *cache_find(struct engine *g, const char *ws, const char *wf, int version)
 {
     const struct wf *found = NULL;
     pthread_rwlock_rdlock(&g->lock);
     for (struct cached *c = g->buckets[hash3(ws, wf, version)]; c; c = c->next)
         if (c->version == version && strcmp(c->ws, ws) == 0 && strcmp(c->wf, wf) == 0) {
-            found = c->w;
+            /* held before the lock goes: a trim cannot free it in between */
+            found = wf_hold(c->w);
+            atomic_store_explicit(&c->used, atomic_fetch_add(&g->wf_clock, 1) + 1,
+                                  memory_order_relaxed);
             break;
         }
     pthread_rwlock_unlock(&g->lock);
     return found;
 }
 
-/* Inserts w unless another thread won; returns the cached one (w freed if
- * it lost). */
+/* 1 when c is its workflow's latest version as this process knows it
+ * (under lock). */
+static int cache_is_latest(struct engine *g, const struct cached *c)
+{
+    for (struct latest *l = g->latest[hash3(c->ws, c->wf, 0)]; l; l = l->next)
+        if (strcmp(l->ws, c->ws) == 0 && strcmp(l->wf, c->wf) == 0)
+            return l->version == c->version;
+    return 0;
+}
+
+struct trim_cand {
+    unsigned long long used;
+    size_t bytes;
+};
+
+static int cand_cmp(const void *a, const void *b)
+{
+    unsigned long long x = ((const struct trim_cand *)a)->used,
+                       y = ((const struct trim_cand *)b)->used;
+    return x < y ? -1 : x > y;
+}
+
+/* Past the budget, unlinks the least recently used versions that are not
+ * their workflow's latest until the cached bytes are down to 3/4 of it
+ * (under the write lock); returns them, for cache_drop once the lock is
+ * gone.  Their holders keep them alive (engine_workflow_release). */
+static struct cached *cache_trim(struct engine *g)
+{
+    if (g->wf_bytes <= g->wf_bytes_max)
+        return NULL;
+    struct trim_cand *cand = xmalloc(g->wf_n * sizeof *cand);
+    size_t n = 0;
+    for (int i = 0; i < CACHE_BUCKETS; i++)
+        for (struct cached *c = g->buckets[i]; c; c = c->next)
+            if (!cache_is_latest(g, c))
+                cand[n++] = (struct trim_cand){atomic_load(&c->used), c->bytes};
+    qsort(cand, n, sizeof *cand, cand_cmp);
+    size_t target = g->wf_bytes_max / 4 * 3, bytes = g->wf_bytes, k = 0;
+    while (k < n && bytes > target)
+        bytes -= cand[k++].bytes;
+    unsigned long long cutoff = k ? cand[k - 1].used : 0;
+    free(cand);
+    struct cached *out = NULL;
+    if (!k)
+        return NULL;
+    for (int i = 0; i < CACHE_BUCKETS; i++)
+        for (struct cached **p = &g->buckets[i]; *p;) {
+            struct cached *c = *p;
+            if (atomic_load(&c->used) <= cutoff && !cache_is_latest(g, c)) {
+                *p = c->next;
+                c->next = out;
+                out = c;
+                g->wf_n--;
+                g->wf_bytes -= c->bytes;
+                atomic_fetch_add(&g->m.wf_evicted, 1);
+            } else {
+                p = &c->next;
+            }
+        }
+    return out;
+}
+
+static void cache_drop(struct cached *c)
+{
+    while (c) {
+        struct cached *n = c->next;
+        free(c->ws);
+        free(c->wf);
+        wf_free(c->w);
+        free(c);
+        c = n;
+    }
+}
+
+/* Inserts w (the reference passes to the cache) unless another thread won,
+ * then w is dropped; returns a reference to the cached one. */
 static const struct wf *cache_add(struct engine *g, const char *ws, const char *wf, int version,
-                                  struct wf *w)
+                                  struct wf *w, size_t bytes)
 {
     unsigned h = hash3(ws, wf, version);
     pthread_rwlock_wrlock(&g->lock);
     for (struct cached *c = g->buckets[h]; c; c = c->next)
         if (c->version == version && strcmp(c->ws, ws) == 0 && strcmp(c->wf, wf) == 0) {
+            const struct wf *won = wf_hold(c->w);
             pthread_rwlock_unlock(&g->lock);
             wf_free(w);
-            return c->w;
+            return won;
         }
     struct cached *c = xcalloc(1, sizeof *c);
     c->ws = xstrdup(ws);
     c->wf = xstrdup(wf);
     c->version = version;
     c->w = w;
+    c->bytes = bytes;
+    atomic_init(&c->used, atomic_fetch_add(&g->wf_clock, 1) + 1);
     c->next = g->buckets[h];
     g->buckets[h] = c;
+    g->wf_n++;
+    g->wf_bytes += bytes;
+    const struct wf *held = wf_hold(w);
+    struct cached *dropped = cache_trim(g);
+    atomic_store(&g->m.wf_compiled, g->wf_n);
+    atomic_store(&g->m.wf_compiled_bytes, g->wf_bytes);
     pthread_rwlock_unlock(&g->lock);
-    return w;
+    cache_drop(dropped);
+    return held;
+}
+
+void engine_workflow_release(const struct wf *w)
+{
+    wf_release(w);
 }
 
 /* The latest version if known and fresh, else 0. */
@@ -308,13 +396,15 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
         return err_set(e, IFL_EVALIDATION, "the definition holds a non-finite number");
     }
     rc = store_workflow_put(g->store, ws, wf, text, version, e);
+    size_t bytes = strlen(text);
     free(text);
     if (rc) {
         wf_free(w);
         return rc;
     }
-    cache_add(g, ws, wf, *version, w);
+    /* latest first, so that the trim in cache_add keeps it */
     latest_set(g, ws, wf, *version);
+    wf_release(cache_add(g, ws, wf, *version, w, bytes));
     atomic_store(&g->sched_dirty, 1);
     log_info("workflow.put", "workspace %s workflow %s version %d", ws, wf, *version);
     return 0;
@@ -349,6 +439,8 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
     int rc = store_workflow_get(g->store, ws, wf, version, &sw, e);
     if (rc)
         return rc;
+    if (version == 0) /* before cache_add: its trim keeps a latest version */
+        latest_set(g, ws, wf, sw.version);
     const struct wf *c = cache_find(g, ws, wf, sw.version);
     if (!c) {
         json_t *def = NULL;
@@ -371,10 +463,8 @@ int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int ve
             store_workflow_clear(&sw);
             return err_set(e, IFL_EINTERNAL, "stored workflow version does not compile");
         }
-        c = cache_add(g, ws, wf, sw.version, w);
+        c = cache_add(g, ws, wf, sw.version, w, strlen(sw.definition));
     }
-    if (version == 0)
-        latest_set(g, ws, wf, sw.version);
     *out = c;
     *version_out = sw.version;
     store_workflow_clear(&sw);
@@ -1053,6 +1143,7 @@ static int answer_existing(const struct store_execution *x, const char *hash, in
  * the creating transaction (engine_trigger_begin/commit/end). */
 struct engine_trigger_op {
     struct engine *g;
+    const struct wf *w;     /* a reference (engine_workflow_get); ca.w borrows it */
     char *ws, *wf, *vertex; /* copies: the request's strings may be gone */
     struct store_execution nx, x;
     struct create_args ca;
@@ -1078,6 +1169,7 @@ static void op_free(struct engine_trigger_op *op)
     free(op->ws);
     free(op->wf);
     free(op->vertex);
+    engine_workflow_release(op->w);
     free(op);
 }
 
@@ -1214,8 +1306,9 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     memset(out, 0, sizeof *out);
     *opp = NULL;
     FAULT("trigger.begin");
-    const struct wf *w = NULL;
+    const struct wf *w = NULL; /* a reference: the op's, or released at done */
     int version = 0;
+    json_t *material = NULL, *identity = NULL;
     int rc =
         engine_workflow_get(g, r->ws, r->wf, r->tick_at ? r->tick_version : 0, &w, &version, e);
     long vi = rc ? -1 : wf_vertex_index(w, r->vertex);
@@ -1224,26 +1317,29 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
      * exists is not told to an unauthenticated caller. */
     if (r->unauthenticated && !r->tick_at && (!v || v->sig.scheme == WF_SIG_NONE)) {
         err_set(e, IFL_EUNAUTH, "a valid bearer token is required");
-        return err_slug(e, "unauthorized");
+        rc = err_slug(e, "unauthorized");
+        goto done;
     }
     if (rc == IFL_ENOTFOUND && store_workspace_exists(g->store, r->ws, e) == IFL_ENOTFOUND)
-        return err_slug(e, "workspace-not-found");
+        rc = err_slug(e, "workspace-not-found");
     if (rc)
-        return rc;
-    if (!v)
-        return err_set(e, IFL_ENOTFOUND, "workflow '%s' has no entry point '%s'", r->wf, r->vertex);
+        goto done;
+    if (!v) {
+        rc = err_set(e, IFL_ENOTFOUND, "workflow '%s' has no entry point '%s'", r->wf, r->vertex);
+        goto done;
+    }
     char webhook_id[256] = "";
     if (v->sig.scheme != WF_SIG_NONE && !r->tick_at &&
         (rc = verify_signature(g, r, &v->sig, webhook_id, e))) {
         if (rc == IFL_EUNAUTH)
             err_slug(e, "invalid-signature");
-        return rc;
+        goto done;
     }
 
     /* Identity: random when forced (test runs); else webhook id > client
      * key > idempotencyFields > payload. */
     const char *mode;
-    json_t *material = NULL, *identity = json_object();
+    identity = json_object();
     char id[65];
     if (r->force_new || r->tick_at) {
         mode = "random";
@@ -1326,6 +1422,8 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
 
     struct engine_trigger_op *op = xcalloc(1, sizeof *op);
     op->g = g;
+    op->w = w; /* the reference passes to the op */
+    w = NULL;
     op->ws = xstrdup(r->ws);
     op->wf = xstrdup(r->wf);
     op->vertex = xstrdup(r->vertex);
@@ -1358,12 +1456,13 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
     }
     int is_text = r->payload_is_body && r->body && r->body_len == strlen(nx->payload) &&
                   memcmp(r->body, nx->payload, r->body_len) == 0;
-    prepare_steps(g, w, (size_t)vi, nx, r->payload, is_text, &op->ca);
+    prepare_steps(g, op->w, (size_t)vi, nx, r->payload, is_text, &op->ca);
     trace_inlined(g, &op->ca, "inline");
     *opp = op;
 done:
     json_decref(material);
     json_decref(identity);
+    engine_workflow_release(w);
     return rc;
 }
 
@@ -1433,7 +1532,8 @@ int engine_can_defer(const struct engine *g)
 /* ---- operator actions ------------------------------------------------------------- */
 
 /* Execution id of ws into *x (clear it after, also on error) and the
- * workflow version it pinned into *w. */
+ * workflow version it pinned into *w (a reference to release, NULL on
+ * error). */
 static int execution_and_workflow(struct engine *g, const char *ws, const char *id,
                                   struct store_execution *x, const struct wf **w, struct ifl_err *e)
 {
@@ -1742,8 +1842,10 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
     size_t n = 0, n_seen = 0;
     if ((rc = gateway_steps_seen(g, id,
                                  STATE_BIT(STEP_FAILED) | STATE_BIT(STEP_REQUIRES_RECONCILIATION),
-                                 1, &rows, &n, &seen, &n_seen, e)))
+                                 1, &rows, &n, &seen, &n_seen, e))) {
+        engine_workflow_release(w);
         return rc;
+    }
     /* read before the transaction: a condition's error is scrubbed of them */
     struct gw_request scrub = {0};
     int unread = engine_scrub_list(g, ws, &scrub);
@@ -1775,6 +1877,7 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
             engine_execution_moved(g, id, a.r.status);
     }
     free(a.replay);
+    engine_workflow_release(w);
     return rc;
 }
 
@@ -2061,6 +2164,7 @@ out:
     free(err_text);
     store_steps_free(rows, n);
     store_execution_clear(&x);
+    engine_workflow_release(w);
     return rc;
 }
 
@@ -2281,6 +2385,7 @@ out:
     json_decref(identity);
     json_decref(payload);
     store_execution_clear(&old);
+    engine_workflow_release(w);
     return rc;
 }
 

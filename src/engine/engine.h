@@ -29,7 +29,15 @@ struct engine_opts {
      * takes effect here at once either way.  SQLite: unused (this process
      * is the database's only writer, so what it read stays true). */
     int64_t shared_cache_ms;
+    /* Compiled workflow versions are kept in memory while their
+     * definitions' text adds up to at most this many bytes (0: the
+     * default, ENGINE_WF_CACHE_DEFAULT; `serve --workflow-cache-kb`).
+     * Past it, the versions used least recently that are not their
+     * workflow's latest are dropped, and compiled again from the store when
+     * next needed.  A workflow's latest version always stays. */
+    size_t workflow_cache_bytes;
 };
+#define ENGINE_WF_CACHE_DEFAULT ((size_t)32 << 20)
 
 /* Counters exposed on /metrics. */
 #define ENGINE_GW_NCLASSES 7
@@ -62,6 +70,9 @@ struct engine_metrics {
     atomic_ullong gw_duration_bucket[ENGINE_GW_NBUCKETS];
     atomic_ullong gw_duration_sum_ms;
     atomic_ullong gw_deferred; /* calls put off: their destination had its share in flight */
+    /* compiled workflow versions in memory, their definitions' bytes, and
+     * those dropped past the budget (engine_opts.workflow_cache_bytes) */
+    atomic_ullong wf_compiled, wf_compiled_bytes, wf_evicted;
 };
 /* The class names of engine_metrics.gw_responses, in index order. */
 extern const char *const engine_gw_classes[ENGINE_GW_NCLASSES];
@@ -81,10 +92,15 @@ struct store *engine_store(struct engine *g);
 /* Validates, compiles and stores a new version.  def is borrowed. */
 int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def, int *version,
                         struct ifl_err *e);
-/* Compiled workflow (version 0 = latest).  *out is borrowed from the cache
- * and stays valid until engine_free. */
+/* Compiled workflow (version 0 = latest).  *out is a reference the caller
+ * holds until engine_workflow_release (the cache may drop the version
+ * meanwhile: the reference keeps it alive); nothing is held on error.  A
+ * holder that hands it to another with a life of its own gives that one a
+ * wf_hold of its own (workflow.h). */
 int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int version,
                         const struct wf **out, int *version_out, struct ifl_err *e);
+/* Drops a reference engine_workflow_get gave; NULL is ignored. */
+void engine_workflow_release(const struct wf *w);
 
 /* The most secrets a workspace holds (engine_secret_put refuses a new name
  * past it, IFL_EVALIDATION): every GATEWAY answer is scrubbed of them all. */

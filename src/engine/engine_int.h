@@ -15,10 +15,14 @@
 
 #define CACHE_BUCKETS 256
 
+/* A compiled workflow version (engine_workflow_get).  The cache holds one
+ * reference to w; every caller of engine_workflow_get another. */
 struct cached {
     char *ws, *wf;
     int version;
     struct wf *w;
+    size_t bytes;       /* its definition's text: what the budget counts */
+    atomic_ullong used; /* g->wf_clock when last found (least recently used go first) */
     struct cached *next;
 };
 
@@ -40,6 +44,12 @@ struct engine {
     uint8_t key[CRYPTO_KEY_LEN];
     pthread_rwlock_t lock;
     struct cached *buckets[CACHE_BUCKETS];
+    /* the compiled versions: how many, their definitions' bytes (under
+     * lock), the budget past which the least recently used ones that are
+     * not their workflow's latest are dropped (engine_opts), and the clock
+     * of their uses */
+    size_t wf_n, wf_bytes, wf_bytes_max;
+    atomic_ullong wf_clock;
 
     /* runner (runner.c) */
     struct engine_run_opts run;

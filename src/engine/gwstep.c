@@ -47,7 +47,7 @@ struct gw_job {
     char *vertex, *workspace;
     int64_t epoch;
     int attempts;
-    const struct wf *w;
+    const struct wf *w; /* a reference of its own (wf_hold) */
     long vi;
     json_t *ctx;
     struct gw_request req, vreq;
@@ -245,6 +245,7 @@ static void job_free(struct gw_job *j)
         gw_response_clear(j->resp);
         free(j->resp);
     }
+    engine_workflow_release(j->w);
     free(j);
 }
 
@@ -583,7 +584,7 @@ struct gw_job *engine_gw_prepare(struct engine *g, const struct store_claim *c, 
     j->workspace = xstrdup(c->workspace);
     j->epoch = c->epoch;
     j->attempts = c->attempts;
-    j->w = w;
+    j->w = wf_hold(w); /* the call may outlive its claimer's reference */
     j->vi = vi;
     j->ctx = json_incref(ctx);
     /* maxAttempts and the deadline count from the first attempt: this one,

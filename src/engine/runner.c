@@ -112,6 +112,7 @@ void engine_count_status(struct engine *g, const char *status)
 /* One claimed step between its execution and its committed outcome. */
 struct pending {
     const struct store_claim *c;
+    const struct wf *w; /* its workflow version: a reference (engine_workflow_get) */
     struct step_outcome o;
     int ready; /* an outcome to commit (0: loading failed; the lease will expire) */
     struct store_execution x;
@@ -141,6 +142,8 @@ static void pending_clear(struct pending *p)
     free(p->err_text);
     store_steps_free(p->rows, p->n);
     store_execution_clear(&p->x);
+    engine_workflow_release(p->w);
+    p->w = NULL;
 }
 
 /* Runs one claimed step's body and prepares its outcome (no writes). */
@@ -172,18 +175,18 @@ static void execute(struct engine *g, struct pending *p, const char *worker)
 {
     const struct store_claim *c = p->c;
     struct ifl_err e = {0};
-    const struct wf *w = NULL;
     int version = 0;
 
     FAULT("step.after_claim");
     if (keep_lease(g, p))
         return;
     if (store_execution_load(g->store, c->workspace, c->execution_id, &p->x, &p->rows, &p->n, &e) ||
-        engine_workflow_get(g, c->workspace, p->x.workflow, p->x.workflow_version, &w, &version,
+        engine_workflow_get(g, c->workspace, p->x.workflow, p->x.workflow_version, &p->w, &version,
                             &e)) {
         log_error("step.load_failed", "%s/%s: %s", c->execution_id, c->vertex, e.msg);
         return; /* the lease will expire and the sweeper re-dispatches */
     }
+    const struct wf *w = p->w;
     /* only a body that runs (found by a judge: a claim that lost its lease
      * before it started left a `run` line after the step's completion) */
     trace(g, "run", c);
@@ -781,8 +784,10 @@ static int recover(struct engine *g, int64_t now)
         int expiries = 1, poison = 0, crashed = 0;
         int64_t budget_from, started;
         int before = attempt_history(g, st, gateway, &death, &crashed, &budget_from, &started);
-        if (before < 0)
+        if (before < 0) {
+            engine_workflow_release(w);
             continue; /* a read failed (an outage): the next sweep tries again */
+        }
         /* Its note says it died rendering: the call never left (a call
          * leaves only once its note is cleared, run_batch), so there is
          * nothing to reconcile — it is tried again, as under any policy. */
@@ -865,6 +870,7 @@ static int recover(struct engine *g, int64_t now)
                               : "re-dispatched");
         }
         free(err);
+        engine_workflow_release(w);
     }
     store_steps_free(rows, n);
     if (recovered)
@@ -897,6 +903,7 @@ static int64_t dedup_window(struct engine *g, const struct store_purge *p)
         }
         long vi = wf_vertex_index(w, p->entry_point);
         int64_t v = vi >= 0 ? w->v[vi].dedup_window_ms : WF_DEDUP_WINDOW_DEFAULT_MS;
+        engine_workflow_release(w);
         if (v > window)
             window = v;
     }

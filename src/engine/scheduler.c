@@ -38,7 +38,7 @@
 struct entry {
     char *ws, *wf, *vertex;
     int version;
-    const struct wf *w; /* from the engine's cache: lives as long as it */
+    const struct wf *w; /* a reference of its own (wf_hold) */
     long vi;
     int64_t next;     /* the next tick to fire, or -1: never */
     int seen;         /* in the latest listing */
@@ -58,6 +58,7 @@ static void entry_clear(struct entry *x)
     free(x->ws);
     free(x->wf);
     free(x->vertex);
+    engine_workflow_release(x->w);
 }
 
 static struct entry *find(struct sched *s, const char *ws, const char *wf, const char *vertex,
@@ -118,7 +119,7 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
                                     xstrdup(items[i].name),
                                     xstrdup(w->v[vi].id),
                                     version,
-                                    w,
+                                    wf_hold(w),
                                     (long)vi,
                                     0,
                                     0,
@@ -139,6 +140,7 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
             }
             x->seen = 1;
         }
+        engine_workflow_release(w);
     }
     /* The listing took time: a tick may have fallen due since `now`. */
     int64_t listed = clock_now_ms();

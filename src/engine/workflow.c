@@ -51,9 +51,21 @@ const char *wf_type_name(enum wf_vertex_type t)
     return "?";
 }
 
+const struct wf *wf_hold(const struct wf *w)
+{
+    /* w points into the heap, never at a const object: the count may move */
+    atomic_fetch_add_explicit(&((struct wf *)w)->refs, 1, memory_order_relaxed);
+    return w;
+}
+
+void wf_release(const struct wf *w)
+{
+    wf_free((struct wf *)w);
+}
+
 void wf_free(struct wf *w)
 {
-    if (!w)
+    if (!w || atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) != 1)
         return;
     for (size_t i = 0; i < w->nv; i++) {
         struct wf_vertex *v = &w->v[i];
@@ -1099,6 +1111,7 @@ static int compile(json_t *def, int strict, struct wf **out, struct ifl_err *e)
         return err_setp(e, IFL_EVALIDATION, "/edges", "a workflow has at most %d edges",
                         WF_MAX_EDGES);
     struct wf *w = xcalloc(1, sizeof *w);
+    atomic_init(&w->refs, 1);
     w->def = json_deep_copy(def);
     vertices = json_object_get(w->def, "vertices");
     edges = json_object_get(w->def, "edges");

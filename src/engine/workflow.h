@@ -12,6 +12,7 @@
 #define IFL_ENGINE_WORKFLOW_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,6 +83,9 @@ struct wf {
     /* anc[v * anc_words …]: a bit per vertex that has a path to v */
     uint64_t *anc;
     size_t anc_words;
+    /* references: 1 from the compile, one more per wf_hold; the last
+     * wf_release (or wf_free) frees it */
+    atomic_long refs;
 };
 
 /* 1 when vertex a has a path to vertex v (a is one of v's ancestors).  A
@@ -109,7 +113,14 @@ int wf_compile(json_t *def, struct wf **out, struct ifl_err *e);
  * version — so every version the store holds keeps running, and no
  * execution of it is stranded. */
 int wf_compile_stored(json_t *def, struct wf **out, struct ifl_err *e);
+/* Drops the compile's reference (or one wf_hold took); the last one frees
+ * the workflow.  NULL is ignored. */
 void wf_free(struct wf *w);
+/* Another reference to w, for a holder that outlives its lender's: what it
+ * returns is w, valid until that holder's wf_release.  Thread-safe. */
+const struct wf *wf_hold(const struct wf *w);
+/* wf_free through a holder's const pointer.  Thread-safe. */
+void wf_release(const struct wf *w);
 
 /* Index of the vertex named id, or -1. */
 long wf_vertex_index(const struct wf *w, const char *id);

@@ -3236,3 +3236,48 @@ def test_a_denied_verify_keeps_the_outcome_unknown(make_server, mock):
     assert ch["state"] == "FAILED" and ch["error"]["code"] == "egress_denied", ch
     assert ch["error"].get("verifyFirst") is True, ch
     assert mock.charges("vd-1") == 1
+
+
+def test_workflow_versions_dropped_from_memory_still_run_their_executions(make_server, mock):
+    """Compiled workflow versions past `serve --workflow-cache-kb` that are
+    not their workflow's latest are dropped from memory and compiled again
+    from the store when next needed.  Each of eight versions (about 700
+    bytes each against a 1 KiB budget) was put while the previous one's
+    call was held at the provider, so every version was dropped with a
+    call in flight; each execution still ran its own version.  Then eight
+    more executions failed (the provider refused them), their versions were
+    dropped, and an operator's retry ran each on its own version again."""
+    s = make_server(extra=["--workflow-cache-kb", "1"])
+    s.start()
+    assert s.put(f"{WS}", {}).status in (200, 201)
+    assert s.put(f"{WS}/secrets/PAY_KEY", {"value": SECRET}).status == 204
+
+    def put_version(v):
+        flow = charge_flow(mock, retry={"maxAttempts": 1})
+        flow["vertices"]["paid"]["config"]["output"]["version"] = v
+        put_workflow(s, "ver", flow)
+
+    mock.faults("latency=300")
+    calls = {}
+    for v in range(1, 9):
+        put_version(v)
+        calls[v] = pay(s, f"ver-{v}", name="ver")
+    mock.faults("status=503")  # refused in front of the charge: nothing made
+    failed = {}
+    for v in range(9, 17):
+        put_version(v)
+        failed[v] = pay(s, f"ver-{v}", name="ver")
+        assert finished(s, failed[v])["status"] == "failed"
+    put_version(17)  # none of the executions' versions is the latest
+    assert metric(s, "idemflow_workflow_versions_evicted_total") >= 14
+    assert metric(s, "idemflow_workflow_versions_compiled_bytes") <= 1024
+    mock.faults("")
+    for v, xid in failed.items():
+        assert s.post(f"{WS}/executions/{xid}/retry").status == 200
+    for v, xid in {**calls, **failed}.items():
+        x = finished(s, xid)
+        assert x["status"] == "completed", (v, x)
+        assert x["workflowVersion"] == v, x
+        assert steps_of(x)["paid"]["output"]["version"] == v, (v, x)
+        assert mock.charges(f"ver-{v}") == 1
+    assert metric(s, "idemflow_workflow_versions_compiled_bytes") <= 1024

@@ -61,7 +61,7 @@ static int setup(void **state)
     snprintf(url, sizeof url, "%s/db.sqlite", f->dir);
     struct ifl_err se = {0};
     assert_int_equal(store_open(url, &f->s, &se), 0);
-    struct engine_opts o = {{0}, 0};
+    struct engine_opts o = {.shared_cache_ms = 0};
     struct ifl_err e = {0};
     assert_int_equal(engine_new(f->s, &o, &f->g, &e), 0);
     *state = f;

@@ -37,7 +37,7 @@ struct engine_opts {
      * next needed.  A workflow's latest version always stays. */
     size_t workflow_cache_bytes;
 };
-#define ENGINE_WF_CACHE_DEFAULT ((size_t)32 << 20)
+#define ENGINE_WF_CACHE_DEFAULT ((size_t)4 << 20)
 
 /* Counters exposed on /metrics. */
 #define ENGINE_GW_NCLASSES 7

@@ -403,8 +403,8 @@ static const struct {
                                   " LIMIT $2"},
     [S_EXPIRED_ALL] = {"ifl_expired_all",
                        "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING' LIMIT $1"},
-    [S_NEXT_DUE] = {"ifl_next_due",
-                    "SELECT MIN(next_run_at) FROM steps WHERE state = 'DISPATCHED'"},
+    [S_NEXT_DUE] = {"ifl_next_due", "SELECT MIN(next_run_at) FROM steps WHERE state = 'DISPATCHED'"
+                                    " AND " STORE_PG_DUE_FLOOR},
     [S_DEAD] = {"ifl_dead",
                 "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
                 " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"

@@ -471,23 +471,16 @@ static int load_examples(struct engine *g, const char *dir)
                 buf_free(&b);
             }
             if (!rc) {
-                struct store_workflow cur;
-                char *text = json_to_string(def);
-                json_t *cur_def = NULL;
-                int same = 0;
-                if (store_workflow_get(engine_store(g), de->d_name, wf, 0, &cur, NULL) == 0) {
-                    if (json_parse(cur.definition, strlen(cur.definition), NULL, &cur_def, NULL) ==
-                        0)
-                        same = json_equal(cur_def, def);
-                    json_decref(cur_def);
-                    store_workflow_clear(&cur);
-                }
-                free(text);
-                int version;
-                if (!same && (rc = engine_workflow_put(g, de->d_name, wf, def, &version, &e)))
+                /* a definition equal to the latest version stores nothing,
+                 * decided in the put's transaction: processes started at
+                 * once on one database store it once */
+                int version, stored;
+                if ((rc = engine_workflow_put_changed(g, de->d_name, wf, def, &version, &stored,
+                                                      &e)))
                     log_error("load.failed", "%s: %s (at %s)", file, e.msg, e.pointer);
                 if (!rc) {
-                    log_info("load.workflow", "loaded %s/%s from %s", de->d_name, wf, file);
+                    log_info("load.workflow", "loaded %s/%s from %s: version %d%s", de->d_name, wf,
+                             file, version, stored ? "" : ", unchanged");
                     workflows++;
                 }
             }

@@ -92,6 +92,12 @@ struct store *engine_store(struct engine *g);
 /* Validates, compiles and stores a new version.  def is borrowed. */
 int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t *def, int *version,
                         struct ifl_err *e);
+/* The same, unless the latest version's definition equals def (key order
+ * and spacing aside): then nothing is stored, *version is the latest's and
+ * *stored 0.  Decided in the store's transaction, so processes that put
+ * one definition at once store one version (`serve --load`). */
+int engine_workflow_put_changed(struct engine *g, const char *ws, const char *wf, json_t *def,
+                                int *version, int *stored, struct ifl_err *e);
 /* Compiled workflow (version 0 = latest).  *out is a reference the caller
  * holds until engine_workflow_release (the cache may drop the version
  * meanwhile: the reference keeps it alive); nothing is held on error.  A

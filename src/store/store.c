@@ -567,7 +567,15 @@ void store_workflow_clear(struct store_workflow *w)
 int store_workflow_put(struct store *s, const char *ws, const char *wf, const char *def,
                        int *version, struct ifl_err *e)
 {
-    return s->ops->workflow_put(s, ws, wf, def, version, e);
+    int stored = 0;
+    return s->ops->workflow_put(s, ws, wf, def, NULL, NULL, version, &stored, e);
+}
+
+int store_workflow_put_changed(struct store *s, const char *ws, const char *wf, const char *def,
+                               int (*same)(const char *latest, void *arg), void *arg, int *version,
+                               int *stored, struct ifl_err *e)
+{
+    return s->ops->workflow_put(s, ws, wf, def, same, arg, version, stored, e);
 }
 
 int store_workflow_get(struct store *s, const char *ws, const char *wf, int version,

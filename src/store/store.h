@@ -82,6 +82,16 @@ void store_workflow_clear(struct store_workflow *w);
  * must exist (IFL_ENOTFOUND otherwise). */
 int store_workflow_put(struct store *s, const char *ws, const char *wf, const char *definition,
                        int *version, struct ifl_err *e);
+/* As store_workflow_put, unless `same` says the latest version's definition
+ * (its text, borrowed for the call) is this one (nonzero): then nothing is
+ * stored and *version is the latest's.  *stored says which.  Decided in the
+ * put's own transaction, holding the workspace's row lock (PostgreSQL) or
+ * on the single writer (SQLite), so processes that put one definition at
+ * once store it once.  `same` may run more than once (a retried
+ * transaction). */
+int store_workflow_put_changed(struct store *s, const char *ws, const char *wf,
+                               const char *definition, int (*same)(const char *latest, void *arg),
+                               void *arg, int *version, int *stored, struct ifl_err *e);
 /* version 0 = latest. IFL_ENOTFOUND when absent. */
 int store_workflow_get(struct store *s, const char *ws, const char *wf, int version,
                        struct store_workflow *out, struct ifl_err *e);

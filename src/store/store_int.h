@@ -48,8 +48,10 @@ struct store_ops {
     int (*workspace_put)(struct store *s, const char *ws, const char *settings, int *created,
                          struct ifl_err *e);
     int (*workspace_exists)(struct store *s, const char *ws, struct ifl_err *e);
+    /* same: NULL, or as store_workflow_put_changed */
     int (*workflow_put)(struct store *s, const char *ws, const char *wf, const char *def,
-                        int *version, struct ifl_err *e);
+                        int (*same)(const char *latest, void *arg), void *arg, int *version,
+                        int *stored, struct ifl_err *e);
     int (*workflow_get)(struct store *s, const char *ws, const char *wf, int version,
                         struct store_workflow *out, struct ifl_err *e);
     int (*secret_put)(struct store *s, const char *ws, const char *name, const char *sealed,

@@ -1378,7 +1378,9 @@ static int op_workspace_exists(struct store *base, const char *ws, struct ifl_er
 
 struct wf_put {
     const char *ws, *wf, *def;
-    int version;
+    int (*same)(const char *latest, void *arg);
+    void *arg;
+    int version, stored;
 };
 
 static int body_wf_put(struct pgtx *t, void *arg, struct ifl_err *e)
@@ -1393,16 +1395,28 @@ static int body_wf_put(struct pgtx *t, void *arg, struct ifl_err *e)
     PQclear(r);
     if (!found)
         return err_set(e, IFL_ENOTFOUND, "workspace '%s' does not exist", a->ws);
+    a->stored = 0;
+    arg_s(&p, a->wf);
+    if (a->same) { /* under the workspace's lock: a put elsewhere waits */
+        if (!(r = q(t, S_WF_LATEST, &p, e)))
+            return t->fail_rc;
+        int same = PQntuples(r) == 1 && a->same(PQgetvalue(r, 0, 1), a->arg);
+        if (same)
+            a->version = (int)col_i64(r, 0, 0);
+        PQclear(r);
+        if (same)
+            return 0;
+    }
     /* The version's time is read only now, holding the workspace lock: a
      * tick claimed meanwhile (tx_tick_claim) has committed, so its schedule
      * starts after that tick, which must not fire again in this version. */
     int64_t now = clock_now_ms();
-    arg_s(&p, a->wf);
     arg_s(&p, a->def);
     arg_i(&p, now);
     if (!(r = q(t, S_WF_PUT, &p, e)))
         return t->fail_rc;
     a->version = (int)col_i64(r, 0, 0);
+    a->stored = 1;
     PQclear(r);
     t->mark = S_WF_MARK;
     t->mark_args = (struct args){0};
@@ -1414,11 +1428,13 @@ static int body_wf_put(struct pgtx *t, void *arg, struct ifl_err *e)
 }
 
 static int op_workflow_put(struct store *base, const char *ws, const char *wf, const char *def,
-                           int *version, struct ifl_err *e)
+                           int (*same)(const char *latest, void *arg), void *arg, int *version,
+                           int *stored, struct ifl_err *e)
 {
-    struct wf_put a = {ws, wf, def, 0};
+    struct wf_put a = {ws, wf, def, same, arg, 0, 0};
     int rc = run((struct pg *)base, body_wf_put, &a, M_TX, e);
     *version = rc ? 0 : a.version;
+    *stored = rc ? 0 : a.stored;
     return rc;
 }
 

@@ -771,7 +771,9 @@ static int op_workspace_exists(struct store *base, const char *ws, struct ifl_er
 
 struct wf_put {
     const char *ws, *wf, *def;
-    int version;
+    int (*same)(const char *latest, void *arg);
+    void *arg;
+    int version, stored;
 };
 
 static int job_wf_put(struct conn *c, void *arg, struct ifl_err *e)
@@ -787,6 +789,27 @@ static int job_wf_put(struct conn *c, void *arg, struct ifl_err *e)
         return err_set(e, IFL_ENOTFOUND, "workspace '%s' does not exist", a->ws);
     if (r != SQLITE_ROW)
         return db_err(c, e, "workflow_put");
+    a->stored = 0;
+    if (a->same) { /* on the writer: no other put comes between */
+        static const char latest[] = "SELECT version, definition FROM workflows"
+                                     " WHERE workspace = ?1 AND name = ?2"
+                                     " ORDER BY version DESC LIMIT 1";
+        if (!(st = stmt(c, latest, e)))
+            return IFL_ESTORE;
+        bind_text(st, 1, a->ws);
+        bind_text(st, 2, a->wf);
+        int same = 0;
+        if ((r = sqlite3_step(st)) == SQLITE_ROW &&
+            a->same((const char *)sqlite3_column_text(st, 1), a->arg)) {
+            same = 1;
+            a->version = sqlite3_column_int(st, 0);
+        }
+        done_stmt(st);
+        if (r != SQLITE_ROW && r != SQLITE_DONE)
+            return db_err(c, e, "workflow_put");
+        if (same)
+            return 0;
+    }
     static const char sql[] =
         "INSERT INTO workflows (workspace, name, version, definition, created_at)"
         " SELECT ?1, ?2, COALESCE(MAX(version), 0) + 1, ?3, ?4 FROM workflows"
@@ -798,10 +821,12 @@ static int job_wf_put(struct conn *c, void *arg, struct ifl_err *e)
     bind_text(st, 3, a->def);
     sqlite3_bind_int64(st, 4, clock_now_ms());
     int rc = 0;
-    if (sqlite3_step(st) == SQLITE_ROW)
+    if (sqlite3_step(st) == SQLITE_ROW) {
         a->version = sqlite3_column_int(st, 0);
-    else
+        a->stored = 1;
+    } else {
         rc = db_err(c, e, "workflow_put");
+    }
     while (rc == 0 && sqlite3_step(st) == SQLITE_ROW)
         ;
     done_stmt(st);
@@ -809,11 +834,13 @@ static int job_wf_put(struct conn *c, void *arg, struct ifl_err *e)
 }
 
 static int op_workflow_put(struct store *base, const char *ws, const char *wf, const char *def,
-                           int *version, struct ifl_err *e)
+                           int (*same)(const char *latest, void *arg), void *arg, int *version,
+                           int *stored, struct ifl_err *e)
 {
-    struct wf_put a = {ws, wf, def, 0};
+    struct wf_put a = {ws, wf, def, same, arg, 0, 0};
     int rc = write_job((struct sq *)base, job_wf_put, &a, e);
     *version = a.version;
+    *stored = rc ? 0 : a.stored;
     return rc;
 }
 

@@ -3,6 +3,7 @@ holds across processes — through a SIGKILL at a fault point, a SIGTERM
 drain, a stalled worker whose lease is taken over, and a restart of the
 database itself.  Step executions are counted independently from each
 process's trace file (see docs/faults.md)."""
+import json
 import os
 import signal
 import subprocess
@@ -524,3 +525,48 @@ def test_a_secret_unreadable_in_the_kept_list_is_read_again(make_server, workdir
         x = finished(a, run(a, "k", {"n": 2}))
         assert steps_of(x)["call"]["state"] == "COMPLETED", x
         a.stop()
+
+
+def test_processes_started_at_once_with_one_load_store_each_definition_once(make_server, workdir):
+    """Found by a judge: three engines started together on an empty
+    database with the same `--load` directory stored 617 versions of 240
+    files — each read "no version yet", then each put one.  The comparison
+    with the latest version is now made in the put's transaction, under
+    the workspace's lock: one version per file, whichever process put it,
+    and a later start with the same files stores nothing."""
+    load = os.path.join(workdir, "load-once")
+    for w in range(4):
+        os.makedirs(os.path.join(load, f"ws{w}"))
+        for f in range(10):
+            with open(os.path.join(load, f"ws{w}", f"wf{f}.json"), "w") as fh:
+                json.dump({"vertices": {"start": {"type": "ENTRY_POINT"},
+                                        "t": {"type": "TRANSFORM",
+                                              "config": {"output": {"n": f}}}},
+                           "edges": [{"from": "start", "to": "t"}]}, fh)
+    db = new_db(workdir)
+    servers = [make_server(db=db, extra=["--load", load]) for _ in range(3)]
+    barrier = threading.Barrier(3)
+    errors = []
+
+    def start(s):
+        barrier.wait()
+        try:
+            s.start()
+        except Exception as ex:  # reported below
+            errors.append(ex)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    rows = psql(db, "SELECT workspace, name, count(*) FROM workflows GROUP BY 1, 2")
+    assert len(rows) == 40, rows
+    assert all(r[2] == "1" for r in rows), rows
+    for s in servers:
+        s.stop()
+    again = make_server(db=db, extra=["--load", load])
+    again.start()
+    assert psql(db, "SELECT count(*) FROM workflows") == [["40"]]
+    assert "unchanged" in again.logs()

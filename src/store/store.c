@@ -421,13 +421,17 @@ const struct store_migration store_migrations[] = {
      * oldest, every look an index seek. */
     {15, "CREATE INDEX steps_due_ws ON steps (workspace, next_run_at) WHERE state = 'DISPATCHED';",
      "CREATE INDEX steps_due_ws ON steps (workspace, next_run_at) WHERE state = 'DISPATCHED';"},
-    /* 16, PostgreSQL: steps_due only for the query that names its bound
-     * (store_int.h, STORE_PG_DUE_FLOOR).  SQLite plans its claim's seeks
-     * by the schema alone, with no cached plan to go stale. */
+    /* 16, PostgreSQL: steps_due and steps_due_ws each only for the
+     * statements that name its bound (store_int.h, STORE_PG_DUE_FLOOR).
+     * SQLite plans by the schema alone, with no statistics or cached plan
+     * to go stale. */
     {16, "SELECT 1;",
      "DROP INDEX steps_due;"
      "CREATE INDEX steps_due ON steps (next_run_at)"
-     " WHERE state = 'DISPATCHED' AND " STORE_PG_DUE_FLOOR ";"},
+     " WHERE state = 'DISPATCHED' AND " STORE_PG_DUE_FLOOR ";"
+     "DROP INDEX steps_due_ws;"
+     "CREATE INDEX steps_due_ws ON steps (workspace, next_run_at)"
+     " WHERE state = 'DISPATCHED' AND " STORE_PG_DUE_WS_FLOOR ";"},
 };
 const int store_migrations_count = (int)(sizeof store_migrations / sizeof store_migrations[0]);
 

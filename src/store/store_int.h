@@ -205,15 +205,19 @@ extern const char store_sqlite_list_rare[];
 /* 1 when s is one of STORE_EXEC_RARE. */
 int store_execution_status_rare(const char *s);
 
-/* PostgreSQL's steps_due (migration 16): the next due time (S_NEXT_DUE)
- * reads it; the claim's walk and its per-workspace seek must not, since on
- * statistics taken while no step was DISPATCHED a cached generic plan
- * scanned every waiting step through it, once per workspace looked at
- * (found by a judge: 1,800 waiting steps, a walk of 646 ms against 1.2 ms
- * through steps_due_ws).  Its predicate holds this bound on next_run_at,
- * which every time satisfies and which only S_NEXT_DUE's query states, so
- * no other query can be proved to match the index and use it. */
+/* PostgreSQL's two indexes of DISPATCHED steps (migration 16), each for
+ * its own statements: steps_due (by time) for the next due time
+ * (S_NEXT_DUE), steps_due_ws (by workspace, then time) for the claim's
+ * walk and its per-workspace seek (S_CLAIM_WALK, S_CLAIM).  On statistics
+ * taken while no step was DISPATCHED, a cached generic plan of the walk
+ * scanned every waiting step through steps_due, once per workspace looked
+ * at (found by a judge: 1,800 waiting steps, a walk of 646 ms against 1.2
+ * ms), and the next due time read every one through steps_due_ws (found by
+ * the next).  So each index's predicate holds a bound that every row meets
+ * and only its own statements state: no other query can be proved to
+ * match it, and none can be planned through it. */
 #define STORE_PG_DUE_FLOOR "next_run_at > -9223372036854775807"
+#define STORE_PG_DUE_WS_FLOOR "workspace >= ''"
 
 /* The schema, as ordered migrations shared by every backend.  Each entry's
  * SQL is portable (TEXT, BIGINT, INTEGER, ON CONFLICT); `sqlite_only` /

@@ -357,7 +357,8 @@ static const struct {
                       " UNION ALL SELECT nx.workspace, walk.n + 1,"
                       " walk.found + (nx.next_run_at <= $2::bigint)::int FROM walk,"
                       " LATERAL (SELECT workspace, next_run_at FROM steps"
-                      " WHERE state = 'DISPATCHED' AND workspace > walk.ws"
+                      " WHERE state = 'DISPATCHED' AND " STORE_PG_DUE_WS_FLOOR
+                      " AND workspace > walk.ws"
                       " ORDER BY workspace, next_run_at LIMIT 1) nx"
                       " WHERE walk.n < $3::int AND walk.found < $4::int)"
                       " SELECT ws, found FROM walk WHERE n > 0 ORDER BY n"},
@@ -373,7 +374,8 @@ static const struct {
                  " (PARTITION BY w.ord ORDER BY s.next_run_at, s.execution_seq, s.vertex) AS rn"
                  " FROM json_array_elements_text($6::json) WITH ORDINALITY AS w(ws, ord),"
                  " LATERAL (SELECT execution_seq, vertex, next_run_at FROM steps"
-                 " WHERE state = 'DISPATCHED' AND workspace = w.ws COLLATE \"C\""
+                 " WHERE state = 'DISPATCHED' AND " STORE_PG_DUE_WS_FLOOR
+                 " AND workspace = w.ws COLLATE \"C\""
                  " AND next_run_at <= $3::bigint ORDER BY next_run_at LIMIT $4"
                  " FOR UPDATE SKIP LOCKED) s),"
                  " picked AS MATERIALIZED (SELECT execution_seq, vertex, rn, ord FROM cand"
@@ -403,8 +405,10 @@ static const struct {
                                   " LIMIT $2"},
     [S_EXPIRED_ALL] = {"ifl_expired_all",
                        "SELECT " STEP_COLS " FROM steps WHERE state = 'EXECUTING' LIMIT $1"},
-    [S_NEXT_DUE] = {"ifl_next_due", "SELECT MIN(next_run_at) FROM steps WHERE state = 'DISPATCHED'"
-                                    " AND " STORE_PG_DUE_FLOOR},
+    /* not MIN(): on thin statistics that was planned as an aggregate over
+     * every waiting step (found by a judge) */
+    [S_NEXT_DUE] = {"ifl_next_due", "SELECT next_run_at FROM steps WHERE state = 'DISPATCHED'"
+                                    " AND " STORE_PG_DUE_FLOOR " ORDER BY next_run_at LIMIT 1"},
     [S_DEAD] = {"ifl_dead",
                 "SELECT " STEP_COLS " FROM steps WHERE workspace = $1"
                 " AND state IN ('FAILED', 'REQUIRES_RECONCILIATION')"
@@ -2713,7 +2717,7 @@ static int body_next_due(struct pgtx *t, void *arg, struct ifl_err *e)
     PGresult *r = q(t, S_NEXT_DUE, NULL, e);
     if (!r)
         return t->fail_rc;
-    if (!PQgetisnull(r, 0, 0))
+    if (PQntuples(r) == 1)
         *(int64_t *)arg = col_i64(r, 0, 0);
     PQclear(r);
     return 0;

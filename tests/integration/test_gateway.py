@@ -3243,8 +3243,8 @@ def test_workflow_versions_dropped_from_memory_still_run_their_executions(make_s
     not their workflow's latest are dropped from memory and compiled again
     from the store when next needed.  Each of eight versions (about 700
     bytes each against a 1 KiB budget) was put while the previous one's
-    call was held at the provider, so every version was dropped with a
-    call in flight; each execution still ran its own version.  Then eight
+    call was held at the provider, so versions were dropped with their
+    calls in flight; each execution still ran its own version.  Then eight
     more executions failed (the provider refused them), their versions were
     dropped, and an operator's retry ran each on its own version again."""
     s = make_server(extra=["--workflow-cache-kb", "1"])
@@ -3262,6 +3262,8 @@ def test_workflow_versions_dropped_from_memory_still_run_their_executions(make_s
     for v in range(1, 9):
         put_version(v)
         calls[v] = pay(s, f"ver-{v}", name="ver")
+    for xid in calls.values():  # before the faults change under a call on its way
+        assert finished(s, xid)["status"] == "completed"
     mock.faults("status=503")  # refused in front of the charge: nothing made
     failed = {}
     for v in range(9, 17):

@@ -259,7 +259,7 @@ static int cand_cmp(const void *a, const void *b)
 /* Past the budget, unlinks the least recently used versions that are not
  * their workflow's latest until the cached bytes are down to 3/4 of it
  * (under the write lock); returns them, for cache_drop once the lock is
- * gone.  Their holders keep them alive (engine_workflow_release). */
+ * gone.  Their holders keep them alive (wf_release). */
 static struct cached *cache_trim(struct engine *g)
 {
     if (g->wf_bytes <= g->wf_bytes_max)
@@ -340,11 +340,6 @@ static const struct wf *cache_add(struct engine *g, const char *ws, const char *
     pthread_rwlock_unlock(&g->lock);
     cache_drop(dropped);
     return held;
-}
-
-void engine_workflow_release(const struct wf *w)
-{
-    wf_release(w);
 }
 
 /* The latest version if known and fresh, else 0. */
@@ -1205,7 +1200,7 @@ static void op_free(struct engine_trigger_op *op)
     free(op->ws);
     free(op->wf);
     free(op->vertex);
-    engine_workflow_release(op->w);
+    wf_release(op->w);
     free(op);
 }
 
@@ -1498,7 +1493,7 @@ int engine_trigger_begin(struct engine *g, const struct trigger_req *r, struct t
 done:
     json_decref(material);
     json_decref(identity);
-    engine_workflow_release(w);
+    wf_release(w);
     return rc;
 }
 
@@ -1879,7 +1874,7 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
     if ((rc = gateway_steps_seen(g, id,
                                  STATE_BIT(STEP_FAILED) | STATE_BIT(STEP_REQUIRES_RECONCILIATION),
                                  1, &rows, &n, &seen, &n_seen, e))) {
-        engine_workflow_release(w);
+        wf_release(w);
         return rc;
     }
     /* read before the transaction: a condition's error is scrubbed of them */
@@ -1913,7 +1908,7 @@ static int retry_keyed(struct engine *g, const char *ws, const char *id, int sen
             engine_execution_moved(g, id, a.r.status);
     }
     free(a.replay);
-    engine_workflow_release(w);
+    wf_release(w);
     return rc;
 }
 
@@ -2200,7 +2195,7 @@ out:
     free(err_text);
     store_steps_free(rows, n);
     store_execution_clear(&x);
-    engine_workflow_release(w);
+    wf_release(w);
     return rc;
 }
 
@@ -2421,7 +2416,7 @@ out:
     json_decref(identity);
     json_decref(payload);
     store_execution_clear(&old);
-    engine_workflow_release(w);
+    wf_release(w);
     return rc;
 }
 

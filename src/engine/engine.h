@@ -99,14 +99,12 @@ int engine_workflow_put(struct engine *g, const char *ws, const char *wf, json_t
 int engine_workflow_put_changed(struct engine *g, const char *ws, const char *wf, json_t *def,
                                 int *version, int *stored, struct ifl_err *e);
 /* Compiled workflow (version 0 = latest).  *out is a reference the caller
- * holds until engine_workflow_release (the cache may drop the version
- * meanwhile: the reference keeps it alive); nothing is held on error.  A
- * holder that hands it to another with a life of its own gives that one a
- * wf_hold of its own (workflow.h). */
+ * holds until wf_release (the cache may drop the version meanwhile: the
+ * reference keeps it alive); nothing is held on error.  A holder that
+ * hands it to another with a life of its own gives that one a wf_hold of
+ * its own (workflow.h). */
 int engine_workflow_get(struct engine *g, const char *ws, const char *wf, int version,
                         const struct wf **out, int *version_out, struct ifl_err *e);
-/* Drops a reference engine_workflow_get gave; NULL is ignored. */
-void engine_workflow_release(const struct wf *w);
 
 /* The most secrets a workspace holds (engine_secret_put refuses a new name
  * past it, IFL_EVALIDATION): every GATEWAY answer is scrubbed of them all. */

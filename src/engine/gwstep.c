@@ -245,7 +245,7 @@ static void job_free(struct gw_job *j)
         gw_response_clear(j->resp);
         free(j->resp);
     }
-    engine_workflow_release(j->w);
+    wf_release(j->w);
     free(j);
 }
 

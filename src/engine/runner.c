@@ -142,7 +142,7 @@ static void pending_clear(struct pending *p)
     free(p->err_text);
     store_steps_free(p->rows, p->n);
     store_execution_clear(&p->x);
-    engine_workflow_release(p->w);
+    wf_release(p->w);
     p->w = NULL;
 }
 
@@ -785,7 +785,7 @@ static int recover(struct engine *g, int64_t now)
         int64_t budget_from, started;
         int before = attempt_history(g, st, gateway, &death, &crashed, &budget_from, &started);
         if (before < 0) {
-            engine_workflow_release(w);
+            wf_release(w);
             continue; /* a read failed (an outage): the next sweep tries again */
         }
         /* Its note says it died rendering: the call never left (a call
@@ -870,7 +870,7 @@ static int recover(struct engine *g, int64_t now)
                               : "re-dispatched");
         }
         free(err);
-        engine_workflow_release(w);
+        wf_release(w);
     }
     store_steps_free(rows, n);
     if (recovered)
@@ -903,7 +903,7 @@ static int64_t dedup_window(struct engine *g, const struct store_purge *p)
         }
         long vi = wf_vertex_index(w, p->entry_point);
         int64_t v = vi >= 0 ? w->v[vi].dedup_window_ms : WF_DEDUP_WINDOW_DEFAULT_MS;
-        engine_workflow_release(w);
+        wf_release(w);
         if (v > window)
             window = v;
     }

@@ -58,7 +58,7 @@ static void entry_clear(struct entry *x)
     free(x->ws);
     free(x->wf);
     free(x->vertex);
-    engine_workflow_release(x->w);
+    wf_release(x->w);
 }
 
 static struct entry *find(struct sched *s, const char *ws, const char *wf, const char *vertex,
@@ -140,7 +140,7 @@ static void rescan(struct engine *g, struct sched *s, int64_t now)
             }
             x->seen = 1;
         }
-        engine_workflow_release(w);
+        wf_release(w);
     }
     /* The listing took time: a tick may have fallen due since `now`. */
     int64_t listed = clock_now_ms();

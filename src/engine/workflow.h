@@ -119,7 +119,8 @@ void wf_free(struct wf *w);
 /* Another reference to w, for a holder that outlives its lender's: what it
  * returns is w, valid until that holder's wf_release.  Thread-safe. */
 const struct wf *wf_hold(const struct wf *w);
-/* wf_free through a holder's const pointer.  Thread-safe. */
+/* wf_free through a holder's const pointer (engine_workflow_get's, or
+ * wf_hold's); NULL is ignored.  Thread-safe. */
 void wf_release(const struct wf *w);
 
 /* Index of the vertex named id, or -1. */

@@ -769,6 +769,11 @@ static int op_workspace_exists(struct store *base, const char *ws, struct ifl_er
 
 /* ---- workflows ------------------------------------------------------------------ */
 
+/* A workflow's latest version (op_workflow_get; job_wf_put's `same`). */
+static const char sql_wf_latest[] =
+    "SELECT version, definition, created_at FROM workflows WHERE workspace = ? AND name = ?"
+    " ORDER BY version DESC LIMIT 1";
+
 struct wf_put {
     const char *ws, *wf, *def;
     int (*same)(const char *latest, void *arg);
@@ -791,10 +796,7 @@ static int job_wf_put(struct conn *c, void *arg, struct ifl_err *e)
         return db_err(c, e, "workflow_put");
     a->stored = 0;
     if (a->same) { /* on the writer: no other put comes between */
-        static const char latest[] = "SELECT version, definition FROM workflows"
-                                     " WHERE workspace = ?1 AND name = ?2"
-                                     " ORDER BY version DESC LIMIT 1";
-        if (!(st = stmt(c, latest, e)))
+        if (!(st = stmt(c, sql_wf_latest, e)))
             return IFL_ESTORE;
         bind_text(st, 1, a->ws);
         bind_text(st, 2, a->wf);
@@ -848,9 +850,6 @@ static int op_workflow_get(struct store *base, const char *ws, const char *wf, i
                            struct store_workflow *out, struct ifl_err *e)
 {
     struct sq *s = (struct sq *)base;
-    static const char sql_latest[] =
-        "SELECT version, definition, created_at FROM workflows WHERE workspace = ? AND name = ?"
-        " ORDER BY version DESC LIMIT 1";
     static const char sql_version[] =
         "SELECT version, definition, created_at FROM workflows WHERE workspace = ? AND name = ?"
         " AND version = ?";
@@ -858,7 +857,7 @@ static int op_workflow_get(struct store *base, const char *ws, const char *wf, i
     if (!c)
         return IFL_ESTORE;
     int rc = 0;
-    sqlite3_stmt *st = stmt(c, version ? sql_version : sql_latest, e);
+    sqlite3_stmt *st = stmt(c, version ? sql_version : sql_wf_latest, e);
     if (!st) {
         rc = IFL_ESTORE;
         goto out;

@@ -22,6 +22,8 @@
 #include "http/http.h"
 #include "store/store.h"
 
+#include "engine_fixture.h"
+
 static void test_prefer_wait_parses_rfc7240_forms(void **state)
 {
     (void)state;
@@ -46,38 +48,10 @@ static void test_prefer_wait_ignores_what_it_cannot_use(void **state)
         assert_int_equal(http_prefer_wait(bad[i]), -1);
 }
 
-struct fixture {
-    char dir[64];
-    struct store *s;
-    struct engine *g;
-};
-
 static int setup(void **state)
 {
-    struct fixture *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/ifl-wait-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
-    char url[128];
-    snprintf(url, sizeof url, "%s/db.sqlite", f->dir);
-    struct ifl_err se = {0};
-    assert_int_equal(store_open(url, &f->s, &se), 0);
     struct engine_opts o = {.shared_cache_ms = 0};
-    struct ifl_err e = {0};
-    assert_int_equal(engine_new(f->s, &o, &f->g, &e), 0);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    engine_free(f->g);
-    store_close(f->s);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
-    if (system(cmd) != 0)
-        return -1;
-    free(f);
+    *state = engine_fixture_new("wait", &o);
     return 0;
 }
 

@@ -22,11 +22,7 @@
 #include "engine/workflow.h"
 #include "store/store.h"
 
-struct fixture {
-    char dir[64];
-    struct store *s;
-    struct engine *g;
-};
+#include "engine_fixture.h"
 
 /* A definition of about 300 bytes whose TRANSFORM outputs its version `v`
  * (so a recompiled version can be told from another). */
@@ -45,32 +41,12 @@ static json_t *def_of(int v)
 
 static int setup(void **state)
 {
-    struct fixture *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/ifl-wfcache-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
-    char url[128];
-    snprintf(url, sizeof url, "%s/db.sqlite", f->dir);
-    struct ifl_err e = {0};
-    assert_int_equal(store_open(url, &f->s, &e), 0);
     /* room for about four of def_of's versions */
     struct engine_opts o = {.workflow_cache_bytes = 1200};
-    assert_int_equal(engine_new(f->s, &o, &f->g, &e), 0);
+    struct fixture *f = engine_fixture_new("wfcache", &o);
     int created = 0;
-    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &created, &e), 0);
+    assert_int_equal(store_workspace_put(f->s, "ws", "{}", &created, NULL), 0);
     *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    engine_free(f->g);
-    store_close(f->s);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
-    if (system(cmd) != 0)
-        return -1;
-    free(f);
     return 0;
 }
 
@@ -125,13 +101,13 @@ static void test_old_versions_past_the_budget_are_dropped_and_compiled_again(voi
     const struct wf *again = get(f, "a", 1);
     assert_ptr_not_equal(again, held);
     assert_int_equal(v_of(again), 1);
-    engine_workflow_release(held);
-    engine_workflow_release(again);
+    wf_release(held);
+    wf_release(again);
     /* every version still comes back right, however often the cache turns */
     for (int v = 1; v <= 40; v++) {
         const struct wf *w = get(f, "a", v);
         assert_int_equal(v_of(w), v);
-        engine_workflow_release(w);
+        wf_release(w);
     }
     assert_true(atomic_load(&m->wf_compiled_bytes) <= 1200);
 }
@@ -147,13 +123,13 @@ static void test_a_workflows_latest_version_is_never_dropped(void **state)
     for (int v = 1; v <= 30; v++)
         put_version(f, "churn", v);
     for (int v = 1; v <= 30; v++)
-        engine_workflow_release(get(f, "churn", v));
+        wf_release(get(f, "churn", v));
     /* still the same object: found in the cache, not compiled again */
     const struct wf *w = get(f, "keep", 0);
     assert_ptr_equal(w, latest);
     assert_int_equal(v_of(w), 1);
-    engine_workflow_release(w);
-    engine_workflow_release(latest);
+    wf_release(w);
+    wf_release(latest);
 }
 
 int main(void)

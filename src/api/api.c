@@ -1382,6 +1382,11 @@ static void h_metrics(struct call *c)
         "idemflow_steps_total{event=\"failed\"} %llu\n"
         "idemflow_steps_total{event=\"recovered\"} %llu\n"
         "idemflow_steps_total{event=\"inlined\"} %llu\n"
+        "# HELP idemflow_claim_queries_total Claims the workers asked the store for, by whether "
+        "they took steps.\n"
+        "# TYPE idemflow_claim_queries_total counter\n"
+        "idemflow_claim_queries_total{result=\"claimed\"} %llu\n"
+        "idemflow_claim_queries_total{result=\"empty\"} %llu\n"
         "# HELP idemflow_fenced_writes_total Late outcomes from workers whose lease was taken over "
         "(changed nothing).\n"
         "# TYPE idemflow_fenced_writes_total counter\n"
@@ -1432,6 +1437,8 @@ static void h_metrics(struct call *c)
         (unsigned long long)atomic_load(&m->steps_failed),
         (unsigned long long)atomic_load(&m->steps_recovered),
         (unsigned long long)atomic_load(&m->steps_inlined),
+        (unsigned long long)atomic_load(&m->claims_found),
+        (unsigned long long)atomic_load(&m->claims_empty),
         (unsigned long long)atomic_load(&m->fenced_writes),
         (unsigned long long)atomic_load(&m->executions_completed),
         (unsigned long long)atomic_load(&m->executions_failed),

@@ -518,6 +518,49 @@ def test_backoff_stops_at_the_deadline_in_engine_time(clock_server, mock):
     assert posts(mock) == len(h) and mock.charges("o-dl") == 0
 
 
+def test_idle_workers_do_not_walk_workspaces_whose_steps_wait(server, mock):
+    """Found by a judge: with nothing due, every worker ran a claim once a
+    second, and a claim walks every workspace with steps waiting (a seek
+    each): 1,500 workspaces in backoff cost three engines 9-18k seeks a
+    second.  An idle worker now reads the next due time first (one seek)
+    and claims only once something is due; a retry still goes out when its
+    wait ends, with nothing else waking the workers."""
+    mock.faults("status=503:retry_after=120")
+    xids = []
+    for i in range(20):
+        ws = f"/v1/workspaces/idle{i}"
+        assert server.put(ws, {}).status in (200, 201, 204)
+        assert server.put(f"{ws}/workflows/pay", charge_flow(mock)).status == 201
+        assert server.put(f"{ws}/secrets/PAY_KEY", {"value": SECRET}).status == 204
+        r = server.post(f"{ws}/workflows/pay/entry-points/order/trigger",
+                        {"order": {"id": f"o-idle-{i}", "amount": 5}})
+        assert r.status == 201, r
+        xids.append((ws, r.json["executionId"]))
+
+    def all_waiting():
+        return all(steps_of(server.get(f"{ws}/executions/{xid}").json)["charge"]["state"]
+                   == "DISPATCHED" for ws, xid in xids)
+    wait_for(all_waiting)
+    empty = 'idemflow_claim_queries_total{result="empty"}'
+    # the outcomes' own wake-ups: each worker claims once more, finds
+    # nothing, and goes idle; then a window in which nothing may claim
+    wait_for(lambda: metric(server, empty) > 0)
+    time.sleep(0.5)
+    before = metric(server, empty)
+    time.sleep(3)  # the window observed: four workers walked 12 times in it before
+    assert metric(server, empty) - before <= 1, metric(server, empty) - before
+    assert posts(mock) == 20
+
+    mock.faults("status=503:retry_after=2")
+    setup_pay(server, mock)
+    soon = pay(server, "o-soon")
+    waiting(server, soon, 1)
+    mock.faults("")
+    x = finished(server, soon)  # due in two seconds, claimed with no wake-up
+    assert x["status"] == "completed" and mock.charges("o-soon") == 1, x
+    assert posts(mock) == 22 and not any(mock.charges(f"o-idle-{i}") for i in range(20))
+
+
 def test_a_retry_due_after_the_deadline_is_not_sent(clock_server, mock):
     """A retry scheduled inside deadlineMs but claimed only after it (the
     engine was down or busy; here the clock jumps): it fails with

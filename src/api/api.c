@@ -1957,6 +1957,12 @@ void api_handle(void *ctx, const struct http_req *req, struct http_res *res)
      * they check — also for an execution id, a token id, a subscription.  So
      * does a segment that is not UTF-8 ("%FF"): PostgreSQL refuses such a
      * parameter, which would read as the store failing (found by a test). */
+    if (req->path_encoded_slash) { /* RFC 3986 §2.2: data, never a separator */
+        api_problem(res, 400, "invalid-name",
+                    "a path segment holds a percent-encoded '/' (%2F), which no name can hold",
+                    NULL);
+        goto done;
+    }
     for (int i = 0; i < c.nseg; i++) {
         for (const char *p = c.seg[i]; *p; p++)
             if ((unsigned char)*p < 0x20 || *p == 0x7f) {

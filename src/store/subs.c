@@ -138,10 +138,10 @@ static const struct store_sql q_dlv_release = {
     "dlv_release", "UPDATE deliveries SET lease_until = 0 WHERE state = 'sending'", NULL};
 static const struct store_sql q_dlv_list = {
     "dlv_list",
-    "SELECT " DLV_COLS " FROM deliveries d JOIN events e ON e.seq = d.event_seq"
+    "SELECT " DLV_COLS " FROM deliveries d LEFT JOIN events e ON e.seq = d.event_seq"
     " WHERE d.workspace = ?1 AND d.subscription = ?2 AND (?3 IS NULL OR d.state = ?3)"
     " AND d.seq > ?4 ORDER BY d.seq LIMIT ?5",
-    "SELECT " DLV_COLS " FROM deliveries d JOIN events e ON e.seq = d.event_seq"
+    "SELECT " DLV_COLS " FROM deliveries d LEFT JOIN events e ON e.seq = d.event_seq"
     " WHERE d.workspace = $1 AND d.subscription = $2 AND ($3::text IS NULL OR d.state = $3)"
     " AND d.seq > $4 ORDER BY d.seq LIMIT $5"};
 /* Dead deliveries of a workspace, newest first (spec §5 dead letters):

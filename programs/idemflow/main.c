@@ -895,13 +895,11 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
                         "requires_reconciliation, stale or cancelled\n");
         return 2;
     }
-    for (const char *p = key; p && *p; p++)
-        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || (p - key) >= 255) {
-            fprintf(stderr, "idemflow %s: --key must be 1-255 printable ASCII characters\n",
-                    op->name);
-            return 2;
-        }
-    if (key && !*key) {
+    size_t key_len = key ? strlen(key) : 0;
+    int key_ok = key_len >= 1 && key_len <= 255;
+    for (size_t i = 0; i < key_len; i++)
+        key_ok &= (unsigned char)key[i] >= 0x20 && (unsigned char)key[i] <= 0x7e;
+    if (key && !key_ok) {
         fprintf(stderr, "idemflow %s: --key must be 1-255 printable ASCII characters\n", op->name);
         return 2;
     }
@@ -960,11 +958,10 @@ static int cmd_operator(const struct op_cmd *op, int argc, char **argv)
     if (token && *token)
         hdrs[nh++] = auth = xasprintf("Authorization: Bearer %s", token);
     if (key) { /* an RFC 8941 sf-string: a key may hold spaces and quotes (found by a judge) */
-        size_t n = strlen(key);
         struct buf q;
         buf_init(&q, 0);
         buf_append(&q, "Idempotency-Key: \"", 18);
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < key_len; i++) {
             if (key[i] == '"' || key[i] == '\\')
                 buf_putc(&q, '\\');
             buf_putc(&q, key[i]);

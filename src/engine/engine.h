@@ -46,8 +46,8 @@ struct engine_opts {
 struct engine_metrics {
     atomic_ullong steps_claimed, steps_completed, steps_failed, steps_recovered;
     atomic_ullong steps_claimed_early; /* … of the claimed: GATEWAYs claimed at trigger time */
-    atomic_ullong claims_found,
-        claims_empty; /* workers' claim queries, by whether they took steps */
+    /* workers' claim queries, by whether they took steps */
+    atomic_ullong claims_found, claims_empty;
     atomic_ullong fenced_writes, executions_completed, executions_failed;
     atomic_ullong steps_inlined; /* TRANSFORMs completed with their predecessor (also completed) */
     atomic_ullong ordering_stale, ordering_gaps; /* events dropped / admitted past a gap (§8) */

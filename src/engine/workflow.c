@@ -591,8 +591,8 @@ static int gateway_literals(struct wf_vertex *v, json_t *cfg, struct ifl_err *e)
                           "a literal url starts with http:// or https:// and a host, and holds "
                           "no space or control character");
         } else if (u && *u != '=' && !strstr(u, "{{") && gw_url_check(u, why, sizeof why)) {
-            /* found by a judge: a port past 65535, no host (http:///x) —
-             * every call failed, unsent */
+            /* what libcurl's parser refuses (found by a judge: a port past
+             * 65535 — every call failed, unsent); no host is bad_url's */
             buf_printf(&b, "%s/url", base);
             vptr(p, sizeof p, v->id, b.p);
             rc = err_setp(e, IFL_EVALIDATION, p,

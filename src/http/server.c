@@ -663,11 +663,30 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort();
 }
 
-/* RFC 8941 §3.1.2/§4.2.3.2: the length of `*( ";" *SP parameter )` at p
- * (up to end), or -1 when malformed.  parameter = key [ "=" bare-item ]. */
-static long sf_params(const char *p, const char *end)
+/* RFC 8941 §4.2.5: the sf-string whose opening quote is at p (before
+ * end); where it ends (past its closing quote), or NULL when malformed or
+ * (with out) longer than cap - 1.  With out, its unescaped text goes there
+ * (*n characters, not terminated). */
+static const char *sf_string_scan(const char *p, const char *end, char *out, size_t cap, size_t *n)
 {
-    const char *s = p;
+    for (p++; p < end && *p != '"'; p++) {
+        if (*p == '\\' && (++p >= end || (*p != '"' && *p != '\\')))
+            return NULL;
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+            return NULL;
+        if (out) {
+            if (*n + 1 >= cap)
+                return NULL;
+            out[(*n)++] = *p;
+        }
+    }
+    return p < end ? p + 1 : NULL;
+}
+
+/* RFC 8941 §3.1.2/§4.2.3.2: whether p..end is `*( ";" *SP parameter )`,
+ * parameter = key [ "=" bare-item ]: 0, or -1 when malformed. */
+static int sf_params(const char *p, const char *end)
+{
     while (p < end) {
         if (*p != ';')
             return -1;
@@ -682,11 +701,7 @@ static long sf_params(const char *p, const char *end)
             continue; /* a key alone is true */
         p++;
         if (p < end && *p == '"') { /* sf-string */
-            for (p++; p < end && *p != '"'; p++)
-                if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e ||
-                    (*p == '\\' && (++p >= end || (*p != '"' && *p != '\\'))))
-                    return -1;
-            if (p++ >= end)
+            if (!(p = sf_string_scan(p, end, NULL, 0, NULL)))
                 return -1;
         } else if (p < end && *p == '?') { /* boolean */
             if (++p >= end || (*p != '0' && *p != '1'))
@@ -721,7 +736,7 @@ static long sf_params(const char *p, const char *end)
             return -1;
         }
     }
-    return (long)(p - s);
+    return 0;
 }
 
 int http_sf_string(const char *h, char *out, size_t cap)
@@ -738,20 +753,10 @@ int http_sf_string(const char *h, char *out, size_t cap)
         len--;
     const char *end = h + len;
     if (*h == '"') {
-        const char *p = h + 1;
-        for (; p < end && *p != '"'; p++) {
-            if (*p == '\\') {
-                p++;
-                if (*p != '"' && *p != '\\')
-                    return IFL_EINVAL;
-            }
-            if (p >= end || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e || n + 1 >= cap)
-                return IFL_EINVAL;
-            out[n++] = *p;
-        }
         /* parameters after the string are ignored (RFC 8941 §3.1.2: none
          * is defined for this field), not taken as part of the key */
-        if (p >= end || *p != '"' || sf_params(p + 1, end) < 0)
+        const char *p = sf_string_scan(h, end, out, cap, &n);
+        if (!p || sf_params(p, end) < 0)
             return IFL_EINVAL;
     } else {
         for (const char *p = h; p < end; p++) {
